@@ -1,0 +1,1 @@
+"""Compaction: pure planners and I/O executors for StreamSet and stream objects; deletion and GC."""

@@ -1,0 +1,1 @@
+"""The engine: streams, LogCache, uploads, read path, recovery."""

@@ -1,0 +1,1 @@
+"""Metadata stores: the MetadataStore protocol, SQLite and in-memory implementations."""

@@ -1,0 +1,247 @@
+"""The MetadataStore protocol: streams, epochs, objects and their lifecycle, KV pairs.
+
+Semantics follow AutoMQ's controller (see ``../shared/reference/s3stream-compaction-and-metadata.md``
+section 1): every operation checks its preconditions in AutoMQ's order and raises an
+:class:`~s3stream.errors.S3StreamError` subclass carrying the AutoMQ :class:`~s3stream.errors.ErrorCode`;
+every operation is atomic. Two implementations: SQLite (durable, embedded) and an in-memory twin.
+
+Error mapping (code -> exception kind):
+STREAM_NOT_EXIST, OBJECT_NOT_EXIST, NODE_EPOCH_NOT_EXIST, KEY_NOT_EXIST -> NotFoundError;
+STREAM_FENCED, NODE_EPOCH_EXPIRED, NODE_FENCED -> FencedError;
+STREAM_NOT_CLOSED, STREAM_NOT_OPENED, OFFSET_NOT_MATCHED, COMPACTED_OBJECTS_NOT_FOUND,
+OBJECT_NOT_COMMITTED, KEY_EXIST, STREAM_INNER_ERROR -> ConflictError;
+bad arguments -> InvalidArgumentError.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from s3stream.ids import NodeId, ObjectId, StreamId
+
+
+class StreamState(enum.IntEnum):
+    CLOSED = 0
+    OPENED = 1
+
+
+class ObjectState(enum.IntEnum):
+    PREPARED = 1
+    COMMITTED = 2
+    MARK_DESTROYED = 3
+
+
+class ObjectKind(enum.IntEnum):
+    STREAM_SET = 0
+    STREAM = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RangeMetadata:
+    """The interval ``[start_offset, end_offset)`` written by one owner under one epoch."""
+
+    stream_id: StreamId
+    epoch: int
+    range_index: int
+    start_offset: int
+    end_offset: int
+    node_id: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMetadata:
+    stream_id: StreamId
+    epoch: int
+    """-1 until the first open."""
+    state: StreamState
+    start_offset: int
+    end_offset: int
+    ranges: tuple[RangeMetadata, ...] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class S3ObjectMetadata:
+    object_id: ObjectId
+    state: ObjectState
+    size_bytes: int
+    """0 while PREPARED."""
+    prepared_at_ms: int
+    expires_at_ms: int
+    """Deadline of a PREPARED object; after it the object is marked destroyed."""
+    committed_at_ms: int = -1
+    marked_at_ms: int = -1
+    """When it became MARK_DESTROYED (-1 otherwise)."""
+    kind: ObjectKind | None = None
+    """Known once committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOffsetRange:
+    """One stream's ``[start_offset, end_offset)`` inside an object, with its payload bytes."""
+
+    stream_id: StreamId
+    start_offset: int
+    end_offset: int
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSetObject:
+    object_id: ObjectId
+    node_id: NodeId
+    order_id: int
+    data_time_ms: int
+    size_bytes: int
+    ranges: tuple[StreamOffsetRange, ...]
+    """Sorted by stream id."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamObject:
+    object_id: ObjectId
+    stream_id: StreamId
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+    data_time_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class NewStreamObject:
+    """A stream object named in a commit request."""
+
+    object_id: ObjectId
+    stream_id: StreamId
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStreamSetObjectRequest:
+    """AutoMQ's CommitStreamSetObjectRequest. ``object_id == -1``: no StreamSet object."""
+
+    node_id: NodeId
+    node_epoch: int
+    object_id: ObjectId
+    order_id: int
+    object_size_bytes: int
+    stream_ranges: tuple[StreamOffsetRange, ...]
+    stream_objects: tuple[NewStreamObject, ...] = ()
+    compacted_object_ids: tuple[ObjectId, ...] = ()
+    """Non-empty for a compaction: no continuity check, no end-offset advance."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStreamObjectRequest:
+    """AutoMQ's CommitStreamObjectRequest (stream object compaction). ``stream_epoch == -1`` skips
+    the ownership check; ``object_id == -1`` only destroys the sources."""
+
+    object_id: ObjectId
+    object_size_bytes: int
+    stream_id: StreamId
+    stream_epoch: int
+    start_offset: int
+    end_offset: int
+    source_object_ids: tuple[ObjectId, ...]
+    node_id: NodeId = NodeId(0)
+    node_epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSlice:
+    """One object's part of a stream, as returned by :meth:`MetadataStore.get_objects`."""
+
+    object_id: ObjectId
+    kind: ObjectKind
+    size_bytes: int
+    stream_id: StreamId
+    start_offset: int
+    end_offset: int
+
+
+class MetadataStore(Protocol):
+    """Transactional metadata: every method is one atomic operation."""
+
+    # -- nodes and streams ------------------------------------------------------------------
+    async def register_node(self, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
+        """(Re-)register a node (AutoMQ getOpeningStreams): returns the OPENED streams whose current
+        range it owns. A lower epoch than the stored one -> FencedError(NODE_EPOCH_EXPIRED)."""
+        ...
+
+    async def create_stream(
+        self, *, node_id: NodeId, node_epoch: int, tags: Mapping[str, str] | None = None
+    ) -> StreamId: ...
+
+    async def open_stream(
+        self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
+    ) -> StreamMetadata: ...
+
+    async def close_stream(self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int) -> None: ...
+
+    async def trim_stream(
+        self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int, new_start_offset: int
+    ) -> None: ...
+
+    async def delete_stream(self, *, stream_id: StreamId, epoch: int) -> None: ...
+
+    async def describe_stream(self, stream_id: StreamId) -> StreamMetadata: ...
+
+    async def list_streams(self) -> list[StreamMetadata]: ...
+
+    # -- objects ----------------------------------------------------------------------------
+    async def prepare_objects(self, *, count: int, ttl_ms: int) -> ObjectId:
+        """Allocate ``count`` consecutive PREPARED object ids; returns the first."""
+        ...
+
+    async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None: ...
+
+    async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None: ...
+
+    async def get_objects(
+        self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int
+    ) -> list[ObjectSlice]:
+        """Contiguous slices covering the stream from the object containing ``start_offset``
+        (``end_offset == -1``: unbounded), at most ``limit`` of them."""
+        ...
+
+    async def get_stream_set_objects(self, node_id: NodeId) -> list[StreamSetObject]:
+        """The node's StreamSet objects in order-id order."""
+        ...
+
+    async def get_stream_objects(
+        self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int
+    ) -> list[StreamObject]: ...
+
+    async def get_object(self, object_id: ObjectId) -> S3ObjectMetadata: ...
+
+    async def list_objects(self, states: Sequence[ObjectState] | None = None) -> list[S3ObjectMetadata]: ...
+
+    async def expire_prepared(self, *, now_ms: int) -> list[ObjectId]:
+        """Mark PREPARED objects past their deadline MARK_DESTROYED; returns their ids."""
+        ...
+
+    async def mark_destroyed(self, object_ids: Sequence[ObjectId], *, now_ms: int) -> None: ...
+
+    async def destroyable_objects(self, *, marked_before_ms: int, limit: int) -> list[S3ObjectMetadata]:
+        """MARK_DESTROYED objects marked before the cutoff (ready for physical delete)."""
+        ...
+
+    async def remove_objects(self, object_ids: Sequence[ObjectId]) -> None:
+        """Forget objects whose bytes were deleted from the bucket."""
+        ...
+
+    # -- KV ---------------------------------------------------------------------------------
+    async def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bytes:
+        """Returns the value now stored (the existing one if ``overwrite`` is false and the key exists)."""
+        ...
+
+    async def kv_get(self, key: str) -> bytes | None: ...
+
+    async def kv_delete(self, key: str) -> bytes | None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,87 @@
+"""StreamRecordBatch: the record unit stored in the WAL and in object data blocks.
+
+Layout: ``docs/format.md`` section "StreamRecordBatch" (AutoMQ's layout, magic 0x22, big-endian).
+The payload is opaque (the Spark sink stores a Kafka RecordBatch v2 there).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from s3stream.errors import CorruptionError
+
+RECORD_MAGIC = 0x22
+
+RECORD_HEADER = struct.Struct(
+    ">"
+    "b"  # magic, 0x22
+    "q"  # stream id
+    "q"  # epoch of the writer
+    "q"  # base offset: first offset of the batch
+    "i"  # count: number of offsets; end offset (exclusive) = base offset + count
+    "i"  # payload length in bytes
+)
+RECORD_HEADER_SIZE = RECORD_HEADER.size
+assert RECORD_HEADER_SIZE == 33
+
+RECORD_PAYLOAD_MAX_BYTES = (1 << 31) - 1 - RECORD_HEADER_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecordBatch:
+    """``count`` offsets of one stream starting at ``base_offset``, written under ``epoch``."""
+
+    stream_id: int
+    epoch: int
+    base_offset: int
+    count: int
+    payload: bytes
+
+    @property
+    def end_offset(self) -> int:
+        """Exclusive end: ``base_offset + count``."""
+        return self.base_offset + self.count
+
+    @property
+    def encoded_size(self) -> int:
+        return RECORD_HEADER_SIZE + len(self.payload)
+
+    def encode(self) -> bytes:
+        return (
+            RECORD_HEADER.pack(
+                RECORD_MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+            )
+            + self.payload
+        )
+
+    def encode_into(self, buf: bytearray | memoryview, pos: int) -> int:
+        """Write the encoded batch at ``pos``; returns the position after it."""
+        RECORD_HEADER.pack_into(
+            buf, pos, RECORD_MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+        )
+        end = pos + RECORD_HEADER_SIZE + len(self.payload)
+        buf[pos + RECORD_HEADER_SIZE : end] = self.payload
+        return end
+
+
+def decode_record(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, source: str = "<buffer>", base_position: int = 0
+) -> tuple[StreamRecordBatch, int]:
+    """Decode one batch at ``pos``; returns it and the position after it.
+
+    Raises :class:`CorruptionError` (naming ``source`` and ``base_position + pos``) on a bad magic,
+    a negative count or length, or a truncated buffer.
+    """
+    if len(buf) - pos < RECORD_HEADER_SIZE:
+        raise CorruptionError("truncated record batch header", source=source, position=base_position + pos)
+    magic, stream_id, epoch, base_offset, count, length = RECORD_HEADER.unpack_from(buf, pos)
+    if magic != RECORD_MAGIC:
+        raise CorruptionError(f"bad record batch magic 0x{magic & 0xFF:02x}", source=source, position=base_position + pos)
+    if count < 0 or length < 0 or base_offset < 0:
+        raise CorruptionError("negative record batch field", source=source, position=base_position + pos)
+    start = pos + RECORD_HEADER_SIZE
+    end = start + length
+    if end > len(buf):
+        raise CorruptionError("truncated record batch payload", source=source, position=base_position + pos)
+    return StreamRecordBatch(stream_id, epoch, base_offset, count, bytes(buf[start:end])), end

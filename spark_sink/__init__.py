@@ -1,0 +1,1 @@
+"""Spark Structured Streaming sink (foreachBatch) into s3stream, exactly once."""

@@ -1,0 +1,69 @@
+"""Shared fixtures: the S3 test server from the environment, temporary directories."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass(frozen=True)
+class S3TestServer:
+    """An S3-compatible endpoint for integration tests (the project's Ceph RGW, MinIO, AWS, ...)."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    region: str
+
+    def uri(self, prefix: str = "") -> str:
+        """An AutoMQ-style bucket URI for this server (keys inline)."""
+        from urllib.parse import quote
+
+        return (
+            f"0@s3://{self.bucket}?region={self.region}&endpoint={quote(self.endpoint, safe=':/')}"
+            f"&pathStyle=true&accessKey={quote(self.access_key)}&secretKey={quote(self.secret_key)}"
+            + (f"&prefix={quote(prefix)}" if prefix else "")
+        )
+
+
+def _s3_from_env() -> S3TestServer | None:
+    endpoint = os.environ.get("S3STREAM_TEST_S3_ENDPOINT")
+    if not endpoint:
+        return None
+    return S3TestServer(
+        endpoint=endpoint,
+        access_key=os.environ["S3STREAM_TEST_S3_ACCESS_KEY"],
+        secret_key=os.environ["S3STREAM_TEST_S3_SECRET_KEY"],
+        bucket=os.environ.get("S3STREAM_TEST_S3_BUCKET", "s3stream-test"),
+        region=os.environ.get("S3STREAM_TEST_S3_REGION", "us-east-1"),
+    )
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> S3TestServer:
+    """The S3 server from S3STREAM_TEST_S3_*; fails when S3STREAM_REQUIRE_S3=1 and none is set."""
+    server = _s3_from_env()
+    if server is None:
+        if os.environ.get("S3STREAM_REQUIRE_S3") == "1":
+            pytest.fail("S3STREAM_REQUIRE_S3=1 but S3STREAM_TEST_S3_ENDPOINT is not set")
+        pytest.skip("no S3 server: run scripts/ceph-rgw start and eval $(scripts/ceph-rgw env)")
+    return server
+
+
+@pytest.fixture
+def s3_prefix() -> str:
+    """A fresh key prefix so tests sharing a bucket never see each other's objects."""
+    return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.fixture
+def rng_seed() -> Iterator[int]:
+    """A random seed, printed so a failure can be replayed with S3STREAM_SEED=<seed>."""
+    seed = int(os.environ.get("S3STREAM_SEED", uuid.uuid4().int % 2**32))
+    print(f"seed={seed} (replay with S3STREAM_SEED={seed})")
+    yield seed

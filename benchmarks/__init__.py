@@ -1,1 +1,1 @@
-
+"""Benchmarks: python -m benchmarks <workload> [--quick] [--json FILE]."""

@@ -1,0 +1,1 @@
+"""Benchmark workloads: one module per workload, each with ``async def run(ctx) -> list[Result]``."""

@@ -1,0 +1,5 @@
+import sys
+
+from s3stream.cli import main
+
+sys.exit(main())

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from types import ModuleType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+_uvloop: ModuleType | None
 try:  # pragma: no cover - depends on the platform
     import uvloop as _uvloop
 except ImportError:  # pragma: no cover

@@ -58,7 +58,14 @@ class StreamRecordBatch:
     def encode_into(self, buf: bytearray | memoryview, pos: int) -> int:
         """Write the encoded batch at ``pos``; returns the position after it."""
         RECORD_HEADER.pack_into(
-            buf, pos, RECORD_MAGIC, self.stream_id, self.epoch, self.base_offset, self.count, len(self.payload)
+            buf,
+            pos,
+            RECORD_MAGIC,
+            self.stream_id,
+            self.epoch,
+            self.base_offset,
+            self.count,
+            len(self.payload),
         )
         end = pos + RECORD_HEADER_SIZE + len(self.payload)
         buf[pos + RECORD_HEADER_SIZE : end] = self.payload
@@ -77,7 +84,9 @@ def decode_record(
         raise CorruptionError("truncated record batch header", source=source, position=base_position + pos)
     magic, stream_id, epoch, base_offset, count, length = RECORD_HEADER.unpack_from(buf, pos)
     if magic != RECORD_MAGIC:
-        raise CorruptionError(f"bad record batch magic 0x{magic & 0xFF:02x}", source=source, position=base_position + pos)
+        raise CorruptionError(
+            f"bad record batch magic 0x{magic & 0xFF:02x}", source=source, position=base_position + pos
+        )
     if count < 0 or length < 0 or base_offset < 0:
         raise CorruptionError("negative record batch field", source=source, position=base_position + pos)
     start = pos + RECORD_HEADER_SIZE

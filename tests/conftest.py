@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -62,8 +61,8 @@ def s3_prefix() -> str:
 
 
 @pytest.fixture
-def rng_seed() -> Iterator[int]:
+def rng_seed() -> int:
     """A random seed, printed so a failure can be replayed with S3STREAM_SEED=<seed>."""
     seed = int(os.environ.get("S3STREAM_SEED", uuid.uuid4().int % 2**32))
     print(f"seed={seed} (replay with S3STREAM_SEED={seed})")
-    yield seed
+    return seed

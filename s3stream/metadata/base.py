@@ -148,7 +148,7 @@ class CommitStreamObjectRequest:
     start_offset: int
     end_offset: int
     source_object_ids: tuple[ObjectId, ...]
-    node_id: NodeId = NodeId(0)
+    node_id: NodeId = 0  # type: ignore[assignment]
     node_epoch: int = 0
 
 
@@ -181,7 +181,9 @@ class MetadataStore(Protocol):
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
     ) -> StreamMetadata: ...
 
-    async def close_stream(self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int) -> None: ...
+    async def close_stream(
+        self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
+    ) -> None: ...
 
     async def trim_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int, new_start_offset: int

@@ -1,1 +1,1 @@
-"""Spark Structured Streaming sink (foreachBatch) into s3stream, exactly once."""
+"""Spark Structured Streaming into s3stream: a foreachBatch sink, a reader, the Kafka payload codec."""

@@ -1,0 +1,312 @@
+"""ObjectWriter: encodes record batches into data blocks and streams the object out through an Upload.
+
+Layout: ``docs/format.md`` section 2. Blocks hold one stream each and are cut when their payload
+bytes reach ``block_size_bytes`` (the counter restarts for every stream and every block). Completed
+blocks wait in a buffer until they reach ``part_size_bytes`` and are then handed to
+``Upload.write`` as one part; ``close`` writes the rest, the index block, the checksum section and
+the footer. The whole object is never held in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError
+from s3stream.ids import StreamId
+from s3stream.metadata.base import StreamOffsetRange
+from s3stream.objectformat.codec import (
+    DATA_BLOCK_FLAG,
+    DATA_BLOCK_HEADER,
+    DATA_BLOCK_HEADER_SIZE,
+    DATA_BLOCK_MAGIC,
+    I32_MAX,
+    I64_MAX,
+    IndexEntry,
+    check_block_header,
+    encode_tail,
+)
+from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch
+from s3stream.storage.base import MIN_PART_SIZE_BYTES, Upload
+
+DEFAULT_BLOCK_SIZE_BYTES = 1 << 20
+DEFAULT_PART_SIZE_BYTES = 16 << 20
+BLOCK_SIZE_MAX_BYTES = 1 << 30
+BLOCK_DATA_MAX_BYTES = I32_MAX - DATA_BLOCK_HEADER_SIZE
+"""A block's data length is an i32; a block is cut early rather than overflow it."""
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenObject:
+    """What ``ObjectWriter.close`` produced: the object's key, size, index and per-stream ranges."""
+
+    key: str
+    size_bytes: int
+    index: tuple[IndexEntry, ...]
+    stream_ranges: tuple[StreamOffsetRange, ...]
+
+
+def stream_ranges_of(index: Iterable[IndexEntry]) -> tuple[StreamOffsetRange, ...]:
+    """Per stream: ``[first block start, last block end)`` and its payload bytes, by stream id."""
+    ranges: list[StreamOffsetRange] = []
+    for e in index:
+        if ranges and ranges[-1].stream_id == e.stream_id:
+            last = ranges[-1]
+            ranges[-1] = StreamOffsetRange(
+                last.stream_id, last.start_offset, e.end_offset, last.size_bytes + e.payload_bytes
+            )
+        else:
+            ranges.append(
+                StreamOffsetRange(StreamId(e.stream_id), e.start_offset, e.end_offset, e.payload_bytes)
+            )
+    return tuple(ranges)
+
+
+class ObjectWriter:
+    """Writes one object. Calls must not overlap; batches arrive in (stream id, offset) order."""
+
+    def __init__(
+        self,
+        upload: Upload,
+        *,
+        block_size_bytes: int = DEFAULT_BLOCK_SIZE_BYTES,
+        part_size_bytes: int = DEFAULT_PART_SIZE_BYTES,
+    ) -> None:
+        if not 1 <= block_size_bytes <= BLOCK_SIZE_MAX_BYTES:
+            raise InvalidArgumentError(f"block_size_bytes must be in [1, {BLOCK_SIZE_MAX_BYTES}]")
+        if part_size_bytes <= 0:
+            raise InvalidArgumentError("part_size_bytes must be positive")
+        self._upload = upload
+        self._block_size_bytes = block_size_bytes
+        self._part_size_bytes = max(MIN_PART_SIZE_BYTES, part_size_bytes)
+        self._capacity = self._part_size_bytes + block_size_bytes + (64 << 10)
+        self._buf = bytearray(self._capacity)
+        self._pos = 0
+        """Bytes used in ``_buf``; ``_buf[0]`` is object position ``_flushed_bytes``."""
+        self._flushed_bytes = 0
+        self._entries: list[IndexEntry] = []
+        self._crcs: list[int] = []
+        self._last_stream = -1
+        self._last_end = 0
+        # the open block (None: no open block)
+        self._open_stream: int | None = None
+        self._open_at = 0
+        self._open_start_offset = 0
+        self._open_count = 0
+        self._open_payload_bytes = 0
+        self._closed = False
+        self._busy = False
+
+    @property
+    def key(self) -> str:
+        return self._upload.key
+
+    async def write(self, batches: Iterable[StreamRecordBatch]) -> None:
+        """Append batches; they continue the (stream id, offset) order of every earlier call."""
+        batches = list(batches)
+        self._enter()
+        try:
+            self._validate(batches)
+            for batch in batches:
+                if self._add(batch):
+                    await self._maybe_flush_part()
+        finally:
+            self._busy = False
+
+    async def write_block(self, entry: IndexEntry, block: bytes | bytearray | memoryview) -> None:
+        """Append one whole encoded data block verbatim (compaction copies); its position is re-based."""
+        self._enter()
+        try:
+            self._validate_block(entry, block)
+            self._cut_block()
+            self._reserve(len(block))
+            position = self._flushed_bytes + self._pos
+            self._buf[self._pos : self._pos + len(block)] = block
+            self._pos += len(block)
+            self._entries.append(
+                IndexEntry(
+                    entry.stream_id,
+                    entry.start_offset,
+                    entry.end_offset,
+                    entry.record_count,
+                    position,
+                    entry.size_bytes,
+                )
+            )
+            self._crcs.append(crc32c(block))
+            self._last_stream, self._last_end = entry.stream_id, entry.end_offset
+            await self._maybe_flush_part()
+        finally:
+            self._busy = False
+
+    async def close(self) -> WrittenObject:
+        """Write the remaining blocks, the index block, the checksum section and the footer; publish."""
+        self._enter()
+        try:
+            self._cut_block()
+            index_position = self._flushed_bytes + self._pos
+            tail = encode_tail(self._entries, self._crcs, index_position=index_position)
+            self._reserve(len(tail))
+            self._buf[self._pos : self._pos + len(tail)] = tail
+            self._pos += len(tail)
+            expected_size = self._flushed_bytes + self._pos
+            await self._flush_part(final=True)
+            self._closed = True
+            size_bytes = await self._upload.complete()
+        finally:
+            self._busy = False
+        if size_bytes != expected_size:
+            raise CorruptionError(
+                f"storage reports {size_bytes} bytes for an object of {expected_size} bytes",
+                source=self._upload.key,
+            )
+        index = tuple(self._entries)
+        return WrittenObject(self._upload.key, size_bytes, index, stream_ranges_of(index))
+
+    async def abort(self) -> None:
+        """Give up: nothing of the object becomes visible."""
+        self._closed = True
+        self._buf = bytearray()
+        await self._upload.abort()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise ClosedError(f"object writer for {self._upload.key} is closed")
+        if self._busy:
+            raise InvalidArgumentError("ObjectWriter calls must not overlap")
+        self._busy = True
+
+    def _validate(self, batches: list[StreamRecordBatch]) -> None:
+        last_stream, last_end = self._last_stream, self._last_end
+        for b in batches:
+            if not isinstance(b, StreamRecordBatch):
+                raise InvalidArgumentError(f"expected StreamRecordBatch, got {type(b).__name__}")
+            if not (0 <= b.stream_id <= I64_MAX and -(1 << 63) <= b.epoch <= I64_MAX and b.base_offset >= 0):
+                raise InvalidArgumentError(f"record batch field out of range: {_describe(b)}")
+            if not 1 <= b.count <= I32_MAX or b.base_offset + b.count > I64_MAX:
+                raise InvalidArgumentError(f"record batch count out of range: {_describe(b)}")
+            if len(b.payload) > BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE:
+                raise InvalidArgumentError(f"record batch payload too large: {_describe(b)}")
+            if b.stream_id < last_stream or (b.stream_id == last_stream and b.base_offset < last_end):
+                raise InvalidArgumentError(
+                    f"record batches must come in (stream id, offset) order: {_describe(b)} after "
+                    f"stream {last_stream} end offset {last_end}"
+                )
+            last_stream, last_end = b.stream_id, b.end_offset
+
+    def _validate_block(self, entry: IndexEntry, block: bytes | bytearray | memoryview) -> None:
+        if not isinstance(entry, IndexEntry):
+            raise InvalidArgumentError(f"expected IndexEntry, got {type(entry).__name__}")
+        if len(block) != entry.size_bytes or entry.size_bytes > BLOCK_DATA_MAX_BYTES + DATA_BLOCK_HEADER_SIZE:
+            raise InvalidArgumentError(
+                f"block of {len(block)} bytes for an entry of {entry.size_bytes} bytes"
+            )
+        if not (
+            0 <= entry.stream_id <= I64_MAX
+            and 0 <= entry.start_offset <= entry.end_offset <= I64_MAX
+            and entry.end_offset - entry.start_offset <= I32_MAX
+            and 1 <= entry.record_count <= I32_MAX
+        ):
+            raise InvalidArgumentError(f"index entry out of range: {entry}")
+        if entry.stream_id < self._last_stream or (
+            entry.stream_id == self._last_stream and entry.start_offset < self._last_end
+        ):
+            raise InvalidArgumentError(
+                f"block of stream {entry.stream_id} at offset {entry.start_offset} is out of order after "
+                f"stream {self._last_stream} end offset {self._last_end}"
+            )
+        try:
+            check_block_header(block, 0, entry, source="<block>")
+            if len(block) < DATA_BLOCK_HEADER_SIZE + RECORD_HEADER_SIZE:
+                raise InvalidArgumentError("block too short for its records")
+            magic, stream_id, _epoch, base_offset, _count, _length = RECORD_HEADER.unpack_from(
+                block, DATA_BLOCK_HEADER_SIZE
+            )
+        except CorruptionError as exc:
+            raise InvalidArgumentError(f"block does not match its index entry: {exc}") from exc
+        if magic != RECORD_MAGIC or stream_id != entry.stream_id or base_offset != entry.start_offset:
+            raise InvalidArgumentError("block's first record does not match its index entry")
+
+    def _add(self, b: StreamRecordBatch) -> bool:
+        """Encode one batch into the open block; True if that closed the block."""
+        payload = b.payload
+        size = RECORD_HEADER_SIZE + len(payload)
+        if self._open_stream is not None and (
+            self._open_stream != b.stream_id
+            or self._pos - self._open_at - DATA_BLOCK_HEADER_SIZE + size > BLOCK_DATA_MAX_BYTES
+            or b.end_offset - self._open_start_offset > I32_MAX
+        ):
+            self._cut_block()
+        if self._open_stream is None:
+            self._reserve(DATA_BLOCK_HEADER_SIZE + size)
+            self._open_stream = b.stream_id
+            self._open_at = self._pos
+            self._open_start_offset = b.base_offset
+            self._open_count = 0
+            self._open_payload_bytes = 0
+            self._pos += DATA_BLOCK_HEADER_SIZE
+        else:
+            self._reserve(size)
+        pos = self._pos
+        RECORD_HEADER.pack_into(
+            self._buf, pos, RECORD_MAGIC, b.stream_id, b.epoch, b.base_offset, b.count, len(payload)
+        )
+        self._buf[pos + RECORD_HEADER_SIZE : pos + size] = payload
+        self._pos = pos + size
+        self._open_count += 1
+        self._open_payload_bytes += len(payload)
+        self._last_stream, self._last_end = b.stream_id, b.end_offset
+        if self._open_payload_bytes >= self._block_size_bytes:
+            self._cut_block()
+            return True
+        return False
+
+    def _cut_block(self) -> None:
+        if self._open_stream is None:
+            return
+        at = self._open_at
+        size = self._pos - at
+        DATA_BLOCK_HEADER.pack_into(
+            self._buf, at, DATA_BLOCK_MAGIC, DATA_BLOCK_FLAG, self._open_count, size - DATA_BLOCK_HEADER_SIZE
+        )
+        self._entries.append(
+            IndexEntry(
+                self._open_stream,
+                self._open_start_offset,
+                self._last_end,
+                self._open_count,
+                self._flushed_bytes + at,
+                size,
+            )
+        )
+        self._crcs.append(crc32c(memoryview(self._buf)[at : self._pos]))
+        self._open_stream = None
+
+    def _reserve(self, n: int) -> None:
+        short = self._pos + n - len(self._buf)
+        if short > 0:
+            self._buf.extend(bytearray(max(short, len(self._buf))))
+
+    async def _maybe_flush_part(self) -> None:
+        if self._open_stream is None and self._pos >= self._part_size_bytes:
+            await self._flush_part()
+
+    async def _flush_part(self, *, final: bool = False) -> None:
+        """Hand every completed byte in the buffer to the upload (which then owns that buffer)."""
+        assert self._open_stream is None
+        if self._pos == 0:
+            return
+        part = self._buf
+        del part[self._pos :]
+        self._flushed_bytes += self._pos
+        self._buf = bytearray() if final else bytearray(self._capacity)
+        self._pos = 0
+        await self._upload.write(part)
+
+
+def _describe(b: StreamRecordBatch) -> str:
+    return f"stream {b.stream_id} offset {b.base_offset} count {b.count} payload {len(b.payload)} bytes"

@@ -1,0 +1,135 @@
+"""The storage contract on the local filesystem store, plus what only a filesystem can show."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from s3stream._loop import run
+from s3stream.errors import ClosedError, ConflictError, NotFoundError
+from s3stream.storage.local import LocalObjectStorage
+from tests.storage_contract import LIST_PAGE_SIZE, StorageContract, keys_of
+
+
+@pytest.fixture
+async def storage(tmp_path: Path) -> AsyncIterator[LocalObjectStorage]:
+    store = LocalObjectStorage(tmp_path / "root", list_page_size=LIST_PAGE_SIZE)
+    yield store
+    await store.close()
+
+
+class TestLocalContract(StorageContract):
+    pass
+
+
+def all_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+async def test_objects_are_plain_files_under_the_root(storage: LocalObjectStorage) -> None:
+    await storage.put("7a3f0000/0/123", b"hello")
+    assert (storage.root / "7a3f0000" / "0" / "123").read_bytes() == b"hello"
+
+
+async def test_no_temporary_files_remain_after_writes_and_aborts(storage: LocalObjectStorage) -> None:
+    await storage.put("a/b", b"1")
+    with pytest.raises(ConflictError):
+        await storage.put("a/b", b"2", if_absent=True)
+    upload = storage.upload("a/c")
+    await upload.write(b"x" * (9 * 1024 * 1024))  # large enough to reach the disk before complete
+    await upload.abort()
+    failed = storage.upload("a/d")
+    await failed.write(b"x")
+    with pytest.raises(NotFoundError):
+        await failed.copy("missing", 0, 1)
+    assert all_files(storage.root) == ["a", "a/b"]
+
+
+async def test_deleting_the_last_object_removes_empty_directories(storage: LocalObjectStorage) -> None:
+    await storage.put("x/y/z", b"1")
+    await storage.put("x/w", b"1")
+    await storage.delete(["x/y/z"])
+    assert all_files(storage.root) == ["x", "x/w"]
+    await storage.delete(["x/w"])
+    assert all_files(storage.root) == []
+
+
+async def test_a_key_cannot_be_object_and_directory(storage: LocalObjectStorage) -> None:
+    await storage.put("a/b", b"1")
+    with pytest.raises(ConflictError):
+        await storage.put("a", b"2")
+    with pytest.raises(ConflictError):
+        await storage.put("a/b/c", b"3")
+    with pytest.raises(NotFoundError):
+        await storage.get("a")
+    with pytest.raises(NotFoundError):
+        await storage.head("a/b/c")
+    assert await keys_of(storage) == ["a/b"]
+
+
+async def test_stray_temporary_files_are_not_listed(storage: LocalObjectStorage) -> None:
+    await storage.put("dir/obj", b"1")
+    (storage.root / "dir" / ".obj~deadbeef").write_bytes(b"partial")
+    assert await keys_of(storage) == ["dir/obj"]
+
+
+async def test_symlink_components_cannot_escape_by_key(tmp_path: Path) -> None:
+    # Keys are validated, so the only way out would be a link placed by someone else; reads of
+    # keys that name directories or links to directories are NotFound, never a directory listing.
+    store = LocalObjectStorage(tmp_path / "root")
+    await store.put("inside/x", b"1")
+    with pytest.raises(NotFoundError):
+        await store.get("inside")
+    await store.close()
+
+
+async def test_concurrent_puts_and_deletes_in_one_directory_never_fail(storage: LocalObjectStorage) -> None:
+    async def churn(i: int) -> None:
+        for round_ in range(20):
+            key = f"hot/dir/{i}-{round_}"
+            await storage.put(key, b"v")
+            await storage.delete([key])
+
+    await asyncio.gather(*(churn(i) for i in range(8)))
+    assert await keys_of(storage) == []
+
+
+async def test_closed_store_rejects_calls(tmp_path: Path) -> None:
+    store = LocalObjectStorage(tmp_path)
+    await store.close()
+    with pytest.raises(ClosedError):
+        await store.put("a", b"1")
+
+
+def _race_writer(root: str, index: int, start: multiprocessing.synchronize.Event) -> bool:  # type: ignore[name-defined]
+    store = LocalObjectStorage(root)
+    start.wait()
+
+    async def attempt() -> bool:
+        try:
+            await store.put("lease", f"process-{index}".encode(), if_absent=True)
+        except ConflictError:
+            return False
+        finally:
+            await store.close()
+        return True
+
+    return run(attempt())
+
+
+def test_conditional_create_is_exact_across_processes(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Manager().Event()
+    with ctx.Pool(6) as pool:
+        pending = [pool.apply_async(_race_writer, (str(tmp_path), i, start)) for i in range(6)]
+        start.set()
+        results = [p.get(timeout=60) for p in pending]
+    assert results.count(True) == 1
+    winner = results.index(True)
+    assert (tmp_path / "lease").read_bytes() == f"process-{winner}".encode()
+    assert os.listdir(tmp_path) == ["lease"]

@@ -1,0 +1,584 @@
+"""The read path below the LogCache: stream ranges from objects, through the block cache, with readahead.
+
+Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 6.3-6.5; the prose is in
+``docs/architecture.md`` "Read path"):
+
+* A read of ``[start_offset, end_offset)`` of one stream walks an *index window*: the data blocks
+  of the stream, in offset order, found through ``MetadataStore.get_objects`` (at most
+  :data:`GET_OBJECTS_STEP` objects per lookup) and each object's cached index
+  (:class:`~s3stream.objectformat.ObjectReaderCache`). Consecutive blocks must continue each other
+  exactly; a window that does not is refreshed.
+* Block data comes from the :class:`~s3stream.engine.blockcache.BlockCache`; the blocks missing from
+  it are fetched with merged range GETs (consecutive blocks of one object, at most
+  :data:`MERGED_GET_MAX_BYTES` per GET, the GETs of one read running concurrently).
+* A reader *state* (index window, held blocks, readahead) is kept per ``(stream, next offset)`` so a
+  sequential consumer continues where it stopped. After each read, readahead loads blocks ahead of
+  the consumer: the window starts at 512 KiB, grows by 512 KiB per block miss up to 32 MiB, runs
+  only while the cache has the window plus 32 MiB free, and backs off for a minute after a block
+  it loaded was evicted before being read.
+* Objects replaced by compaction between the metadata lookup and the read (the GET says the object
+  does not exist, or the new window does not continue) make the read refresh its window and retry,
+  up to :data:`READ_RETRY_MAX` times.
+* The result starts with the batch containing ``start_offset`` and continues without gap or
+  overlap; anything else is a :class:`~s3stream.errors.CorruptionError`, never data.
+
+:func:`merge_fetch` joins the object-storage head of a fetch with the LogCache tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from s3stream.engine.blockcache import BlockCache, BlockKey, BlockRequest
+from s3stream.errors import (
+    ClosedError,
+    CorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    S3StreamError,
+)
+from s3stream.ids import ObjectId, StreamId
+from s3stream.metadata.base import MetadataStore, ObjectSlice
+from s3stream.objectformat import DataBlock, IndexEntry, ObjectReaderCache, object_key
+from s3stream.record import StreamRecordBatch
+from s3stream.storage.base import ObjectStorage
+
+KiB = 1024
+MiB = 1024 * KiB
+
+GET_OBJECTS_STEP = 4
+"""Objects asked from metadata per window extension (AutoMQ's StreamReader)."""
+READ_RETRY_MAX = 2
+"""Retries of a read whose objects were replaced under it."""
+MERGED_GET_MAX_BYTES = 4 * MiB
+"""Largest span of consecutive blocks fetched by one GET (AutoMQ's MAX_MERGE_READ_SIZE)."""
+STATE_COUNT_MAX = 1024
+STATE_IDLE_S = 60.0
+"""Reader states unused this long are dropped (AutoMQ: 1 min)."""
+_UNBOUNDED = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReadaheadSettings:
+    """AutoMQ's readahead: 512 KiB growing by 512 KiB per miss to 32 MiB, 32 MiB free guard, 1 min pause."""
+
+    initial_bytes: int = 512 * KiB
+    step_bytes: int = 512 * KiB
+    max_bytes: int = 32 * MiB
+    free_guard_bytes: int = 32 * MiB
+    pause_s: float = 60.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_bytes <= self.max_bytes:
+            raise InvalidArgumentError("readahead initial size must be in (0, max]")
+        if self.step_bytes < 0 or self.free_guard_bytes < 0 or self.pause_s < 0:
+            raise InvalidArgumentError("readahead step, guard and pause must not be negative")
+
+
+# -- merging the LogCache tail with the object head ---------------------------------------------
+
+
+class Batch(Protocol):
+    @property
+    def base_offset(self) -> int: ...
+
+    @property
+    def end_offset(self) -> int: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+
+B = TypeVar("B", bound=Batch)
+
+
+def merge_fetch(
+    cached: Sequence[B],
+    from_objects: Sequence[B],
+    *,
+    start_offset: int,
+    end_offset: int,
+    max_bytes: int,
+    source: str = "fetch",
+) -> list[B]:
+    """One contiguous, ordered fetch result from the object-storage head and the LogCache tail.
+
+    ``cached`` is what the LogCache holds for the range (possibly empty, possibly starting after
+    ``start_offset``); ``from_objects`` is what :meth:`ObjectStreamReader.read` returned for
+    ``[start_offset, cached[0].base_offset)`` (or the whole range) with the same ``max_bytes``.
+    If the cache holds ``start_offset`` the objects are not needed and ignored.
+
+    The result starts with the batch containing ``start_offset``, has no gap or overlap, stops
+    before ``end_offset`` and once ``max_bytes`` payload bytes are reached (at least one batch).
+    A gap between the two parts, or inside either, raises :class:`CorruptionError`.
+    """
+    if start_offset < 0 or end_offset < start_offset or max_bytes <= 0:
+        raise InvalidArgumentError(f"bad fetch range [{start_offset}, {end_offset}) or max_bytes {max_bytes}")
+    out: list[B] = []
+    if start_offset == end_offset:
+        return out
+    budget = max_bytes
+    next_offset = start_offset
+
+    def take(batch: B) -> bool:
+        """Append ``batch``; False once the range or the byte budget is used up."""
+        nonlocal budget, next_offset
+        if batch.base_offset >= end_offset or (out and budget <= 0):
+            return False
+        if out:
+            if batch.base_offset != next_offset:
+                kind = "gap" if batch.base_offset > next_offset else "overlap"
+                raise CorruptionError(
+                    f"{kind} in fetch result: batch at offset {batch.base_offset} follows one ending at "
+                    f"{next_offset}",
+                    source=source,
+                )
+        elif not batch.base_offset <= start_offset < batch.end_offset:
+            raise CorruptionError(
+                f"fetch from offset {start_offset} begins with the batch [{batch.base_offset}, "
+                f"{batch.end_offset})",
+                source=source,
+            )
+        out.append(batch)
+        next_offset = batch.end_offset
+        budget -= len(batch.payload)
+        return True
+
+    cache_start = cached[0].base_offset if cached else _UNBOUNDED
+    if cache_start > start_offset:
+        for batch in from_objects:
+            if not out and batch.end_offset <= start_offset:
+                continue
+            if batch.base_offset >= cache_start or not take(batch):
+                break
+        if out and (next_offset >= end_offset or budget <= 0):
+            return out
+        if cached and next_offset < cache_start:
+            raise CorruptionError(
+                f"no data for [{next_offset}, {cache_start}) between object storage and the LogCache",
+                source=source,
+            )
+    for batch in cached:
+        if not out and batch.end_offset <= start_offset:
+            continue
+        if not take(batch):
+            break
+    return out
+
+
+# -- the object reader --------------------------------------------------------------------------
+
+
+class _ObjectGoneError(Exception):
+    """An object of the window vanished or the window does not continue: refresh and retry."""
+
+
+@dataclass(slots=True)
+class _BlockRef:
+    object_id: ObjectId
+    key: str
+    object_size_bytes: int
+    entry: IndexEntry
+
+    @property
+    def cache_key(self) -> BlockKey:
+        return BlockKey(self.object_id, self.entry.start_position)
+
+
+@dataclass(slots=True)
+class _ReadState:
+    """One sequential reader of one stream: its index window, held blocks and readahead."""
+
+    stream_id: StreamId
+    next_offset: int
+    readahead_bytes: int
+    window: list[_BlockRef] = field(default_factory=list)
+    """Blocks in offset order, each continuing the previous one."""
+    held: set[BlockKey] = field(default_factory=set)
+    readahead_end_offset: int = 0
+    readahead_task: asyncio.Task[None] | None = None
+    paused_until_s: float = 0.0
+    evicted_seen: int = 0
+    last_used_s: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serializes window extension between the read and its readahead."""
+
+    @property
+    def window_end(self) -> int:
+        return self.window[-1].entry.end_offset if self.window else self.next_offset
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderStats:
+    read_count: int
+    retry_count: int
+    readahead_count: int
+    block_miss_count: int
+    block_hit_count: int
+
+
+class ObjectStreamReader:
+    """Reads stream ranges from object storage (see the module docstring)."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        storage: ObjectStorage,
+        *,
+        namespace: str,
+        block_cache: BlockCache[DataBlock],
+        reader_cache: ObjectReaderCache,
+        readahead: ReadaheadSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._metadata = metadata
+        self._storage = storage
+        self._namespace = namespace
+        self._cache = block_cache
+        self._readers = reader_cache
+        self._readahead = readahead or ReadaheadSettings()
+        self._clock = clock
+        self._states: OrderedDict[tuple[StreamId, int], _ReadState] = OrderedDict()
+        self._active: set[_ReadState] = set()
+        self._closed = False
+        self._read_count = 0
+        self._retry_count = 0
+        self._readahead_count = 0
+        self._miss_count = 0
+        self._hit_count = 0
+
+    def stats(self) -> ReaderStats:
+        return ReaderStats(
+            self._read_count, self._retry_count, self._readahead_count, self._miss_count, self._hit_count
+        )
+
+    # -- public -----------------------------------------------------------------------------
+    async def read(
+        self, stream_id: StreamId, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        """Batches of ``[start_offset, end_offset)`` from object storage, from the one containing
+        ``start_offset``, contiguous, stopping at ``end_offset``, after ``max_bytes`` payload bytes
+        (at least one batch) or where the stream's objects end."""
+        if self._closed:
+            raise ClosedError("the object stream reader is closed")
+        if start_offset < 0 or end_offset < start_offset or max_bytes <= 0:
+            raise InvalidArgumentError(
+                f"bad read range [{start_offset}, {end_offset}) or max_bytes {max_bytes}"
+            )
+        if start_offset == end_offset:
+            return []
+        self._read_count += 1
+        state = self._take_state(stream_id, start_offset)
+        try:
+            for attempt in range(READ_RETRY_MAX + 1):
+                try:
+                    batches, miss_count = await self._read_once(state, start_offset, end_offset, max_bytes)
+                    break
+                except _ObjectGoneError as exc:
+                    if attempt == READ_RETRY_MAX:
+                        raise CorruptionError(
+                            f"stream {stream_id} at offset {start_offset}: {exc} (after {attempt} retries)",
+                            source=f"stream {stream_id}",
+                        ) from exc
+                    self._retry_count += 1
+                    await self._reset_window(state)
+        except BaseException:
+            self._drop_state(state)
+            raise
+        state.next_offset = batches[-1].end_offset if batches else start_offset
+        self._put_state(state)
+        self._maybe_readahead(state, miss_count)
+        return batches
+
+    async def close(self) -> None:
+        """Stop readahead and release every held block. Reads after this raise ClosedError."""
+        if self._closed:
+            return
+        self._closed = True
+        states = list(self._states.values()) + list(self._active)
+        self._states.clear()
+        for state in states:
+            self._drop_state(state)
+        tasks = [s.readahead_task for s in states if s.readahead_task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one attempt ------------------------------------------------------------------------
+    async def _read_once(
+        self, state: _ReadState, start_offset: int, end_offset: int, max_bytes: int
+    ) -> tuple[list[StreamRecordBatch], int]:
+        out: list[StreamRecordBatch] = []
+        budget = max_bytes
+        next_offset = start_offset
+        miss_count = 0
+        while True:
+            refs = await self._blocks_for(state, next_offset, end_offset, budget)
+            if not refs:
+                break
+            blocks = await self._get_blocks(state, refs)
+            miss_count += blocks.miss_count
+            done = False
+            read_keys: list[BlockKey] = []
+            for ref, block in zip(refs, blocks.values, strict=True):
+                for record in block.records:
+                    if record.end_offset <= next_offset and not out:
+                        continue
+                    if record.base_offset >= end_offset or (out and budget <= 0):
+                        done = True
+                        break
+                    if (out and record.base_offset != next_offset) or (
+                        not out and not record.base_offset <= start_offset < record.end_offset
+                    ):
+                        raise CorruptionError(
+                            f"stream {state.stream_id}: batch [{record.base_offset}, {record.end_offset}) "
+                            f"where offset {next_offset} was expected",
+                            source=ref.key,
+                            position=ref.entry.start_position,
+                        )
+                    out.append(record)
+                    next_offset = record.end_offset
+                    budget -= len(record.payload)
+                if next_offset >= ref.entry.end_offset:
+                    read_keys.append(ref.cache_key)
+                if done:
+                    break
+            self._consume(state, next_offset, read_keys)
+            if done or next_offset >= end_offset or budget <= 0:
+                break
+        return out, miss_count
+
+    def _consume(self, state: _ReadState, next_offset: int, read_keys: list[BlockKey]) -> None:
+        """Drop fully read blocks from the window and free them in the cache."""
+        held = [k for k in read_keys if k in state.held]
+        state.held.difference_update(held)
+        self._cache.release(held, read=True)
+        drop = 0
+        while drop < len(state.window) and state.window[drop].entry.end_offset <= next_offset:
+            drop += 1
+        del state.window[:drop]
+
+    async def _blocks_for(
+        self, state: _ReadState, next_offset: int, end_offset: int, budget: int
+    ) -> list[_BlockRef]:
+        """Window blocks from the one holding ``next_offset`` until ``end_offset`` is covered or
+        their estimated payload reaches ``budget`` (the first block counts only if it starts there)."""
+        async with state.lock:
+            if state.window and state.window[0].entry.start_offset > next_offset:
+                await self._reset_window_locked(state)
+            refs: list[_BlockRef] = []
+            estimate = 0
+            i = 0
+            while True:
+                if i == len(state.window) and not await self._extend(state, next_offset, end_offset):
+                    return refs
+                ref = state.window[i]
+                i += 1
+                if ref.entry.end_offset <= next_offset:
+                    continue
+                refs.append(ref)
+                if ref.entry.start_offset >= next_offset:
+                    estimate += ref.entry.payload_bytes
+                if ref.entry.end_offset >= end_offset or estimate >= budget:
+                    return refs
+
+    async def _extend(self, state: _ReadState, next_offset: int, end_offset: int) -> bool:
+        """Append the blocks of the next objects to the window; False at the end of the stream's objects."""
+        window_start = state.window_end if state.window else next_offset
+        slices = await self._metadata.get_objects(
+            stream_id=state.stream_id,
+            start_offset=window_start,
+            end_offset=-1 if end_offset >= _UNBOUNDED else end_offset,
+            limit=GET_OBJECTS_STEP,
+        )
+        before = len(state.window)
+        for object_slice in slices:
+            if object_slice.end_offset <= state.window_end and state.window:
+                continue
+            await self._append_object(state, object_slice, window_start)
+        return len(state.window) > before
+
+    async def _append_object(self, state: _ReadState, object_slice: ObjectSlice, window_start: int) -> None:
+        key = object_key(object_slice.object_id, self._namespace)
+        try:
+            reader = await self._readers.get(key, object_slice.size_bytes)
+        except NotFoundError as exc:
+            self._readers.invalidate(key)
+            raise _ObjectGoneError(f"object {key} is gone") from exc
+        start = max(object_slice.start_offset, state.window_end if state.window else window_start)
+        found = reader.find(state.stream_id, start, object_slice.end_offset, _UNBOUNDED)
+        for entry in found.entries:
+            if state.window:
+                end = state.window_end
+                if entry.end_offset <= end:
+                    continue
+                if entry.start_offset != end:
+                    raise _ObjectGoneError(
+                        f"object {key} continues offset {end} with a block starting at {entry.start_offset}"
+                    )
+            elif not entry.start_offset <= window_start < entry.end_offset:
+                raise _ObjectGoneError(
+                    f"object {key} does not hold offset {window_start} (its block starts at "
+                    f"{entry.start_offset})"
+                )
+            state.window.append(_BlockRef(object_slice.object_id, key, object_slice.size_bytes, entry))
+        if not state.window or state.window_end < object_slice.end_offset:
+            raise _ObjectGoneError(
+                f"object {key} ends stream {state.stream_id} at {state.window_end if state.window else '-'}, "
+                f"metadata says {object_slice.end_offset}"
+            )
+
+    async def _reset_window(self, state: _ReadState) -> None:
+        async with state.lock:
+            await self._reset_window_locked(state)
+
+    async def _reset_window_locked(self, state: _ReadState) -> None:
+        self._cache.release(list(state.held), read=False)
+        state.held.clear()
+        state.window.clear()
+        state.readahead_end_offset = 0
+
+    # -- block data -------------------------------------------------------------------------
+    async def _get_blocks(self, state: _ReadState, refs: Sequence[_BlockRef]) -> CacheReadOfBlocks:
+        by_key = {ref.cache_key: ref for ref in refs}
+        requests = [
+            BlockRequest(ref.cache_key, ref.entry.size_bytes, hold=ref.cache_key not in state.held)
+            for ref in refs
+        ]
+
+        async def load(missing: Sequence[BlockRequest]) -> list[DataBlock]:
+            return await self._load([by_key[r.key] for r in missing])
+
+        got = await self._cache.get_many(requests, load)
+        state.held.update(r.key for r in requests)
+        self._miss_count += got.miss_count
+        self._hit_count += got.hit_count
+        return CacheReadOfBlocks(got.values, got.miss_count)
+
+    async def _load(self, refs: Sequence[_BlockRef]) -> list[DataBlock]:
+        """Fetch blocks with merged GETs: runs of consecutive blocks of one object, each GET at most
+        MERGED_GET_MAX_BYTES, all GETs concurrent. Results in the order of ``refs``."""
+        runs: list[list[int]] = []
+        for i, ref in enumerate(refs):
+            if runs:
+                last = refs[runs[-1][-1]]
+                first = refs[runs[-1][0]]
+                if (
+                    last.object_id == ref.object_id
+                    and last.entry.end_position == ref.entry.start_position
+                    and ref.entry.end_position - first.entry.start_position <= MERGED_GET_MAX_BYTES
+                ):
+                    runs[-1].append(i)
+                    continue
+            runs.append([i])
+
+        async def fetch(run: list[int]) -> list[DataBlock]:
+            first = refs[run[0]]
+            try:
+                reader = await self._readers.get(first.key, first.object_size_bytes)
+                return list(await reader.read_blocks([refs[i].entry for i in run]))
+            except NotFoundError as exc:
+                self._readers.invalidate(first.key)
+                raise _ObjectGoneError(f"object {first.key} is gone") from exc
+
+        results = await asyncio.gather(*(fetch(run) for run in runs))
+        out: list[DataBlock | None] = [None] * len(refs)
+        for run, blocks in zip(runs, results, strict=True):
+            for i, block in zip(run, blocks, strict=True):
+                out[i] = block
+        return [b for b in out if b is not None]
+
+    # -- readahead --------------------------------------------------------------------------
+    def _maybe_readahead(self, state: _ReadState, miss_count: int) -> None:
+        settings = self._readahead
+        if not settings.enabled or self._closed:
+            return
+        now = self._clock()
+        evicted = self._cache.evicted_unread_count
+        if evicted > state.evicted_seen:
+            state.evicted_seen = evicted
+            state.readahead_bytes = settings.initial_bytes
+            state.paused_until_s = now + settings.pause_s
+        if now < state.paused_until_s:
+            return
+        if miss_count:
+            state.readahead_bytes = min(
+                settings.max_bytes, state.readahead_bytes + settings.step_bytes * miss_count
+            )
+        if state.readahead_task is not None and not state.readahead_task.done():
+            return
+        if self._cache.free_bytes < state.readahead_bytes + settings.free_guard_bytes:
+            return
+        ahead = sum(
+            r.entry.size_bytes
+            for r in state.window
+            if r.entry.start_offset >= state.next_offset and r.entry.end_offset <= state.readahead_end_offset
+        )
+        if ahead >= state.readahead_bytes // 2:
+            return
+        self._readahead_count += 1
+        state.readahead_task = asyncio.create_task(
+            self._run_readahead(state, state.readahead_bytes - ahead), name=f"readahead-{state.stream_id}"
+        )
+
+    async def _run_readahead(self, state: _ReadState, size_bytes: int) -> None:
+        """Load blocks from the readahead mark (or the consumer's position) for ``size_bytes``."""
+        with contextlib.suppress(_ObjectGoneError, S3StreamError):
+            # Best effort: the consumer's own read meets and reports the same errors.
+            start = max(state.next_offset, state.readahead_end_offset)
+            refs = await self._blocks_for(state, start, _UNBOUNDED, size_bytes)
+            refs = [r for r in refs if r.entry.start_offset >= start]
+            if refs:
+                await self._get_blocks(state, refs)
+                state.readahead_end_offset = max(state.readahead_end_offset, refs[-1].entry.end_offset)
+
+    # -- reader states ----------------------------------------------------------------------
+    def _take_state(self, stream_id: StreamId, start_offset: int) -> _ReadState:
+        now = self._clock()
+        self._expire_states(now)
+        state = self._states.pop((stream_id, start_offset), None)
+        if state is None:
+            state = _ReadState(stream_id, start_offset, self._readahead.initial_bytes)
+        state.last_used_s = now
+        self._active.add(state)
+        return state
+
+    def _put_state(self, state: _ReadState) -> None:
+        self._active.discard(state)
+        key = (state.stream_id, state.next_offset)
+        old = self._states.pop(key, None)
+        if old is not None:
+            self._drop_state(old)
+        self._states[key] = state
+        while len(self._states) > STATE_COUNT_MAX:
+            _, oldest = self._states.popitem(last=False)
+            self._drop_state(oldest)
+
+    def _drop_state(self, state: _ReadState) -> None:
+        self._active.discard(state)
+        if state.readahead_task is not None:
+            state.readahead_task.cancel()
+        self._cache.release(list(state.held), read=False)
+        state.held.clear()
+        state.window.clear()
+
+    def _expire_states(self, now: float) -> None:
+        while self._states:
+            key, state = next(iter(self._states.items()))
+            if now - state.last_used_s < STATE_IDLE_S:
+                break
+            del self._states[key]
+            self._drop_state(state)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReadOfBlocks:
+    values: list[DataBlock]
+    miss_count: int

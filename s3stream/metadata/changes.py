@@ -1,0 +1,129 @@
+"""The changes a metadata operation writes: AutoMQ's metadata records, as frozen values.
+
+The controller (:mod:`s3stream.metadata.controller`) decides an operation against a read-only view
+of the state and returns a list of these; a backend applies the whole list in one transaction or
+not at all. Every change is an upsert or a removal, so applying the same list twice is harmless.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.metadata.base import (
+    RangeMetadata,
+    S3ObjectMetadata,
+    StreamObject,
+    StreamSetObject,
+    StreamState,
+)
+
+
+class Counter(enum.Enum):
+    """The id counters; each stores the next id to hand out (AutoMQ stores the last one)."""
+
+    STREAM_ID = "next_stream_id"
+    OBJECT_ID = "next_object_id"
+
+
+@dataclass(frozen=True, slots=True)
+class SetCounter:
+    counter: Counter
+    next_value: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutNode:
+    node_id: NodeId
+    node_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutStream:
+    """The stream's own fields; its ranges are separate changes."""
+
+    stream_id: StreamId
+    epoch: int
+    state: StreamState
+    start_offset: int
+    end_offset: int
+    tags: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveStream:
+    """Forget a stream with its ranges and its stream-object index (the objects stay)."""
+
+    stream_id: StreamId
+
+
+@dataclass(frozen=True, slots=True)
+class PutRange:
+    range: RangeMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveRange:
+    stream_id: StreamId
+    range_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutObject:
+    object: S3ObjectMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveObject:
+    object_id: ObjectId
+
+
+@dataclass(frozen=True, slots=True)
+class PutStreamSetObject:
+    stream_set_object: StreamSetObject
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveStreamSetObject:
+    object_id: ObjectId
+
+
+@dataclass(frozen=True, slots=True)
+class PutStreamObject:
+    stream_object: StreamObject
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveStreamObject:
+    object_id: ObjectId
+
+
+@dataclass(frozen=True, slots=True)
+class PutKv:
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveKv:
+    key: str
+
+
+Change = (
+    SetCounter
+    | PutNode
+    | PutStream
+    | RemoveStream
+    | PutRange
+    | RemoveRange
+    | PutObject
+    | RemoveObject
+    | PutStreamSetObject
+    | RemoveStreamSetObject
+    | PutStreamObject
+    | RemoveStreamObject
+    | PutKv
+    | RemoveKv
+)

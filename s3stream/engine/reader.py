@@ -192,7 +192,7 @@ class _BlockRef:
         return BlockKey(self.object_id, self.entry.start_position)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _ReadState:
     """One sequential reader of one stream: its index window, held blocks and readahead."""
 

@@ -1,0 +1,298 @@
+"""ObjectStreamReader on the memory twins: objects built with ObjectWriter and committed to metadata."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from s3stream.engine.blockcache import BlockCache
+from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings
+from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError, OffsetOutOfRangeError
+from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.metadata.base import CommitStreamObjectRequest, CommitStreamSetObjectRequest
+from s3stream.metadata.memory import MemoryMetadataStore
+from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
+from s3stream.record import StreamRecordBatch
+from s3stream.storage.memory import MemoryObjectStorage
+
+NS = "test"
+NODE = NodeId(0)
+NODE_EPOCH = 1
+BLOCK_SIZE = 256
+"""Small blocks: a few records each, so objects hold many blocks."""
+
+
+class Env:
+    def __init__(self) -> None:
+        self.storage = MemoryObjectStorage("reader-test")
+        self.metadata = MemoryMetadataStore()
+        self.gets: list[tuple[str, int, int | None]] = []
+        self.readers: list[ObjectStreamReader] = []
+
+    async def setup(self) -> Env:
+        await self.metadata.register_node(node_id=NODE, node_epoch=NODE_EPOCH)
+        return self
+
+    async def stream(self) -> StreamId:
+        stream_id = await self.metadata.create_stream(node_id=NODE, node_epoch=NODE_EPOCH)
+        await self.metadata.open_stream(node_id=NODE, node_epoch=NODE_EPOCH, stream_id=stream_id, epoch=0)
+        return stream_id
+
+    async def write_object(
+        self, batches: Sequence[StreamRecordBatch], *, stream_object: bool = False
+    ) -> ObjectId:
+        """One object holding ``batches`` (sorted by stream, offset), committed as a StreamSet object."""
+        object_id = await self.metadata.prepare_objects(count=1, ttl_ms=60_000)
+        writer = ObjectWriter(self.storage.upload(object_key(object_id, NS)), block_size_bytes=BLOCK_SIZE)
+        await writer.write(sorted(batches, key=lambda b: (b.stream_id, b.base_offset)))
+        written = await writer.close()
+        await self.metadata.commit_stream_set_object(
+            CommitStreamSetObjectRequest(
+                node_id=NODE,
+                node_epoch=NODE_EPOCH,
+                object_id=object_id,
+                order_id=object_id,
+                object_size_bytes=written.size_bytes,
+                stream_ranges=written.stream_ranges,
+            )
+        )
+        return object_id
+
+    def reader(
+        self, *, cache_bytes: int = 64 << 20, readahead: ReadaheadSettings | None = None
+    ) -> ObjectStreamReader:
+        storage = self.storage
+        gets = self.gets
+
+        class CountingStorage:
+            async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+                gets.append((key, start, end))
+                return await storage.get(key, start, end)
+
+        reader = ObjectStreamReader(
+            self.metadata,
+            storage,
+            namespace=NS,
+            block_cache=BlockCache[DataBlock](cache_bytes),
+            reader_cache=ObjectReaderCache(CountingStorage()),
+            readahead=readahead or ReadaheadSettings(enabled=False),
+        )
+        self.readers.append(reader)
+        return reader
+
+
+def make_batches(
+    stream_id: int, start: int, n: int, *, size: int = 40, count: int = 2
+) -> list[StreamRecordBatch]:
+    return [
+        StreamRecordBatch(stream_id, 0, start + i * count, count, bytes([(start + i) % 251]) * size)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+async def env() -> Env:
+    e = await Env().setup()
+    yield e  # type: ignore[misc]
+    for reader in e.readers:
+        await reader.close()
+
+
+async def three_objects(env: Env) -> tuple[StreamId, list[StreamRecordBatch]]:
+    """Stream s with offsets [0, 180) in three objects, interleaved with another stream's data."""
+    s = await env.stream()
+    other = await env.stream()
+    data = make_batches(s, 0, 90)
+    for part in range(3):
+        chunk = data[part * 30 : (part + 1) * 30]
+        await env.write_object(chunk + make_batches(other, part * 10, 5))
+    return s, data
+
+
+async def test_reads_a_range_spanning_several_objects_contiguously(env: Env) -> None:
+    s, data = await three_objects(env)
+    got = await env.reader().read(s, 0, 180, 1 << 20)
+    assert got == data
+
+
+async def test_read_starts_with_the_batch_containing_the_start_offset(env: Env) -> None:
+    s, data = await three_objects(env)
+    got = await env.reader().read(s, 61, 71, 1 << 20)
+    assert [b.base_offset for b in got] == [60, 62, 64, 66, 68, 70]
+    assert got == data[30:36]
+
+
+async def test_read_stops_at_max_bytes_with_at_least_one_batch(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader()
+    assert await reader.read(s, 10, 180, 1) == data[5:6]
+    assert await reader.read(s, 10, 180, 100) == data[5:8]  # 40 + 40 < 100, the third crosses it
+
+
+async def test_read_beyond_the_objects_returns_what_they_hold(env: Env) -> None:
+    s, data = await three_objects(env)
+    got = await env.reader().read(s, 170, 500, 1 << 20)
+    assert got == data[85:]
+
+
+async def test_read_of_a_stream_without_objects_is_empty(env: Env) -> None:
+    s = await env.stream()
+    assert await env.reader().read(s, 0, 10, 1 << 20) == []
+
+
+async def test_sequential_reads_continue_and_free_what_they_read(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader()
+    out: list[StreamRecordBatch] = []
+    offset = 0
+    while offset < 180:
+        got = await reader.read(s, offset, 180, 200)
+        assert got, f"no progress at {offset}"
+        out.extend(got)
+        offset = got[-1].end_offset
+    assert out == data
+    assert reader._cache.used_bytes == 0  # every block was read to its end, so freed at once
+
+
+async def test_blocks_of_one_read_are_fetched_with_merged_gets(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader()
+    await reader.read(s, 0, 180, 1 << 20)
+    # three objects: one tail GET each, plus ONE GET for each object's run of stream-s blocks
+    assert len(env.gets) == 6, env.gets
+    sizes = [end - start for _, start, end in env.gets if end is not None]
+    assert all(size > 3 * BLOCK_SIZE for size in sizes)  # each GET spans several blocks
+
+
+async def test_concurrent_reads_of_the_same_blocks_issue_one_get_per_block_run(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader()
+    results = await asyncio.gather(*(reader.read(s, 0, 60, 1 << 20) for _ in range(5)))
+    assert all(r == data[:30] for r in results)
+    tail_gets = 1
+    assert len(env.gets) == tail_gets + 1, env.gets
+
+
+async def test_object_replaced_by_compaction_is_read_from_its_replacement(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader()
+    first = await reader.read(s, 0, 180, 200)  # the window now holds blocks of the old objects
+    assert first == data[:5]
+    # compaction: one stream object replaces the three StreamSet objects, which are then deleted
+    old = [
+        o.object_id
+        for o in await env.metadata.get_objects(stream_id=s, start_offset=0, end_offset=-1, limit=10)
+    ]
+    new_id = await env.metadata.prepare_objects(count=1, ttl_ms=60_000)
+    writer = ObjectWriter(env.storage.upload(object_key(new_id, NS)), block_size_bytes=BLOCK_SIZE)
+    await writer.write(data)
+    written = await writer.close()
+    await env.metadata.commit_stream_object(
+        CommitStreamObjectRequest(
+            object_id=new_id,
+            object_size_bytes=written.size_bytes,
+            stream_id=s,
+            stream_epoch=-1,
+            start_offset=0,
+            end_offset=180,
+            source_object_ids=tuple(old),
+            node_id=NODE,
+            node_epoch=NODE_EPOCH,
+        )
+    )
+    await env.storage.delete([object_key(o, NS) for o in old])
+    rest = await reader.read(s, first[-1].end_offset, 180, 1 << 20)
+    assert first + rest == data
+    assert reader.stats().retry_count == 1
+
+
+async def test_object_missing_for_good_is_corruption_after_retries(env: Env) -> None:
+    s, _ = await three_objects(env)
+    slices = await env.metadata.get_objects(stream_id=s, start_offset=0, end_offset=-1, limit=10)
+    await env.storage.delete([object_key(slices[1].object_id, NS)])
+    reader = env.reader()
+    with pytest.raises(CorruptionError, match="after 2 retries"):
+        await reader.read(s, 0, 180, 1 << 20)
+    assert reader.stats().retry_count == 2
+
+
+async def test_corrupt_block_raises_corruption_error_not_data(env: Env) -> None:
+    s, _ = await three_objects(env)
+    slices = await env.metadata.get_objects(stream_id=s, start_offset=0, end_offset=-1, limit=10)
+    key = object_key(slices[0].object_id, NS)
+    raw = bytearray(await env.storage.get(key))
+    raw[100] ^= 0xFF  # inside the first data block
+    await env.storage.put(key, bytes(raw))
+    with pytest.raises(CorruptionError) as info:
+        await env.reader().read(s, 0, 180, 1 << 20)
+    assert info.value.source == key
+
+
+async def test_trimmed_start_is_out_of_range(env: Env) -> None:
+    s, _ = await three_objects(env)
+    await env.metadata.trim_stream(
+        node_id=NODE, node_epoch=NODE_EPOCH, stream_id=s, epoch=0, new_start_offset=100
+    )
+    with pytest.raises(OffsetOutOfRangeError):
+        await env.reader().read(s, 10, 180, 1 << 20)
+
+
+async def test_bad_arguments_and_closed_reader(env: Env) -> None:
+    s, _ = await three_objects(env)
+    reader = env.reader()
+    with pytest.raises(InvalidArgumentError):
+        await reader.read(s, 10, 5, 100)
+    with pytest.raises(InvalidArgumentError):
+        await reader.read(s, 0, 5, 0)
+    assert await reader.read(s, 5, 5, 100) == []
+    await reader.close()
+    with pytest.raises(ClosedError):
+        await reader.read(s, 0, 5, 100)
+
+
+async def test_readahead_loads_blocks_ahead_of_a_sequential_reader(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader(readahead=ReadaheadSettings(initial_bytes=1024, step_bytes=1024, free_guard_bytes=0))
+    first = await reader.read(s, 0, 180, 100)
+    await asyncio.sleep(0.01)  # let the readahead task run
+    assert reader.stats().readahead_count == 1
+    gets_after_readahead = len(env.gets)
+    second = await reader.read(s, first[-1].end_offset, 180, 100)
+    assert first + second == data[: len(first) + len(second)]
+    assert len(env.gets) == gets_after_readahead  # served from the readahead
+    assert reader.stats().block_hit_count > 0
+
+
+async def test_readahead_grows_with_misses_and_stops_without_free_space(env: Env) -> None:
+    s, _ = await three_objects(env)
+    settings = ReadaheadSettings(initial_bytes=512, step_bytes=512, max_bytes=2048, free_guard_bytes=1 << 20)
+    reader = env.reader(cache_bytes=1 << 20, readahead=settings)  # the guard alone fills the cache
+    await reader.read(s, 0, 180, 100)
+    await asyncio.sleep(0.01)
+    assert reader.stats().readahead_count == 0
+    reader2 = env.reader(
+        readahead=ReadaheadSettings(initial_bytes=512, step_bytes=512, max_bytes=2048, free_guard_bytes=0)
+    )
+    got = await reader2.read(s, 0, 180, 1 << 20)  # several block misses
+    state = reader2._states[(s, got[-1].end_offset)]
+    assert state.readahead_bytes == 2048  # grown to the cap
+
+
+async def test_readahead_pauses_after_an_unread_block_is_evicted(env: Env) -> None:
+    s, data = await three_objects(env)
+    settings = ReadaheadSettings(initial_bytes=1024, step_bytes=0, free_guard_bytes=0, pause_s=60)
+    reader = env.reader(cache_bytes=3000, readahead=settings)
+    first = await reader.read(s, 0, 180, 60)
+    await asyncio.sleep(0.01)  # readahead holds about 1 KiB of blocks ahead of the reader
+    assert reader.stats().readahead_count == 1
+    assert reader._cache.evicted_unread_count == 0
+    await reader.read(s, 120, 180, 1 << 20)  # another reader's blocks push them out unread
+    assert reader._cache.evicted_unread_count > 0
+    got = await reader.read(s, first[-1].end_offset, 180, 60)
+    assert first + got == data[: len(first) + len(got)]
+    state = reader._states[(s, got[-1].end_offset)]
+    assert state.readahead_bytes == settings.initial_bytes
+    assert state.paused_until_s > 0
+    assert reader.stats().readahead_count == 1  # paused: no new readahead

@@ -157,7 +157,7 @@ async def test_sequential_reads_continue_and_free_what_they_read(env: Env) -> No
 
 
 async def test_blocks_of_one_read_are_fetched_with_merged_gets(env: Env) -> None:
-    s, data = await three_objects(env)
+    s, _ = await three_objects(env)
     reader = env.reader()
     await reader.read(s, 0, 180, 1 << 20)
     # three objects: one tail GET each, plus ONE GET for each object's run of stream-s blocks

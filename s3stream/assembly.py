@@ -1,0 +1,273 @@
+"""The one module that wires the WAL, metadata, object storage, read path and engine together.
+
+``open_client(data_dir, bucket_uri=None, config=None)`` builds the embedded default:
+``<data_dir>/wal`` (the block WAL, preallocated), ``<data_dir>/objects`` (local object storage),
+``<data_dir>/metadata.db`` (SQLite). A ``bucket_uri`` (``0@s3://bucket?endpoint=..``, ``file:///path``,
+``mem://name``) puts objects there instead. Components start in dependency order and close in
+reverse; the :class:`PreparedObjectReaper` (expiry of prepared objects left by crashed uploads and
+deletion of their bytes) is a background component of the client. Nothing else imports this module
+except ``Client.open``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from s3stream.config import Config
+from s3stream.engine.blockcache import BlockCache
+from s3stream.engine.client import Client
+from s3stream.engine.core import Engine, TestHooks
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.walport import WriteAheadLog
+from s3stream.errors import (
+    CapacityError,
+    ClosedError,
+    ConflictError,
+    CorruptionError,
+    FencedError,
+    InvalidArgumentError,
+    S3StreamError,
+    UnavailableError,
+)
+from s3stream.ids import NodeId, ObjectId
+from s3stream.metadata.base import MetadataStore
+from s3stream.objectformat import ObjectReaderCache, object_key
+from s3stream.storage.base import MAX_DELETE_BATCH, ObjectStorage
+
+log = logging.getLogger(__name__)
+
+REAPER_PERIOD_S = 1.0
+"""How often expired prepared objects and destroyable objects are looked for (AutoMQ: 1 s)."""
+READER_CACHE_BYTES = 16 * 1024 * 1024
+"""Object index cache of the read path."""
+
+
+def build_reader(config: Config, metadata: MetadataStore, storage: ObjectStorage) -> ObjectStreamReader:
+    """The object read path (block cache + index cache + readahead) for the engine."""
+    return ObjectStreamReader(
+        metadata,
+        storage,
+        namespace=config.namespace,
+        block_cache=BlockCache(config.block_cache_size_bytes),
+        reader_cache=ObjectReaderCache(storage, capacity_bytes=READER_CACHE_BYTES),
+    )
+
+
+def node_epoch_now() -> int:
+    """A node epoch: the start time in ms (AutoMQ), so a restart always registers a newer one."""
+    return int(time.time() * 1000)
+
+
+class PreparedObjectReaper:
+    """Background component: expires PREPARED objects past their TTL and deletes marked objects'
+    bytes after ``s3.object.delete.retention.minutes`` (so crashed uploads never leak)."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        storage: ObjectStorage,
+        *,
+        namespace: str,
+        retention_ms: int,
+        period_s: float = REAPER_PERIOD_S,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.metadata = metadata
+        self.storage = storage
+        self.namespace = namespace
+        self.retention_ms = retention_ms
+        self.period_s = period_s
+        self.clock_ms = clock_ms
+        self.deleted_count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="s3stream-prepared-reaper")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run_once(self) -> list[ObjectId]:
+        """One pass: expire, then delete what is past retention; returns the deleted ids."""
+        now_ms = self.clock_ms()
+        await self.metadata.expire_prepared(now_ms=now_ms)
+        doomed = await self.metadata.destroyable_objects(
+            marked_before_ms=now_ms - self.retention_ms, limit=MAX_DELETE_BATCH
+        )
+        if not doomed:
+            return []
+        ids = [o.object_id for o in doomed]
+        await self.storage.delete([object_key(i, self.namespace) for i in ids])
+        await self.metadata.remove_objects(ids)
+        self.deleted_count += len(ids)
+        return ids
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except (S3StreamError, OSError) as exc:
+                log.warning("object reaper pass failed (retried): %s", exc)
+            await asyncio.sleep(self.period_s)
+
+
+class BlockWalAdapter:
+    """Adapts ``wal.BlockWAL`` to the engine's :class:`~s3stream.engine.walport.WriteAheadLog`,
+    translating the WAL's errors to s3stream's kinds (the WAL imports nothing of ours)."""
+
+    def __init__(self, wal: Any, path: str) -> None:
+        self._wal = wal
+        self._path = path
+
+    async def _call(self, awaitable: Awaitable[Any]) -> Any:
+        import wal.errors as we
+
+        try:
+            return await awaitable
+        except we.WalCapacityError as exc:
+            raise CapacityError(f"WAL full: {exc}") from exc
+        except we.WalClosedError as exc:
+            raise ClosedError(f"WAL closed: {exc}") from exc
+        except we.WalFencedError as exc:
+            raise FencedError(f"WAL fenced: {exc}") from exc
+        except we.WalLockedError as exc:
+            raise ConflictError(f"WAL {self._path} is open in another process: {exc}") from exc
+        except (we.WalArgumentError, we.InvalidWalConfig) as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        except we.WalCorruptionError as exc:
+            raise CorruptionError(str(exc), source=self._path) from exc
+        except (we.WalIOError, we.WalStateError, OSError) as exc:
+            raise UnavailableError(f"WAL failed: {exc}") from exc
+
+    async def append(self, body: bytes) -> int:
+        return int(await self._call(self._wal.append(body)))
+
+    async def trim(self, offset: int) -> None:
+        await self._call(self._wal.trim(offset))
+
+    async def recover(self) -> list[tuple[int, bytes]]:
+        result = await self._call(self._wal.recover())
+        return [(int(r[0]), bytes(r[1])) for r in _records_of(result)]
+
+    async def close(self) -> None:
+        await self._call(self._wal.close())
+
+
+def _records_of(result: Any) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    for item in result:
+        if isinstance(item, tuple):
+            out.append((int(item[0]), bytes(item[1])))
+        else:
+            out.append((int(item.offset), bytes(item.body)))
+    return out
+
+
+async def open_block_wal(path: Path, config: Config) -> WriteAheadLog:
+    import wal as walpkg
+
+    kwargs: dict[str, Any] = {"capacity_bytes": config.wal_capacity_bytes}
+    wal_config = walpkg.WalConfig(**_wal_config_kwargs(walpkg, config, kwargs))
+    adapter = BlockWalAdapter(None, str(path))
+    adapter._wal = await adapter._call(walpkg.BlockWAL.open(str(path), wal_config))
+    return adapter
+
+
+def _wal_config_kwargs(walpkg: Any, config: Config, base: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(walpkg.WalConfig)}
+    wanted = {
+        "capacity_bytes": config.wal_capacity_bytes,
+        "record_max_bytes": config.wal_record_size_max_bytes,
+        "iodepth": config.wal_thread_count,
+    }
+    return {k: v for k, v in {**base, **wanted}.items() if k in names}
+
+
+async def open_client(
+    data_dir: str | os.PathLike[str],
+    *,
+    bucket_uri: str | None = None,
+    config: Config | None = None,
+    hooks: TestHooks | None = None,
+    wal: WriteAheadLog | None = None,
+    metadata: MetadataStore | None = None,
+    storage: ObjectStorage | None = None,
+    node_epoch: int | None = None,
+) -> Client:
+    """Build and start every component; on failure close what was already started."""
+    config = config or Config.from_sources()
+    root = Path(data_dir)
+    closers: list[Callable[[], Awaitable[None]]] = []
+    try:
+        await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot create data dir {root}: {exc}") from exc
+    try:
+        if wal is None:
+            wal = await open_block_wal(root / "wal", config)
+        closers.append(wal.close)
+        if storage is None:
+            storage = await _open_storage(root, bucket_uri)
+        closers.append(storage.close)
+        if metadata is None:
+            from s3stream.metadata.sqlite import SqliteMetadataStore
+
+            metadata = await SqliteMetadataStore.open(str(root / "metadata.db"))
+        closers.append(metadata.close)
+        reader = build_reader(config, metadata, storage)
+        closers.append(reader.close)
+        engine = Engine(
+            config,
+            wal=wal,
+            metadata=metadata,
+            storage=storage,
+            node_id=NodeId(config.node_id),
+            node_epoch=node_epoch if node_epoch is not None else node_epoch_now(),
+            reader=reader,
+            hooks=hooks,
+        )
+        await engine.start()
+        reaper = PreparedObjectReaper(
+            metadata,
+            storage,
+            namespace=config.namespace,
+            retention_ms=config.object_delete_retention_minutes * 60_000,
+        )
+        reaper.start()
+        closers.append(reaper.close)
+    except BaseException:
+        for closer in reversed(closers):
+            with contextlib.suppress(Exception):
+                await closer()
+        raise
+    return Client(engine, metadata, closers=list(reversed(closers)))
+
+
+async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:
+    if bucket_uri is None:
+        from s3stream.storage.local import LocalObjectStorage
+
+        return LocalObjectStorage(str(root / "objects"))
+    from s3stream.storage.uri import open_storage
+
+    storage: ObjectStorage = await _maybe_await(open_storage(bucket_uri))
+    return storage
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value):
+        return await value
+    return value

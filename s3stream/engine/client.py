@@ -1,0 +1,229 @@
+"""The public async API: Client, StreamClient, Stream, KVClient (AutoMQ's ``com.automq.stream.api``).
+
+These are thin, typed front doors over :class:`~s3stream.engine.core.Engine` (which owns every
+behaviour) and the metadata store (streams, KV). ``Client.open`` builds the components through
+:mod:`s3stream.assembly`, the one module that wires them together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+
+from s3stream.config import Config
+from s3stream.engine.core import Engine, StreamHandle
+from s3stream.engine.walbody import KV_KEY_MAX_BYTES
+from s3stream.errors import ClosedError, InvalidArgumentError
+from s3stream.ids import StreamId
+from s3stream.metadata.base import MetadataStore, StreamMetadata
+from s3stream.model import FetchedBatch, RecordBatch
+
+
+def _check_batch(batch: RecordBatch) -> RecordBatch:
+    if not isinstance(batch, RecordBatch):
+        raise InvalidArgumentError(f"expected a RecordBatch, got {type(batch).__name__}")
+    if len(batch.payload) == 0:
+        raise InvalidArgumentError("record batch payload is empty")
+    return batch
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"KV key must be a non-empty str, got {key!r}")
+    if len(key.encode()) > KV_KEY_MAX_BYTES:
+        raise InvalidArgumentError(f"KV key of {len(key.encode())} bytes is above {KV_KEY_MAX_BYTES}")
+    return key
+
+
+def _check_value(value: bytes) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"KV value must be bytes, got {type(value).__name__}")
+    return bytes(value)
+
+
+class Stream:
+    """One open stream. Offsets: ``[start_offset, confirm_offset)`` readable, ``next_offset`` next to assign."""
+
+    def __init__(self, engine: Engine, handle: StreamHandle) -> None:
+        self._engine = engine
+        self._handle = handle
+
+    @property
+    def stream_id(self) -> StreamId:
+        return self._handle.stream_id
+
+    @property
+    def epoch(self) -> int:
+        return self._handle.epoch
+
+    @property
+    def start_offset(self) -> int:
+        return self._handle.start_offset
+
+    @property
+    def confirm_offset(self) -> int:
+        return self._handle.confirm_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._handle.next_offset
+
+    @property
+    def handle(self) -> StreamHandle:
+        return self._handle
+
+    async def append(self, batch: RecordBatch) -> int:
+        """Append a batch; returns its base offset once it is durable in the WAL."""
+        batch = _check_batch(batch)
+        (base,) = await self._engine.append([(self._handle, bytes(batch.payload), batch.count)])
+        return base
+
+    async def fetch(self, start_offset: int, end_offset: int, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
+        """Batches covering ``[start_offset, end_offset)`` in order (whole batches; at least one)."""
+        return await self._engine.fetch(self._handle, start_offset, end_offset, max_bytes)
+
+    async def trim(self, new_start_offset: int) -> None:
+        await self._engine.trim_stream(self._handle, new_start_offset)
+
+    async def close(self) -> None:
+        """Close: waits for pending appends and forces this stream's data up to object storage."""
+        await self._engine.close_stream(self._handle)
+
+    async def destroy(self) -> None:
+        await self._engine.destroy_stream(self._handle)
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        h = self._handle
+        return (
+            f"Stream(id={h.stream_id}, epoch={h.epoch}, start={h.start_offset}, confirm={h.confirm_offset}, "
+            f"next={h.next_offset}, {h.status.value})"
+        )
+
+
+class StreamClient:
+    def __init__(self, engine: Engine, metadata: MetadataStore) -> None:
+        self._engine = engine
+        self._metadata = metadata
+
+    async def create_stream(self, *, tags: Mapping[str, str] | None = None) -> StreamId:
+        return await self._engine.create_stream(tags)
+
+    async def create_and_open_stream(
+        self, *, epoch: int = 0, tags: Mapping[str, str] | None = None
+    ) -> Stream:
+        stream_id = await self.create_stream(tags=tags)
+        return await self.open_stream(stream_id, epoch=epoch)
+
+    async def open_stream(self, stream_id: StreamId, *, epoch: int) -> Stream:
+        """Open with ``epoch``: FencedError if the stream already has a newer one."""
+        return Stream(self._engine, await self._engine.open_stream(stream_id, epoch))
+
+    async def list_streams(self) -> list[StreamMetadata]:
+        return await self._metadata.list_streams()
+
+
+class KVClient:
+    """Small metadata key/values (AutoMQ's KVClient); keys are strings, values bytes."""
+
+    def __init__(self, metadata: MetadataStore, alive: Callable[[], None]) -> None:
+        self._metadata = metadata
+        self._alive = alive
+
+    async def put_if_absent(self, key: str, value: bytes) -> bytes:
+        """Store unless present; returns the value now stored."""
+        self._alive()
+        return await self._metadata.kv_put(_check_key(key), _check_value(value), overwrite=False)
+
+    async def put(self, key: str, value: bytes) -> bytes:
+        self._alive()
+        return await self._metadata.kv_put(_check_key(key), _check_value(value), overwrite=True)
+
+    async def get(self, key: str) -> bytes | None:
+        self._alive()
+        return await self._metadata.kv_get(_check_key(key))
+
+    async def delete(self, key: str) -> bytes | None:
+        """Delete; returns the value it had (None if absent)."""
+        self._alive()
+        return await self._metadata.kv_delete(_check_key(key))
+
+
+class Client:
+    """An open engine on one data dir. Build with :meth:`open` (or ``s3stream.open``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        metadata: MetadataStore,
+        *,
+        closers: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self._metadata = metadata
+        self._closers = list(closers)
+        self._closed = False
+        self.streams = StreamClient(engine, metadata)
+        self.kv = KVClient(metadata, self._check_open)
+
+    @classmethod
+    async def open(
+        cls,
+        data_dir: str | os.PathLike[str],
+        *,
+        bucket_uri: str | None = None,
+        config: Config | None = None,
+    ) -> Client:
+        """Open (creating if needed) the engine in ``data_dir``; objects go to ``bucket_uri`` if given."""
+        from s3stream.assembly import open_client  # the assembly wires; nothing below imports it
+
+        return await open_client(data_dir, bucket_uri=bucket_uri, config=config)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("client is closed")
+
+    async def append_atomic(
+        self, appends: Sequence[tuple[Stream, RecordBatch]], *, kv: Mapping[str, bytes] | None = None
+    ) -> list[int]:
+        """All-or-nothing across streams and KV puts: ONE WAL record. Returns the base offsets."""
+        self._check_open()
+        entries = []
+        for item in appends:
+            if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], Stream):
+                raise InvalidArgumentError("appends must be (Stream, RecordBatch) pairs")
+            stream, batch = item
+            batch = _check_batch(batch)
+            entries.append((stream.handle, bytes(batch.payload), batch.count))
+        puts = [(_check_key(k), _check_value(v)) for k, v in (kv or {}).items()]
+        if not entries and not puts:
+            raise InvalidArgumentError("append_atomic needs at least one append or KV put")
+        return await self.engine.append(entries, puts)
+
+    async def close(self) -> None:
+        """Close every open stream (forcing its data up), then the engine and its components."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.engine.close()
+        finally:
+            for closer in self._closers:
+                await closer()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

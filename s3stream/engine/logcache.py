@@ -1,0 +1,200 @@
+"""The LogCache: acknowledged record batches held in memory until (and after) they are uploaded.
+
+AutoMQ's delta-WAL cache (reference section 4): an ordered list of blocks, oldest first; the last one
+is the *active* block that receives records, older ones are *archived* (being uploaded, or uploaded
+and kept for reads). Each block keeps one :class:`StreamCache` per stream (records in offset order).
+A block is full at ``upload_threshold_bytes`` or at ``max_stream_count`` streams. After an upload's
+commit the block is marked *free*; free blocks stay readable and are dropped (oldest first) only when
+the cache holds more than 90 % of its capacity. No I/O, no clock: the caller passes times.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedKeyList
+
+from s3stream.record import StreamRecordBatch
+
+FREE_THRESHOLD_RATIO = 0.9
+"""Free blocks are released once the cache holds more than this share of its capacity (AutoMQ 4.4)."""
+
+
+def _base_offset(record: StreamRecordBatch) -> int:
+    return record.base_offset
+
+
+class StreamCache:
+    """One stream's records within one block: ``[start_offset, end_offset)`` in offset order."""
+
+    __slots__ = ("records", "size_bytes")
+
+    def __init__(self) -> None:
+        self.records: SortedKeyList = SortedKeyList(key=_base_offset)
+        self.size_bytes = 0
+
+    @property
+    def start_offset(self) -> int:
+        return int(self.records[0].base_offset)
+
+    @property
+    def end_offset(self) -> int:
+        return int(self.records[-1].end_offset)
+
+    def add(self, record: StreamRecordBatch) -> None:
+        assert not self.records or record.base_offset == self.end_offset, (
+            f"stream {record.stream_id}: record at {record.base_offset} after end {self.end_offset}"
+        )
+        self.records.add(record)
+        self.size_bytes += record.encoded_size
+
+    def overlapping(self, start_offset: int, end_offset: int) -> list[StreamRecordBatch]:
+        """Records overlapping ``[start_offset, end_offset)`` in order."""
+        if not self.records or start_offset >= self.end_offset or end_offset <= self.start_offset:
+            return []
+        # The record containing start_offset is the last one whose base offset is <= start_offset.
+        index = max(self.records.bisect_key_right(start_offset) - 1, 0)
+        out: list[StreamRecordBatch] = []
+        for record in self.records.islice(index):
+            if record.base_offset >= end_offset:
+                break
+            if record.end_offset > start_offset:
+                out.append(record)
+        return out
+
+
+@dataclass(eq=False)
+class LogCacheBlock:
+    """A group of records uploaded together as one StreamSet object (plus stream objects)."""
+
+    block_id: int
+    created_at_s: float
+    streams: dict[int, StreamCache] = field(default_factory=dict)
+    size_bytes: int = 0
+    free: bool = False
+    archived: bool = False
+
+    def put(self, record: StreamRecordBatch) -> None:
+        cache = self.streams.get(record.stream_id)
+        if cache is None:
+            cache = self.streams[record.stream_id] = StreamCache()
+        cache.add(record)
+        self.size_bytes += record.encoded_size
+
+    def records_by_stream(self) -> list[tuple[int, list[StreamRecordBatch]]]:
+        """Every stream's records, streams in ascending id order (the StreamSet object order)."""
+        return [(stream_id, list(self.streams[stream_id].records)) for stream_id in sorted(self.streams)]
+
+    def is_empty(self) -> bool:
+        return not self.streams
+
+
+class LogCache:
+    """The blocks of acknowledged records, with a byte limit (``capacity_bytes``)."""
+
+    def __init__(
+        self, *, capacity_bytes: int, upload_threshold_bytes: int, max_stream_count: int, now_s: float = 0.0
+    ) -> None:
+        assert 0 < upload_threshold_bytes <= capacity_bytes
+        self.capacity_bytes = capacity_bytes
+        self.upload_threshold_bytes = upload_threshold_bytes
+        self.max_stream_count = max_stream_count
+        self._ids = itertools.count()
+        self.blocks: list[LogCacheBlock] = [LogCacheBlock(next(self._ids), now_s)]
+        self.size_bytes = 0
+
+    @property
+    def active(self) -> LogCacheBlock:
+        return self.blocks[-1]
+
+    def put(self, record: StreamRecordBatch) -> bool:
+        """Add an acknowledged record to the active block; True when the block is now full."""
+        self.active.put(record)
+        self.size_bytes += record.encoded_size
+        return self.is_full(self.active)
+
+    def is_full(self, block: LogCacheBlock) -> bool:
+        return block.size_bytes >= self.upload_threshold_bytes or len(block.streams) >= self.max_stream_count
+
+    def archive(self, now_s: float) -> LogCacheBlock | None:
+        """Seal the active block (None if it is empty) and open a new one."""
+        block = self.active
+        if block.is_empty():
+            block.created_at_s = now_s
+            return None
+        block.archived = True
+        self.blocks.append(LogCacheBlock(next(self._ids), now_s))
+        return block
+
+    def mark_free(self, block: LogCacheBlock) -> None:
+        """The block's records are committed to object storage: it may be released under pressure."""
+        assert block.archived
+        assert not block.free
+        block.free = True
+        self.try_real_free()
+
+    def try_real_free(self, *, target_bytes: int | None = None) -> int:
+        """Release free blocks from the head while above 90 % (or ``target_bytes``); returns bytes freed."""
+        target = int(self.capacity_bytes * FREE_THRESHOLD_RATIO) if target_bytes is None else target_bytes
+        freed = 0
+        while self.size_bytes > target and len(self.blocks) > 1 and self.blocks[0].free:
+            block = self.blocks.pop(0)
+            self.size_bytes -= block.size_bytes
+            freed += block.size_bytes
+        return freed
+
+    def unfree_bytes(self) -> int:
+        """Bytes not yet committed to object storage (what back-pressure counts)."""
+        return sum(block.size_bytes for block in self.blocks if not block.free)
+
+    def has_room(self, size_bytes: int) -> bool:
+        """Whether ``size_bytes`` more fit, after releasing free blocks if needed."""
+        if self.size_bytes + size_bytes <= self.capacity_bytes:
+            return True
+        self.try_real_free(target_bytes=max(self.capacity_bytes - size_bytes, 0))
+        return self.size_bytes + size_bytes <= self.capacity_bytes or self.size_bytes == 0
+
+    def get(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        """Cached records of ``[start_offset, end_offset)``, contiguous and in order.
+
+        Full or partial hit from ``start_offset``: records from the one containing ``start_offset``
+        onwards, stopping at ``end_offset``, at a gap, or once ``max_bytes`` of payload are returned
+        (at least one record). Otherwise, when the cache holds the *tail* of the range (a contiguous
+        run starting strictly inside it), that run; the caller reads the head from object storage.
+        Otherwise empty.
+        """
+        found: list[StreamRecordBatch] = []
+        for block in self.blocks:
+            cache = block.streams.get(stream_id)
+            if cache is not None:
+                found.extend(cache.overlapping(start_offset, end_offset))
+        if not found:
+            return []
+        if found[0].base_offset > start_offset:
+            # Keep only the contiguous run that ends with the newest record.
+            index = len(found) - 1
+            while index > 0 and found[index - 1].end_offset == found[index].base_offset:
+                index -= 1
+            found = found[index:]
+        out: list[StreamRecordBatch] = []
+        budget = max_bytes
+        for record in found:
+            if out and (record.base_offset != out[-1].end_offset or budget <= 0):
+                break
+            out.append(record)
+            budget -= len(record.payload)
+        return out
+
+    def stream_end_offset(self, stream_id: int) -> int | None:
+        """End offset of the newest cached record of a stream (None if none is cached)."""
+        for block in reversed(self.blocks):
+            cache = block.streams.get(stream_id)
+            if cache is not None:
+                return cache.end_offset
+        return None
+
+    def blocks_with_stream(self, stream_id: int) -> list[LogCacheBlock]:
+        return [block for block in self.blocks if not block.free and stream_id in block.streams]

@@ -1,0 +1,166 @@
+"""Turning one archived LogCache block into objects: plan (pure), write, commit (AutoMQ reference 5).
+
+:func:`plan_upload` decides which streams go into the block's single StreamSet object and which
+become separate stream objects (AutoMQ's rule, reference 5.2): a stream with at least
+``split_size_bytes`` of payload gets its own stream object; when the block holds exactly one stream,
+or every stream is that large, there is no StreamSet object at all. :class:`ObjectUploader` carries a
+plan out: one ``prepare_objects`` call for all ids (StreamSet object first, then stream objects in
+ascending stream id), the object writes (concurrent), and the commit request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
+from s3stream.metadata.base import (
+    CommitStreamSetObjectRequest,
+    MetadataStore,
+    NewStreamObject,
+    StreamOffsetRange,
+)
+from s3stream.objectformat import ObjectWriter, object_key
+from s3stream.record import StreamRecordBatch
+from s3stream.storage.base import ObjectStorage
+
+StreamRecords = tuple[int, Sequence[StreamRecordBatch]]
+
+
+@dataclass(frozen=True, slots=True)
+class UploadPlan:
+    """Which streams of a block go where. Both lists are in ascending stream id order."""
+
+    stream_set: tuple[StreamRecords, ...]
+    stream_objects: tuple[StreamRecords, ...]
+
+    @property
+    def object_count(self) -> int:
+        return (1 if self.stream_set else 0) + len(self.stream_objects)
+
+
+def payload_bytes(records: Sequence[StreamRecordBatch]) -> int:
+    return sum(len(r.payload) for r in records)
+
+
+def plan_upload(records_by_stream: Sequence[StreamRecords], *, split_size_bytes: int) -> UploadPlan:
+    """AutoMQ's split rule (reference 5.2) over ``(stream_id, records)`` sorted by stream id."""
+    streams = [(sid, recs) for sid, recs in records_by_stream if recs]
+    assert all(a[0] < b[0] for a, b in itertools_pairwise(streams)), "streams must be sorted and unique"
+    big = [payload_bytes(recs) >= split_size_bytes for _, recs in streams]
+    if len(streams) == 1 or all(big):
+        return UploadPlan((), tuple(streams))
+    stream_set = tuple(s for s, is_big in zip(streams, big, strict=True) if not is_big)
+    separate = tuple(s for s, is_big in zip(streams, big, strict=True) if is_big)
+    return UploadPlan(stream_set, separate)
+
+
+def itertools_pairwise(items: Sequence[StreamRecords]) -> list[tuple[StreamRecords, StreamRecords]]:
+    return list(itertools.pairwise(items))
+
+
+def _range_of(stream_id: int, records: Sequence[StreamRecordBatch]) -> StreamOffsetRange:
+    return StreamOffsetRange(
+        stream_id=StreamId(stream_id),
+        start_offset=records[0].base_offset,
+        end_offset=records[-1].end_offset,
+        size_bytes=payload_bytes(records),
+    )
+
+
+class ObjectUploader:
+    """Writes planned objects and builds their commit request (no retries here: the caller retries)."""
+
+    def __init__(
+        self,
+        *,
+        storage: ObjectStorage,
+        metadata: MetadataStore,
+        namespace: str,
+        node_id: NodeId,
+        node_epoch: int,
+        block_size_bytes: int,
+        part_size_bytes: int,
+        prepared_ttl_ms: int,
+    ) -> None:
+        self.storage = storage
+        self.metadata = metadata
+        self.namespace = namespace
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.block_size_bytes = block_size_bytes
+        self.part_size_bytes = part_size_bytes
+        self.prepared_ttl_ms = prepared_ttl_ms
+
+    async def prepare(self, plan: UploadPlan) -> ObjectId:
+        """Allocate the plan's object ids; returns the first."""
+        assert plan.object_count > 0
+        return await self.metadata.prepare_objects(count=plan.object_count, ttl_ms=self.prepared_ttl_ms)
+
+    async def write(self, plan: UploadPlan, first_id: ObjectId) -> CommitStreamSetObjectRequest:
+        """Write every object of the plan (concurrently); returns the commit request."""
+        next_id = first_id
+        jobs: list[asyncio.Task[int]] = []
+        sso_id = NOOP_OBJECT_ID
+        if plan.stream_set:
+            sso_id = next_id
+            next_id = ObjectId(next_id + 1)
+            batches = [r for _, recs in plan.stream_set for r in recs]
+            jobs.append(asyncio.ensure_future(self._write_object(sso_id, batches)))
+        so_ids: list[ObjectId] = []
+        for _, recs in plan.stream_objects:
+            so_ids.append(next_id)
+            jobs.append(asyncio.ensure_future(self._write_object(next_id, list(recs))))
+            next_id = ObjectId(next_id + 1)
+        try:
+            sizes = await asyncio.gather(*jobs)
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
+        sso_size = sizes[0] if plan.stream_set else 0
+        so_sizes = sizes[1:] if plan.stream_set else sizes
+        return CommitStreamSetObjectRequest(
+            node_id=self.node_id,
+            node_epoch=self.node_epoch,
+            object_id=sso_id,
+            order_id=sso_id if sso_id != NOOP_OBJECT_ID else first_id,
+            object_size_bytes=sso_size,
+            stream_ranges=tuple(_range_of(sid, recs) for sid, recs in plan.stream_set),
+            stream_objects=tuple(
+                NewStreamObject(
+                    object_id=oid,
+                    stream_id=StreamId(sid),
+                    start_offset=recs[0].base_offset,
+                    end_offset=recs[-1].end_offset,
+                    size_bytes=size,
+                )
+                for oid, size, (sid, recs) in zip(so_ids, so_sizes, plan.stream_objects, strict=True)
+            ),
+        )
+
+    async def _write_object(self, object_id: ObjectId, batches: list[StreamRecordBatch]) -> int:
+        upload = self.storage.upload(object_key(object_id, self.namespace))
+        writer = ObjectWriter(
+            upload, block_size_bytes=self.block_size_bytes, part_size_bytes=self.part_size_bytes
+        )
+        try:
+            await writer.write(batches)
+            written = await writer.close()
+        except BaseException:
+            await asyncio.shield(_abort_quietly(upload))
+            raise
+        return int(written.size_bytes)
+
+
+async def _abort_quietly(upload: object) -> None:
+    abort = getattr(upload, "abort", None)
+    if abort is None:
+        return
+    try:
+        await abort()
+    except Exception:  # noqa: BLE001 - best effort: the prepared TTL reclaims what abort could not
+        return

@@ -1,0 +1,125 @@
+"""Codec of the engine's WAL record bodies: a plain record batch or an atomic group.
+
+Layout: ``docs/format.md`` section "5. WAL record bodies". The first byte tells the body type:
+``0x22`` is one plain StreamRecordBatch (AutoMQ's layout, :mod:`s3stream.record`), ``0x5A`` an atomic
+group (several batches + KV puts written and recovered all-or-nothing). The WAL record around the body
+carries its CRC, so bodies have none of their own. Pure: bytes in, values out.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from s3stream.errors import CorruptionError
+from s3stream.record import RECORD_MAGIC, StreamRecordBatch, decode_record
+
+ATOMIC_GROUP_MAGIC = 0x5A
+ATOMIC_GROUP_VERSION = 1
+
+GROUP_HEADER = struct.Struct(
+    ">"
+    "B"  # magic, 0x5A
+    "B"  # version, 1
+    "H"  # reserved, zero
+    "I"  # batch count
+    "I"  # KV put count
+)
+GROUP_HEADER_SIZE = GROUP_HEADER.size
+assert GROUP_HEADER_SIZE == 12
+
+KV_HEADER = struct.Struct(
+    ">"
+    "H"  # key length in bytes (UTF-8)
+    "I"  # value length in bytes
+)
+KV_HEADER_SIZE = KV_HEADER.size
+assert KV_HEADER_SIZE == 6
+KV_KEY_MAX_BYTES = (1 << 16) - 1
+
+assert RECORD_MAGIC != ATOMIC_GROUP_MAGIC
+
+
+@dataclass(frozen=True, slots=True)
+class WalBody:
+    """A decoded WAL body: batches in write order and KV puts in write order."""
+
+    batches: tuple[StreamRecordBatch, ...]
+    kv_puts: tuple[tuple[str, bytes], ...] = ()
+
+
+def encode_plain(batch: StreamRecordBatch) -> bytes:
+    return batch.encode()
+
+
+def encode_group(batches: Sequence[StreamRecordBatch], kv_puts: Sequence[tuple[str, bytes]]) -> bytes:
+    """An atomic group body. Keys must be at most ``KV_KEY_MAX_BYTES`` of UTF-8 (checked by the caller)."""
+    parts: list[bytes] = [
+        GROUP_HEADER.pack(ATOMIC_GROUP_MAGIC, ATOMIC_GROUP_VERSION, 0, len(batches), len(kv_puts))
+    ]
+    parts.extend(batch.encode() for batch in batches)
+    for key, value in kv_puts:
+        key_bytes = key.encode()
+        assert len(key_bytes) <= KV_KEY_MAX_BYTES
+        parts.append(KV_HEADER.pack(len(key_bytes), len(value)))
+        parts.append(key_bytes)
+        parts.append(bytes(value))
+    return b"".join(parts)
+
+
+def group_size(batches: Sequence[StreamRecordBatch], kv_puts: Sequence[tuple[str, bytes]]) -> int:
+    """Encoded size of a group body, without encoding it."""
+    return (
+        GROUP_HEADER_SIZE
+        + sum(b.encoded_size for b in batches)
+        + sum(KV_HEADER_SIZE + len(k.encode()) + len(v) for k, v in kv_puts)
+    )
+
+
+def decode_body(buf: bytes | bytearray | memoryview, *, source: str = "<wal>", position: int = 0) -> WalBody:
+    """Decode a body; :class:`CorruptionError` (naming ``source`` and ``position``) on anything else."""
+    if len(buf) == 0:
+        raise CorruptionError("empty WAL body", source=source, position=position)
+    magic = buf[0]
+    if magic == RECORD_MAGIC:
+        batch, end = decode_record(buf, 0, source=source, base_position=position)
+        if end != len(buf):
+            raise CorruptionError(
+                "trailing bytes after a plain WAL body", source=source, position=position + end
+            )
+        return WalBody((batch,))
+    if magic != ATOMIC_GROUP_MAGIC:
+        raise CorruptionError(f"unknown WAL body type 0x{magic:02x}", source=source, position=position)
+    if len(buf) < GROUP_HEADER_SIZE:
+        raise CorruptionError("truncated atomic group header", source=source, position=position)
+    _, version, reserved, batch_count, kv_count = GROUP_HEADER.unpack_from(buf, 0)
+    if version != ATOMIC_GROUP_VERSION or reserved != 0:
+        raise CorruptionError(
+            f"unsupported atomic group version {version} / reserved {reserved}",
+            source=source,
+            position=position,
+        )
+    pos = GROUP_HEADER_SIZE
+    batches: list[StreamRecordBatch] = []
+    for _ in range(batch_count):
+        batch, pos = decode_record(buf, pos, source=source, base_position=position)
+        batches.append(batch)
+    kv_puts: list[tuple[str, bytes]] = []
+    for _ in range(kv_count):
+        if len(buf) - pos < KV_HEADER_SIZE:
+            raise CorruptionError("truncated KV put header", source=source, position=position + pos)
+        key_len, value_len = KV_HEADER.unpack_from(buf, pos)
+        start = pos + KV_HEADER_SIZE
+        end = start + key_len + value_len
+        if end > len(buf):
+            raise CorruptionError("truncated KV put", source=source, position=position + pos)
+        try:
+            key = bytes(buf[start : start + key_len]).decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptionError("KV key is not UTF-8", source=source, position=position + pos) from exc
+        kv_puts.append((key, bytes(buf[start + key_len : end])))
+        pos = end
+    if pos != len(buf):
+        raise CorruptionError("trailing bytes after an atomic group", source=source, position=position + pos)
+    return WalBody(tuple(batches), tuple(kv_puts))

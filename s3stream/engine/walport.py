@@ -1,0 +1,107 @@
+"""The engine's view of a write-ahead log, and its in-memory twin.
+
+The engine needs four things from a WAL: append a body durably (getting its logical offset), trim
+everything below an offset, recover the untrimmed records in offset order after a restart, and
+close. :class:`WriteAheadLog` is that seam; :class:`MemoryWal` is the twin used by fast unit tests;
+``s3stream.assembly`` adapts the block WAL of ``wal/`` to it (translating its errors there).
+
+Errors a WAL raises through this seam: :class:`~s3stream.errors.CapacityError` (full: trim first),
+:class:`~s3stream.errors.ClosedError`, :class:`~s3stream.errors.InvalidArgumentError` (body too
+large), :class:`~s3stream.errors.UnavailableError` (I/O failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from s3stream.errors import CapacityError, ClosedError, InvalidArgumentError
+
+MEMORY_RECORD_OVERHEAD_BYTES = 24
+"""Space a record header takes in :class:`MemoryWal` (the block WAL's record header size)."""
+
+
+class WriteAheadLog(Protocol):
+    async def append(self, body: bytes) -> int:
+        """Write ``body`` durably; returns its logical offset. Offsets grow with submission order."""
+        ...
+
+    async def trim(self, offset: int) -> None:
+        """Forget every record whose offset is below ``offset``."""
+        ...
+
+    async def recover(self) -> list[tuple[int, bytes]]:
+        """The untrimmed records ``(offset, body)`` in offset order (call once, before appending)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryWal:
+    """An in-memory WAL with a byte capacity. Offsets are byte positions, as in the block WAL.
+
+    ``records`` survives :meth:`close`, so a test can "restart" on the same instance with
+    :meth:`reopen` (everything appended counts as durable: this twin models no torn writes).
+    """
+
+    def __init__(self, *, capacity_bytes: int, record_size_max_bytes: int | None = None) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.record_size_max_bytes = record_size_max_bytes or capacity_bytes // 4
+        self.records: dict[int, bytes] = {}
+        self.next_offset = 0
+        self.trim_offset = 0
+        self.used_bytes = 0
+        self.closed = False
+        self.append_count = 0
+        self.trim_calls: list[int] = []
+        self.fail_next: BaseException | None = None
+        """Set by tests: the next append raises this instead of writing."""
+        self.gate: asyncio.Event | None = None
+        """Set by tests: appends wait for this event before completing."""
+
+    async def append(self, body: bytes) -> int:
+        if self.closed:
+            raise ClosedError("WAL is closed")
+        if len(body) > self.record_size_max_bytes:
+            raise InvalidArgumentError(
+                f"WAL record of {len(body)} bytes is above {self.record_size_max_bytes}"
+            )
+        size = len(body) + MEMORY_RECORD_OVERHEAD_BYTES
+        if self.used_bytes + size > self.capacity_bytes:
+            raise CapacityError(f"WAL full: {self.used_bytes} of {self.capacity_bytes} bytes used")
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        offset = self.next_offset
+        self.next_offset += size
+        self.used_bytes += size
+        self.records[offset] = bytes(body)
+        self.append_count += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        else:
+            await asyncio.sleep(0)
+        return offset
+
+    async def trim(self, offset: int) -> None:
+        if self.closed:
+            raise ClosedError("WAL is closed")
+        self.trim_calls.append(offset)
+        if offset <= self.trim_offset:
+            return
+        self.trim_offset = offset
+        for record_offset in [o for o in self.records if o < offset]:
+            self.used_bytes -= len(self.records.pop(record_offset)) + MEMORY_RECORD_OVERHEAD_BYTES
+
+    async def recover(self) -> list[tuple[int, bytes]]:
+        return sorted(self.records.items())
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def reopen(self) -> MemoryWal:
+        """The same log after a restart."""
+        self.closed = False
+        self.gate = None
+        self.fail_next = None
+        return self

@@ -1,0 +1,384 @@
+"""The engine's public API on in-memory twins: append, fetch, trim, close, epochs, KV, uploads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from s3stream.assembly import build_reader
+from s3stream.config import Config
+from s3stream.engine.client import Client
+from s3stream.engine.core import Engine
+from s3stream.engine.walport import MemoryWal
+from s3stream.errors import (
+    CapacityError,
+    ClosedError,
+    ConflictError,
+    FencedError,
+    InvalidArgumentError,
+    NotFoundError,
+    OffsetOutOfRangeError,
+    UnavailableError,
+)
+from s3stream.ids import NodeId
+from s3stream.metadata.base import ObjectState
+from s3stream.metadata.memory import MemoryMetadataStore
+from s3stream.model import RecordBatch
+from s3stream.storage.base import Upload
+from s3stream.storage.memory import MemoryObjectStorage
+
+KiB = 1024
+MiB = 1024 * KiB
+
+SMALL = Config(
+    wal_capacity_bytes=8 * MiB,
+    wal_record_size_max_bytes=1 * MiB,
+    record_size_max_bytes=512 * KiB,
+    wal_cache_size_bytes=2 * MiB,
+    wal_upload_threshold_bytes=256 * KiB,
+    wal_upload_interval_ms=60_000,
+    upload_retry_backoff_ms=5,
+    upload_retry_backoff_max_ms=20,
+    append_backpressure_wait_ms=0,
+    stream_object_split_size_bytes=128 * KiB,
+)
+
+
+class Node:
+    """One engine on shared twins; ``restart()`` simulates a process restart on the same WAL."""
+
+    def __init__(
+        self,
+        config: Config = SMALL,
+        *,
+        wal: MemoryWal | None = None,
+        metadata: MemoryMetadataStore | None = None,
+        storage: MemoryObjectStorage | None = None,
+        node_id: int = 0,
+    ) -> None:
+        self.config = config
+        self.wal = wal or MemoryWal(capacity_bytes=config.wal_capacity_bytes)
+        self.metadata = metadata or MemoryMetadataStore()
+        self.storage = storage or MemoryObjectStorage()
+        self.node_id = node_id
+        self.epoch = 0
+
+    async def open(self) -> Client:
+        self.epoch += 1
+        engine = Engine(
+            self.config,
+            wal=self.wal.reopen(),
+            metadata=self.metadata,
+            storage=self.storage,
+            node_id=NodeId(self.node_id),
+            node_epoch=self.epoch,
+            reader=build_reader(self.config, self.metadata, self.storage),
+        )
+        await engine.start()
+        return Client(engine, self.metadata, closers=[self.wal.close])
+
+
+async def test_append_returns_consecutive_offsets_and_fetch_reads_them() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream()
+    assert (stream.start_offset, stream.confirm_offset, stream.next_offset) == (0, 0, 0)
+    assert await stream.append(RecordBatch(b"a")) == 0
+    assert await stream.append(RecordBatch(b"bc", count=2)) == 1
+    assert await stream.append(RecordBatch(b"d")) == 3
+    assert stream.confirm_offset == 4 == stream.next_offset
+    got = await stream.fetch(0, 4)
+    assert [(b.base_offset, b.count, b.payload) for b in got] == [(0, 1, b"a"), (1, 2, b"bc"), (3, 1, b"d")]
+    # a batch containing start_offset is returned whole
+    got = await stream.fetch(2, 3)
+    assert [(b.base_offset, b.payload) for b in got] == [(1, b"bc")]
+    assert await stream.fetch(4, 4) == []
+    await client.close()
+
+
+async def test_fetch_outside_range_and_bad_arguments_raise_typed_errors() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"x"))
+    with pytest.raises(OffsetOutOfRangeError):
+        await stream.fetch(0, 2)
+    with pytest.raises(InvalidArgumentError):
+        await stream.fetch(1, 0)
+    with pytest.raises(InvalidArgumentError):
+        await stream.fetch(0, 1, max_bytes=0)
+    with pytest.raises(InvalidArgumentError):
+        await stream.append(RecordBatch(b""))
+    with pytest.raises(InvalidArgumentError):
+        await stream.append(RecordBatch(b"x" * (SMALL.record_size_max_bytes + 1)))
+    with pytest.raises(InvalidArgumentError):
+        await stream.append(b"raw bytes")  # type: ignore[arg-type]
+    await client.close()
+
+
+async def test_max_bytes_is_a_hint_returning_at_least_one_batch() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream()
+    for i in range(10):
+        await stream.append(RecordBatch(bytes([i]) * 100))
+    got = await stream.fetch(0, 10, max_bytes=1)
+    assert [b.base_offset for b in got] == [0]
+    got = await stream.fetch(0, 10, max_bytes=250)
+    assert [b.base_offset for b in got] == [0, 1, 2]
+    await client.close()
+
+
+async def test_closed_stream_and_client_refuse_work() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"x"))
+    await stream.close()
+    with pytest.raises(ClosedError):
+        await stream.append(RecordBatch(b"y"))
+    with pytest.raises(ClosedError):
+        await stream.fetch(0, 1)
+    await client.close()
+    with pytest.raises(ClosedError):
+        await client.kv.get("k")
+
+
+async def test_close_forces_data_up_and_reopen_reads_from_objects() -> None:
+    node = Node()
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    payloads = [f"record-{i}".encode() for i in range(50)]
+    for p in payloads:
+        await stream.append(RecordBatch(p))
+    await stream.close()
+    assert client.engine.stats.uploads >= 1
+    objects = await node.metadata.list_objects([ObjectState.COMMITTED])
+    assert objects
+    # The WAL is trimmed after the commit.
+    assert node.wal.records == {}
+    again = await client.streams.open_stream(stream.stream_id, epoch=0)
+    assert again.confirm_offset == 50
+    # Drop the cache so the read must go to object storage.
+    client.engine.cache.try_real_free(target_bytes=0)
+    got = await again.fetch(0, 50, max_bytes=1 << 20)
+    assert [b.payload for b in got] == payloads
+    await client.close()
+
+
+async def test_open_with_stale_epoch_is_fenced_and_newer_epoch_fences_the_old_owner() -> None:
+    metadata = MemoryMetadataStore()
+    storage = MemoryObjectStorage()
+    one = await Node(metadata=metadata, storage=storage, node_id=1).open()
+    two = await Node(metadata=metadata, storage=storage, node_id=2).open()
+    s1 = await one.streams.create_and_open_stream(epoch=3)
+    await s1.append(RecordBatch(b"from-one"))
+    with pytest.raises(FencedError):
+        await two.streams.open_stream(s1.stream_id, epoch=2)
+    with pytest.raises(ConflictError):  # still open on node 1
+        await two.streams.open_stream(s1.stream_id, epoch=4)
+    await s1.close()
+    s2 = await two.streams.open_stream(s1.stream_id, epoch=4)
+    assert s2.confirm_offset == 1
+    assert await s2.append(RecordBatch(b"from-two")) == 1
+    with pytest.raises(FencedError):
+        await one.streams.open_stream(s1.stream_id, epoch=3)
+    await s2.close()
+    await one.close()
+    await two.close()
+
+
+async def test_open_unknown_stream_is_not_found() -> None:
+    client = await Node().open()
+    with pytest.raises(NotFoundError):
+        await client.streams.open_stream(12345, epoch=0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        await client.streams.open_stream(0, epoch=-1)  # type: ignore[arg-type]
+    await client.close()
+
+
+async def test_trim_moves_start_offset_and_bounds_fetch() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream()
+    for i in range(5):
+        await stream.append(RecordBatch(bytes([i])))
+    await stream.trim(3)
+    assert stream.start_offset == 3
+    with pytest.raises(OffsetOutOfRangeError):
+        await stream.fetch(2, 4)
+    assert [b.base_offset for b in await stream.fetch(3, 5)] == [3, 4]
+    await stream.trim(1)  # lower than the start: no-op
+    assert stream.start_offset == 3
+    with pytest.raises(OffsetOutOfRangeError):
+        await stream.trim(6)
+    listed = {m.stream_id: m for m in await client.streams.list_streams()}
+    assert listed[stream.stream_id].start_offset == 3
+    await client.close()
+
+
+async def test_destroy_removes_the_stream() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream(tags={"topic": "t"})
+    await stream.append(RecordBatch(b"x"))
+    await stream.destroy()
+    assert stream.stream_id not in {m.stream_id for m in await client.streams.list_streams()}
+    with pytest.raises(ClosedError):
+        await stream.append(RecordBatch(b"y"))
+    await client.close()
+
+
+async def test_kv_client() -> None:
+    client = await Node().open()
+    assert await client.kv.get("a") is None
+    assert await client.kv.put_if_absent("a", b"1") == b"1"
+    assert await client.kv.put_if_absent("a", b"2") == b"1"
+    assert await client.kv.put("a", b"3") == b"3"
+    assert await client.kv.get("a") == b"3"
+    assert await client.kv.delete("a") == b"3"
+    assert await client.kv.delete("a") is None
+    with pytest.raises(InvalidArgumentError):
+        await client.kv.put("", b"x")
+    with pytest.raises(InvalidArgumentError):
+        await client.kv.put("k", "str")  # type: ignore[arg-type]
+    await client.close()
+
+
+async def test_append_atomic_writes_one_wal_record_and_applies_kv() -> None:
+    node = Node()
+    client = await node.open()
+    a = await client.streams.create_and_open_stream()
+    b = await client.streams.create_and_open_stream()
+    await a.append(RecordBatch(b"a0"))
+    before = node.wal.append_count
+    bases = await client.append_atomic(
+        [(a, RecordBatch(b"a1")), (b, RecordBatch(b"b0", count=3)), (a, RecordBatch(b"a2"))],
+        kv={"ckpt": b"7"},
+    )
+    assert bases == [1, 0, 2]
+    assert node.wal.append_count == before + 1
+    assert await client.kv.get("ckpt") == b"7"
+    assert [x.payload for x in await a.fetch(0, 3)] == [b"a0", b"a1", b"a2"]
+    assert [x.payload for x in await b.fetch(0, 3)] == [b"b0"]
+    with pytest.raises(InvalidArgumentError):
+        await client.append_atomic([])
+    big = RecordBatch(b"x" * (400 * KiB))
+    with pytest.raises(InvalidArgumentError):  # above the WAL record max (1 MiB) together
+        await client.append_atomic([(a, big), (b, big), (a, big)])
+    assert a.next_offset == 3  # nothing was assigned
+    await client.close()
+
+
+async def test_wal_failure_fences_the_stream_and_later_appends_fail() -> None:
+    node = Node()
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"ok"))
+    node.wal.fail_next = UnavailableError("disk gone")
+    with pytest.raises(UnavailableError):
+        await stream.append(RecordBatch(b"lost"))
+    with pytest.raises(FencedError):
+        await stream.append(RecordBatch(b"after"))
+    with pytest.raises(FencedError):
+        await stream.fetch(0, 1)
+    other = await client.streams.create_and_open_stream()
+    assert await other.append(RecordBatch(b"fine")) == 0
+    await client.close()
+
+
+async def test_acknowledgements_are_in_offset_order_per_stream() -> None:
+    node = Node()
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    node.wal.gate = asyncio.Event()
+    order: list[int] = []
+
+    async def one(i: int) -> None:
+        base = await stream.append(RecordBatch(bytes([i])))
+        order.append(base)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(20)]
+    await asyncio.sleep(0.01)
+    assert order == []
+    assert stream.confirm_offset == 0
+    assert stream.next_offset == 20
+    node.wal.gate.set()
+    await asyncio.gather(*tasks)
+    assert order == list(range(20))
+    await client.close()
+
+
+async def test_upload_threshold_builds_one_stream_set_object_and_stream_objects() -> None:
+    node = Node()
+    client = await node.open()
+    small = [await client.streams.create_and_open_stream() for _ in range(3)]
+    big = await client.streams.create_and_open_stream()
+    for i in range(30):
+        for s in small:
+            await s.append(RecordBatch(bytes([i]) * 1000))
+    for _ in range(3):
+        await big.append(RecordBatch(b"B" * (50 * KiB)))  # 150 KiB >= split size 128 KiB
+    await client.engine.force_upload(None)
+    ssos = await node.metadata.get_stream_set_objects(NodeId(0))
+    assert len(ssos) == 1
+    assert [r.stream_id for r in ssos[0].ranges] == sorted(s.stream_id for s in small)
+    sos = await node.metadata.get_stream_objects(
+        stream_id=big.stream_id, start_offset=0, end_offset=3, limit=10
+    )
+    assert [(o.start_offset, o.end_offset) for o in sos] == [(0, 3)]
+    await client.close()
+
+
+async def test_full_cache_gives_capacity_error_when_storage_is_down() -> None:
+    node = Node(SMALL.replace(wal_cache_size_bytes=1 * MiB, wal_upload_threshold_bytes=256 * KiB))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+
+    real_upload = node.storage.upload
+
+    def down(key: str) -> Upload:
+        upload = real_upload(key)
+
+        async def fail() -> int:
+            raise UnavailableError("storage down")
+
+        upload.complete = fail  # type: ignore[method-assign]
+        return upload
+
+    node.storage.upload = down  # type: ignore[method-assign]
+    acked = 0
+    rejected = None
+    for _ in range(200):
+        try:
+            await stream.append(RecordBatch(b"z" * (20 * KiB)))
+        except CapacityError as exc:
+            rejected = exc
+            break
+        acked += 1
+    assert rejected is not None
+    assert rejected.retriable
+    assert 20 <= acked < 200
+    assert client.engine.stats.upload_retries > 0
+    del node.storage.upload  # storage back
+    await client.engine.force_upload(None)
+    assert len(await stream.fetch(0, acked, max_bytes=1 << 30)) == acked
+    await client.close()
+
+
+async def test_restart_replays_the_wal_and_uploads_it() -> None:
+    node = Node(SMALL.replace(wal_upload_threshold_bytes=2 * MiB))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream(epoch=5)
+    for i in range(40):
+        await stream.append(RecordBatch(f"r{i}".encode()))
+    await client.append_atomic([(stream, RecordBatch(b"atomic"))], kv={"k": b"v"})
+    # Crash: nothing was uploaded, the engine is abandoned without close.
+    assert await node.metadata.list_objects([ObjectState.COMMITTED]) == []
+    client.engine._closed = True
+    await node.metadata.kv_delete("k")  # pretend the KV put had not reached metadata
+    again = await node.open()
+    assert again.engine.stats.recovered_records == 41
+    assert await again.kv.get("k") == b"v"
+    assert node.wal.records == {}
+    s = await again.streams.open_stream(stream.stream_id, epoch=5)
+    assert s.confirm_offset == 41
+    got = await s.fetch(0, 41, max_bytes=1 << 30)
+    assert [b.payload for b in got] == [f"r{i}".encode() for i in range(40)] + [b"atomic"]
+    assert await s.append(RecordBatch(b"next")) == 41
+    await again.close()

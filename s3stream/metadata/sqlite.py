@@ -1,0 +1,297 @@
+"""The durable MetadataStore: one SQLite file, one connection, one dedicated thread.
+
+Durability: WAL journal mode, ``synchronous=FULL`` (a commit is on disk when the call returns),
+foreign keys on, versioned schema migrations (:mod:`s3stream.metadata.sqlite_schema`).
+
+Transactions: every operation runs the shared controller inside ``BEGIN IMMEDIATE`` and writes
+all of its changes or none. Operations that queue up while the thread is busy are group-committed:
+one ``BEGIN IMMEDIATE ... COMMIT`` (one fsync) holds them, each inside its own SAVEPOINT, so an
+operation that fails rolls back alone while the others commit; no caller hears back before the
+COMMIT is durable. Read-only operations use a deferred transaction.
+
+Errors: a damaged or foreign file -> CorruptionError; locked or busy beyond ``busy_timeout_ms``,
+or an I/O failure -> UnavailableError (retriable); a schema newer than this code -> ConflictError.
+A caller cancelled while its operation is queued does not stop it: it may still commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from s3stream.errors import (
+    ClosedError,
+    ConflictError,
+    CorruptionError,
+    ErrorCode,
+    InvalidArgumentError,
+    S3StreamError,
+    UnavailableError,
+)
+from s3stream.metadata import controller as ctl
+from s3stream.metadata import sqlite_schema as schema
+from s3stream.metadata.store import Clock, TransactionalStore, wall_clock_ms
+
+T = TypeVar("T")
+
+BATCH_OPERATIONS_MAX = 256
+"""Operations one group commit may hold."""
+BUSY_TIMEOUT_MS_DEFAULT = 5_000
+
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+
+
+def translate(exc: sqlite3.Error, *, path: str, busy_timeout_ms: int) -> S3StreamError:
+    """The s3stream error for a sqlite3 error (callers raise it ``from exc``)."""
+    primary = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return CorruptionError(f"the metadata database is damaged or not a database: {exc}", source=path)
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return UnavailableError(f"the metadata database stayed locked beyond {busy_timeout_ms} ms: {exc}")
+    if isinstance(exc, sqlite3.IntegrityError):
+        return ConflictError(
+            f"metadata integrity constraint failed: {exc}", code=ErrorCode.STREAM_INNER_ERROR
+        )
+    if isinstance(exc, sqlite3.OperationalError):
+        return UnavailableError(f"the metadata database failed: {exc}")
+    return CorruptionError(f"the metadata database failed: {exc}", source=path)
+
+
+@dataclass(slots=True)
+class _Job(Generic[T]):
+    fn: Callable[[sqlite3.Connection], T]
+    write: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[T]
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class _Worker:
+    """The thread owning the connection; runs queued jobs in group-committed transactions."""
+
+    def __init__(
+        self,
+        path: str,
+        busy_timeout_ms: int,
+        setup: Callable[[sqlite3.Connection], None],
+        ready: asyncio.Future[None],
+    ) -> None:
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        self._conn: sqlite3.Connection | None = None
+        self._setup = setup
+        self._ready = ready
+        self._ready_loop = ready.get_loop()
+        self._thread = threading.Thread(target=self._run, name=f"s3stream-metadata:{path}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put(_Job(fn, write, loop, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        error = self._open()
+        self._ready_loop.call_soon_threadsafe(_settle, self._ready, None, error)
+        if error is not None:
+            return
+        stopping = False
+        while not stopping:
+            first = self._jobs.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < BATCH_OPERATIONS_MAX:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                batch.append(job)
+            self._run_batch(batch)
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+
+    def _open(self) -> BaseException | None:
+        """Connect and run the setup (settings, integrity check, migrations) before any job."""
+        try:
+            self._conn = sqlite3.connect(
+                self._path, timeout=self._busy_timeout_ms / 1000, isolation_level=None, check_same_thread=True
+            )
+            self._setup(self._conn)
+        except sqlite3.Error as exc:
+            error = translate(exc, path=self._path, busy_timeout_ms=self._busy_timeout_ms)
+            error.__cause__ = exc
+            return self._close_after(error)
+        except Exception as exc:  # noqa: BLE001 - thread boundary: handed to the opener
+            return self._close_after(exc)
+        return None
+
+    def _close_after(self, error: BaseException) -> BaseException:
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+        return error
+
+    def _run_batch(self, batch: list[_Job[Any]]) -> None:
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        conn = self._conn
+        assert conn is not None
+        try:
+            if conn.in_transaction:  # an earlier failure left it open
+                conn.execute("ROLLBACK")
+            write = any(job.write for job in batch)
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            for job in batch:
+                outcomes.append(self._run_job(conn, job, savepoint=write))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            error = translate(exc, path=self._path, busy_timeout_ms=self._busy_timeout_ms)
+            error.__cause__ = exc
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            outcomes = [(None, error)] * len(batch)
+        except Exception as exc:  # noqa: BLE001 - thread boundary: a bug escaped a job; fail the batch
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            outcomes = [(None, exc)] * len(batch)
+        for job, (result, failure) in zip(batch, outcomes, strict=True):
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
+                job.loop.call_soon_threadsafe(_settle, job.future, result, failure)
+
+    @staticmethod
+    def _run_job(
+        conn: sqlite3.Connection, job: _Job[Any], *, savepoint: bool
+    ) -> tuple[Any, BaseException | None]:
+        """Run one job; a domain error (or a bad argument) rolls back to its savepoint only."""
+        if savepoint:
+            conn.execute("SAVEPOINT op")
+        try:
+            result = job.fn(conn)
+        except (S3StreamError, ValueError, TypeError) as exc:
+            if savepoint:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+            return None, exc
+        if savepoint:
+            conn.execute("RELEASE op")
+        return result, None
+
+
+class SqliteMetadataStore(TransactionalStore):
+    """A MetadataStore in one SQLite file. Open with :meth:`open`; ``close()`` when done."""
+
+    def __init__(self, worker: _Worker, path: str, clock_ms: Clock) -> None:
+        super().__init__(clock_ms)
+        self._worker = worker
+        self._path = path
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        clock_ms: Clock = wall_clock_ms,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS_DEFAULT,
+        check_integrity: bool = True,
+    ) -> SqliteMetadataStore:
+        """Open (creating if needed) and migrate the database at ``path``.
+
+        ``check_integrity`` runs SQLite's ``quick_check`` first (linear in the file size).
+        """
+        path_text = os.fspath(path)
+        if not path_text or path_text == ":memory:" or path_text.startswith("file:"):
+            raise InvalidArgumentError(f"the metadata store needs a file path, got {path_text!r}")
+        if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
+            raise InvalidArgumentError(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        worker = _Worker(
+            path_text, busy_timeout_ms, lambda conn: _initialize(conn, path_text, check_integrity), ready
+        )
+        try:
+            await ready
+        except BaseException:
+            worker.stop()
+            await asyncio.to_thread(worker.join)
+            raise
+        return cls(worker, path_text, clock_ms)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
+        def run(conn: sqlite3.Connection) -> T:
+            txn = ctl.Txn(schema.SqlView(conn))
+            result = fn(txn)
+            schema.apply(conn, txn.changes)
+            return result
+
+        self._check_open()
+        return await self._worker.submit(run, write=True)
+
+    async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
+        self._check_open()
+        return await self._worker.submit(lambda conn: fn(schema.SqlView(conn)), write=False)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the metadata store {self._path} is closed")
+
+    async def schema_version(self) -> int:
+        version = await self._worker.submit(schema.schema_version, write=False)
+        assert version is not None
+        return version
+
+    async def close(self) -> None:
+        """Finish the queued operations, then close the connection and stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._worker.stop()
+        await asyncio.to_thread(self._worker.join)
+
+
+def _initialize(conn: sqlite3.Connection, path: str, check_integrity: bool) -> None:
+    """Runs on the SQLite thread before any operation: settings, integrity, migrations."""
+    if check_integrity:
+        rows = conn.execute("PRAGMA quick_check").fetchall()
+        if rows != [("ok",)]:
+            detail = "; ".join(str(r[0]) for r in rows[:5])
+            raise CorruptionError(f"the metadata database failed quick_check: {detail}", source=path)
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    if mode is None or str(mode[0]).lower() != "wal":
+        raise UnavailableError(f"could not switch {path} to WAL journal mode (got {mode!r})")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    schema.migrate(conn)

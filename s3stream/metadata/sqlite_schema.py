@@ -1,0 +1,496 @@
+"""The SQLite metadata schema: its migrations and every statement run against it.
+
+The tables are documented in ``docs/format.md`` section 5. Synchronous code; it runs on the store's
+dedicated SQLite thread, inside a transaction the caller holds. Row values read back are validated:
+a value outside its domain raises :class:`~s3stream.errors.CorruptionError`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
+from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.metadata.base import (
+    ObjectKind,
+    ObjectState,
+    RangeMetadata,
+    S3ObjectMetadata,
+    StreamMetadata,
+    StreamObject,
+    StreamOffsetRange,
+    StreamSetObject,
+    StreamState,
+)
+from s3stream.metadata.changes import (
+    Change,
+    Counter,
+    PutKv,
+    PutNode,
+    PutObject,
+    PutRange,
+    PutStream,
+    PutStreamObject,
+    PutStreamSetObject,
+    RemoveKv,
+    RemoveObject,
+    RemoveRange,
+    RemoveStream,
+    RemoveStreamObject,
+    RemoveStreamSetObject,
+    SetCounter,
+)
+from s3stream.metadata.controller import StreamSetRange
+
+E = TypeVar("E", bound=enum.Enum)
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # version 1: streams, ranges, nodes, objects and their StreamSet / stream object indexes
+    (
+        "CREATE TABLE counters (name TEXT PRIMARY KEY, next_value INTEGER NOT NULL) WITHOUT ROWID",
+        "CREATE TABLE nodes (node_id INTEGER PRIMARY KEY, node_epoch INTEGER NOT NULL)",
+        """CREATE TABLE streams (
+            stream_id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, state INTEGER NOT NULL,
+            start_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL, tags TEXT NOT NULL)""",
+        """CREATE TABLE ranges (
+            stream_id INTEGER NOT NULL REFERENCES streams (stream_id) ON DELETE CASCADE,
+            range_index INTEGER NOT NULL, epoch INTEGER NOT NULL, start_offset INTEGER NOT NULL,
+            end_offset INTEGER NOT NULL, node_id INTEGER NOT NULL,
+            PRIMARY KEY (stream_id, range_index)) WITHOUT ROWID""",
+        """CREATE TABLE objects (
+            object_id INTEGER PRIMARY KEY, state INTEGER NOT NULL, size_bytes INTEGER NOT NULL,
+            prepared_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL,
+            committed_at_ms INTEGER NOT NULL, marked_at_ms INTEGER NOT NULL, kind INTEGER)""",
+        """CREATE TABLE stream_set_objects (
+            object_id INTEGER PRIMARY KEY REFERENCES objects (object_id), node_id INTEGER NOT NULL,
+            order_id INTEGER NOT NULL, data_time_ms INTEGER NOT NULL, size_bytes INTEGER NOT NULL)""",
+        "CREATE INDEX stream_set_objects_by_node ON stream_set_objects (node_id, order_id, object_id)",
+        """CREATE TABLE stream_set_ranges (
+            object_id INTEGER NOT NULL REFERENCES stream_set_objects (object_id) ON DELETE CASCADE,
+            stream_id INTEGER NOT NULL, start_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL,
+            size_bytes INTEGER NOT NULL, PRIMARY KEY (object_id, stream_id)) WITHOUT ROWID""",
+        "CREATE INDEX stream_set_ranges_by_stream ON stream_set_ranges (stream_id, end_offset)",
+        """CREATE TABLE stream_objects (
+            object_id INTEGER PRIMARY KEY REFERENCES objects (object_id),
+            stream_id INTEGER NOT NULL REFERENCES streams (stream_id) ON DELETE CASCADE,
+            start_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL, size_bytes INTEGER NOT NULL,
+            data_time_ms INTEGER NOT NULL)""",
+        "CREATE INDEX stream_objects_by_stream ON stream_objects (stream_id, start_offset, object_id)",
+    ),
+    # version 2: KV pairs; partial indexes for the object lifecycle (expiry and deletion)
+    (
+        "CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID",
+        "CREATE INDEX objects_prepared ON objects (expires_at_ms) WHERE state = 1",
+        "CREATE INDEX objects_destroyed ON objects (marked_at_ms, object_id) WHERE state = 3",
+    ),
+)
+LATEST_VERSION = len(MIGRATIONS)
+
+_VERSION_TABLE = (
+    "CREATE TABLE schema_version (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL)"
+)
+
+
+def schema_version(conn: sqlite3.Connection) -> int | None:
+    """The stored schema version; None for a database without s3stream tables."""
+    if conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone():
+        row = conn.execute("SELECT version FROM schema_version WHERE id = 0").fetchone()
+        if row is None or not isinstance(row[0], int):
+            raise CorruptionError("schema_version has no version row", source="schema_version")
+        return int(row[0])
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'").fetchone():
+        raise InvalidArgumentError(
+            "the database has tables but no schema_version: not an s3stream metadata database"
+        )
+    return None
+
+
+def migrate(conn: sqlite3.Connection, *, target_version: int = LATEST_VERSION) -> int:
+    """Bring the schema to ``target_version`` in one transaction; returns the version found before.
+
+    A database newer than this code refuses with :class:`ConflictError` and is left untouched.
+    """
+    assert 0 <= target_version <= LATEST_VERSION
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = schema_version(conn)
+        if found is None:
+            conn.execute(_VERSION_TABLE)
+            conn.execute("INSERT INTO schema_version (id, version) VALUES (0, 0)")
+            found = 0
+        if found > LATEST_VERSION:
+            raise ConflictError(
+                f"the metadata schema is version {found}, newer than this s3stream knows ({LATEST_VERSION}): "
+                "upgrade s3stream to open it"
+            )
+        for version in range(found + 1, target_version + 1):
+            for statement in MIGRATIONS[version - 1]:
+                conn.execute(statement)
+        if target_version > found:
+            conn.execute("UPDATE schema_version SET version = ? WHERE id = 0", (target_version,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return found
+
+
+# -- decoding rows (validated: bytes from disk) ---------------------------------------------------
+
+
+def _enum(kind: type[E], value: object, where: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        raise CorruptionError(f"{kind.__name__} has no value {value!r}", source=where) from None
+
+
+def _int(value: object, where: str) -> int:
+    if not isinstance(value, int):
+        raise CorruptionError(f"expected an integer, found {value!r}", source=where)
+    return value
+
+
+def _tags(text: object, stream_id: int) -> dict[str, str]:
+    where = f"streams.tags of stream {stream_id}"
+    try:
+        tags = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        tags = None
+    if not isinstance(tags, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        raise CorruptionError(f"tags are not a JSON object of strings: {text!r:.80}", source=where)
+    return tags
+
+
+def _object(row: Sequence[Any]) -> S3ObjectMetadata:
+    where = f"objects row {row[0]!r}"
+    ints = [_int(v, where) for v in row[:7]]
+    return S3ObjectMetadata(
+        object_id=ObjectId(ints[0]),
+        state=_enum(ObjectState, ints[1], where),
+        size_bytes=ints[2],
+        prepared_at_ms=ints[3],
+        expires_at_ms=ints[4],
+        committed_at_ms=ints[5],
+        marked_at_ms=ints[6],
+        kind=None if row[7] is None else _enum(ObjectKind, row[7], where),
+    )
+
+
+_OBJECT_COLUMNS = (
+    "object_id, state, size_bytes, prepared_at_ms, expires_at_ms, committed_at_ms, marked_at_ms, kind"
+)
+_STREAM_COLUMNS = "stream_id, epoch, state, start_offset, end_offset, tags"
+_RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_id"
+_SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
+
+
+def _range(row: Sequence[Any]) -> RangeMetadata:
+    where = f"ranges row of stream {row[0]!r}"
+    v = [_int(x, where) for x in row]
+    return RangeMetadata(StreamId(v[0]), v[1], v[2], v[3], v[4], NodeId(v[5]))
+
+
+def _stream_object(row: Sequence[Any]) -> StreamObject:
+    where = f"stream_objects row {row[0]!r}"
+    v = [_int(x, where) for x in row]
+    return StreamObject(ObjectId(v[0]), StreamId(v[1]), v[2], v[3], v[4], v[5])
+
+
+class SqlView:
+    """The controller's StateView over one connection (inside the caller's transaction)."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._c = conn
+
+    def node_epoch(self, node_id: NodeId) -> int | None:
+        row = self._c.execute("SELECT node_epoch FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return None if row is None else _int(row[0], f"nodes row {node_id}")
+
+    def _streams(self, where: str, params: tuple[Any, ...]) -> list[StreamMetadata]:
+        rows = self._c.execute(
+            f"SELECT {_STREAM_COLUMNS} FROM streams {where} ORDER BY stream_id", params
+        ).fetchall()
+        if not rows:
+            return []
+        ranges: dict[int, list[RangeMetadata]] = {}
+        range_where = "WHERE stream_id = ?" if len(rows) == 1 else ""
+        range_params = (rows[0][0],) if len(rows) == 1 else ()
+        for r in self._c.execute(
+            f"SELECT {_RANGE_COLUMNS} FROM ranges {range_where} ORDER BY stream_id, range_index", range_params
+        ):
+            ranges.setdefault(r[0], []).append(_range(r))
+        out = []
+        for row in rows:
+            where_row = f"streams row {row[0]!r}"
+            stream_id = _int(row[0], where_row)
+            out.append(
+                StreamMetadata(
+                    stream_id=StreamId(stream_id),
+                    epoch=_int(row[1], where_row),
+                    state=_enum(StreamState, row[2], where_row),
+                    start_offset=_int(row[3], where_row),
+                    end_offset=_int(row[4], where_row),
+                    ranges=tuple(ranges.get(stream_id, ())),
+                    tags=_tags(row[5], stream_id),
+                )
+            )
+        return out
+
+    def stream(self, stream_id: StreamId) -> StreamMetadata | None:
+        found = self._streams("WHERE stream_id = ?", (stream_id,))
+        return found[0] if found else None
+
+    def opened_streams(self) -> list[StreamMetadata]:
+        return self._streams("WHERE state = ?", (int(StreamState.OPENED),))
+
+    def streams(self) -> list[StreamMetadata]:
+        return self._streams("", ())
+
+    def object(self, object_id: ObjectId) -> S3ObjectMetadata | None:
+        row = self._c.execute(
+            f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE object_id = ?", (object_id,)
+        ).fetchone()
+        return None if row is None else _object(row)
+
+    def objects(self, states: frozenset[ObjectState] | None) -> list[S3ObjectMetadata]:
+        if states is None:
+            rows = self._c.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects ORDER BY object_id")
+        else:
+            marks = ", ".join("?" * len(states))
+            rows = self._c.execute(
+                f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE state IN ({marks}) ORDER BY object_id",
+                tuple(int(s) for s in states),
+            )
+        return [_object(row) for row in rows]
+
+    def _stream_set_objects(self, where: str, params: tuple[Any, ...]) -> list[StreamSetObject]:
+        heads = self._c.execute(
+            "SELECT object_id, node_id, order_id, data_time_ms, size_bytes FROM stream_set_objects "
+            f"{where} ORDER BY order_id, object_id",
+            params,
+        ).fetchall()
+        out = []
+        for head in heads:
+            where_row = f"stream_set_objects row {head[0]!r}"
+            v = [_int(x, where_row) for x in head]
+            ranges = tuple(
+                StreamOffsetRange(
+                    StreamId(_int(r[0], where_row)),
+                    _int(r[1], where_row),
+                    _int(r[2], where_row),
+                    _int(r[3], where_row),
+                )
+                for r in self._c.execute(
+                    "SELECT stream_id, start_offset, end_offset, size_bytes FROM stream_set_ranges "
+                    "WHERE object_id = ? ORDER BY stream_id",
+                    (v[0],),
+                )
+            )
+            out.append(StreamSetObject(ObjectId(v[0]), NodeId(v[1]), v[2], v[3], v[4], ranges))
+        return out
+
+    def stream_set_object(self, object_id: ObjectId) -> StreamSetObject | None:
+        found = self._stream_set_objects("WHERE object_id = ?", (object_id,))
+        return found[0] if found else None
+
+    def stream_set_objects(self, node_id: NodeId) -> list[StreamSetObject]:
+        return self._stream_set_objects("WHERE node_id = ?", (node_id,))
+
+    def stream_object(self, object_id: ObjectId) -> StreamObject | None:
+        row = self._c.execute(
+            f"SELECT {_SO_COLUMNS} FROM stream_objects WHERE object_id = ?", (object_id,)
+        ).fetchone()
+        return None if row is None else _stream_object(row)
+
+    def stream_objects_from(self, stream_id: StreamId, offset: int, limit: int) -> list[StreamObject]:
+        rows = self._c.execute(
+            f"SELECT {_SO_COLUMNS} FROM stream_objects WHERE stream_id = ? AND end_offset > ? "
+            "ORDER BY start_offset, object_id LIMIT ?",
+            (stream_id, offset, limit),
+        )
+        return [_stream_object(row) for row in rows]
+
+    def stream_set_ranges_from(
+        self, node_id: NodeId, stream_id: StreamId, offset: int
+    ) -> list[StreamSetRange]:
+        rows = self._c.execute(
+            "SELECT s.object_id, s.size_bytes, r.start_offset, r.end_offset, r.size_bytes "
+            "FROM stream_set_ranges AS r JOIN stream_set_objects AS s ON s.object_id = r.object_id "
+            "WHERE r.stream_id = ? AND r.end_offset > ? AND s.node_id = ? ORDER BY s.order_id, s.object_id",
+            (stream_id, offset, node_id),
+        )
+        out = []
+        for row in rows:
+            v = [_int(x, f"stream_set_ranges row {row[0]!r}") for x in row]
+            out.append(StreamSetRange(ObjectId(v[0]), v[1], StreamOffsetRange(stream_id, v[2], v[3], v[4])))
+        return out
+
+    def expired_prepared(self, now_ms: int) -> list[S3ObjectMetadata]:
+        rows = self._c.execute(
+            f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE state = 1 AND expires_at_ms < ? ORDER BY object_id",
+            (now_ms,),
+        )
+        return [_object(row) for row in rows]
+
+    def destroyable(self, marked_before_ms: int, limit: int) -> list[S3ObjectMetadata]:
+        rows = self._c.execute(
+            f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE state = 3 AND marked_at_ms < ? "
+            "ORDER BY marked_at_ms, object_id LIMIT ?",
+            (marked_before_ms, limit),
+        )
+        return [_object(row) for row in rows]
+
+    def next_id(self, counter: Counter) -> int:
+        row = self._c.execute("SELECT next_value FROM counters WHERE name = ?", (counter.value,)).fetchone()
+        return 0 if row is None else _int(row[0], f"counters row {counter.value}")
+
+    def kv(self, key: str) -> bytes | None:
+        row = self._c.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes):
+            raise CorruptionError(
+                f"kv value is not a blob: {type(row[0]).__name__}", source=f"kv row {key!r:.80}"
+            )
+        return row[0]
+
+
+# -- applying changes ----------------------------------------------------------------------------
+
+_UPSERT_OBJECT = (
+    f"INSERT INTO objects ({_OBJECT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (object_id) DO UPDATE SET "
+    "state = excluded.state, size_bytes = excluded.size_bytes, prepared_at_ms = excluded.prepared_at_ms, "
+    "expires_at_ms = excluded.expires_at_ms, committed_at_ms = excluded.committed_at_ms, "
+    "marked_at_ms = excluded.marked_at_ms, kind = excluded.kind"
+)
+
+
+def _object_params(change: PutObject) -> tuple[Any, ...]:
+    o = change.object
+    kind = None if o.kind is None else int(o.kind)
+    return (
+        o.object_id,
+        int(o.state),
+        o.size_bytes,
+        o.prepared_at_ms,
+        o.expires_at_ms,
+        o.committed_at_ms,
+        o.marked_at_ms,
+        kind,
+    )
+
+
+def _stream_params(c: PutStream) -> tuple[Any, ...]:
+    tags = json.dumps(dict(c.tags), sort_keys=True, separators=(",", ":"))
+    return (c.stream_id, c.epoch, int(c.state), c.start_offset, c.end_offset, tags)
+
+
+def _range_params(c: PutRange) -> tuple[Any, ...]:
+    r = c.range
+    return (r.stream_id, r.epoch, r.range_index, r.start_offset, r.end_offset, r.node_id)
+
+
+def _so_params(c: PutStreamObject) -> tuple[Any, ...]:
+    s = c.stream_object
+    return (s.object_id, s.stream_id, s.start_offset, s.end_offset, s.size_bytes, s.data_time_ms)
+
+
+# change kind -> (statement, parameters); consecutive changes of one kind run as one executemany
+_SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
+    SetCounter: (
+        "INSERT INTO counters (name, next_value) VALUES (?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET next_value = excluded.next_value",
+        lambda c: (c.counter.value, c.next_value),
+    ),
+    PutNode: (
+        "INSERT INTO nodes (node_id, node_epoch) VALUES (?, ?) "
+        "ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch",
+        lambda c: (c.node_id, c.node_epoch),
+    ),
+    PutStream: (
+        f"INSERT INTO streams ({_STREAM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream_id) DO UPDATE SET "
+        "epoch = excluded.epoch, state = excluded.state, start_offset = excluded.start_offset, "
+        "end_offset = excluded.end_offset, tags = excluded.tags",
+        _stream_params,
+    ),
+    PutRange: (
+        f"INSERT INTO ranges ({_RANGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (stream_id, range_index) DO UPDATE SET epoch = excluded.epoch, "
+        "start_offset = excluded.start_offset, end_offset = excluded.end_offset, node_id = excluded.node_id",
+        _range_params,
+    ),
+    RemoveRange: (
+        "DELETE FROM ranges WHERE stream_id = ? AND range_index = ?",
+        lambda c: (c.stream_id, c.range_index),
+    ),
+    PutObject: (_UPSERT_OBJECT, _object_params),
+    RemoveObject: ("DELETE FROM objects WHERE object_id = ?", lambda c: (c.object_id,)),
+    RemoveStreamSetObject: ("DELETE FROM stream_set_objects WHERE object_id = ?", lambda c: (c.object_id,)),
+    PutStreamObject: (
+        f"INSERT INTO stream_objects ({_SO_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (object_id) DO UPDATE SET "
+        "stream_id = excluded.stream_id, start_offset = excluded.start_offset, end_offset = excluded.end_offset, "
+        "size_bytes = excluded.size_bytes, data_time_ms = excluded.data_time_ms",
+        _so_params,
+    ),
+    RemoveStreamObject: ("DELETE FROM stream_objects WHERE object_id = ?", lambda c: (c.object_id,)),
+    PutKv: (
+        "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        lambda c: (c.key, c.value),
+    ),
+    RemoveKv: ("DELETE FROM kv WHERE key = ?", lambda c: (c.key,)),
+}
+
+
+def apply(conn: sqlite3.Connection, changes: Iterable[Change]) -> None:
+    """Write the changes in order (inside the caller's transaction)."""
+    run: list[Change] = []
+    for change in changes:
+        if run and type(run[-1]) is not type(change):
+            _flush(conn, run)
+            run = []
+        run.append(change)
+    if run:
+        _flush(conn, run)
+
+
+def _flush(conn: sqlite3.Connection, run: list[Change]) -> None:
+    kind = type(run[0])
+    simple = _SIMPLE.get(kind)
+    if simple is not None:
+        statement, params = simple
+        conn.executemany(statement, [params(c) for c in run])
+        return
+    for change in run:
+        if isinstance(change, RemoveStream):
+            conn.execute("DELETE FROM stream_objects WHERE stream_id = ?", (change.stream_id,))
+            conn.execute("DELETE FROM ranges WHERE stream_id = ?", (change.stream_id,))
+            conn.execute("DELETE FROM streams WHERE stream_id = ?", (change.stream_id,))
+        elif isinstance(change, PutStreamSetObject):
+            sso = change.stream_set_object
+            conn.execute("DELETE FROM stream_set_objects WHERE object_id = ?", (sso.object_id,))
+            conn.execute(
+                "INSERT INTO stream_set_objects (object_id, node_id, order_id, data_time_ms, size_bytes) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (sso.object_id, sso.node_id, sso.order_id, sso.data_time_ms, sso.size_bytes),
+            )
+            conn.executemany(
+                "INSERT INTO stream_set_ranges (object_id, stream_id, start_offset, end_offset, size_bytes) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [
+                    (sso.object_id, r.stream_id, r.start_offset, r.end_offset, r.size_bytes)
+                    for r in sso.ranges
+                ],
+            )
+        else:  # pragma: no cover - every kind is handled above
+            raise AssertionError(f"unhandled change {change!r}")

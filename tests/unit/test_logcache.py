@@ -1,0 +1,81 @@
+"""LogCache: blocks, fullness, contiguous reads (full hit, tail hit, miss), freeing under pressure."""
+
+from __future__ import annotations
+
+from s3stream.engine.logcache import LogCache
+from s3stream.record import StreamRecordBatch
+
+
+def rec(stream_id: int, base: int, count: int = 1, size: int = 10) -> StreamRecordBatch:
+    return StreamRecordBatch(stream_id, 0, base, count, bytes(size))
+
+
+def offsets(records: list[StreamRecordBatch]) -> list[int]:
+    return [r.base_offset for r in records]
+
+
+def test_put_reports_full_at_the_threshold_and_archive_opens_a_new_block() -> None:
+    cache = LogCache(capacity_bytes=10_000, upload_threshold_bytes=200, max_stream_count=100)
+    assert not cache.put(rec(1, 0, size=100))  # 133 bytes with the header
+    assert cache.put(rec(1, 1, size=100))
+    block = cache.archive(now_s=1.0)
+    assert block is not None
+    assert block.archived
+    assert cache.active is not block
+    assert cache.active.is_empty()
+    assert cache.archive(now_s=2.0) is None  # empty active block is not archived
+
+
+def test_full_at_max_stream_count() -> None:
+    cache = LogCache(capacity_bytes=10_000, upload_threshold_bytes=5_000, max_stream_count=2)
+    assert not cache.put(rec(1, 0))
+    assert cache.put(rec(2, 0))
+
+
+def test_get_spans_blocks_and_returns_whole_batches() -> None:
+    cache = LogCache(capacity_bytes=10_000, upload_threshold_bytes=5_000, max_stream_count=100)
+    cache.put(rec(1, 0, count=3))
+    cache.put(rec(2, 0))
+    cache.archive(now_s=0)
+    cache.put(rec(1, 3, count=2))
+    cache.put(rec(1, 5))
+    assert offsets(cache.get(1, 1, 6, max_bytes=1 << 20)) == [0, 3, 5]
+    assert offsets(cache.get(1, 4, 5, max_bytes=1 << 20)) == [3]
+    assert offsets(cache.get(1, 0, 6, max_bytes=15)) == [0, 3]  # the hint stops after the budget is spent
+    assert offsets(cache.get(1, 0, 6, max_bytes=1)) == [0]  # at least one batch
+    assert cache.get(3, 0, 1, max_bytes=100) == []
+    assert cache.stream_end_offset(1) == 6
+
+
+def test_get_returns_the_cached_tail_when_the_head_was_freed() -> None:
+    cache = LogCache(capacity_bytes=200, upload_threshold_bytes=100, max_stream_count=100)
+    cache.put(rec(1, 0, size=60))
+    first = cache.archive(now_s=0)
+    assert first is not None
+    cache.put(rec(1, 1, size=60))
+    cache.put(rec(1, 2, size=60))
+    cache.mark_free(first)  # 3 * 93 bytes > 90 % of 200: the free head block goes
+    assert first not in cache.blocks
+    assert offsets(cache.get(1, 0, 3, max_bytes=1 << 20)) == [1, 2]  # the caller reads [0, 1) elsewhere
+    assert cache.get(1, 0, 1, max_bytes=1 << 20) == []
+
+
+def test_free_blocks_stay_readable_until_memory_pressure() -> None:
+    cache = LogCache(capacity_bytes=10_000, upload_threshold_bytes=100, max_stream_count=100)
+    cache.put(rec(1, 0))
+    block = cache.archive(now_s=0)
+    assert block is not None
+    cache.mark_free(block)
+    assert block in cache.blocks
+    assert offsets(cache.get(1, 0, 1, max_bytes=100)) == [0]
+    assert cache.unfree_bytes() == 0
+    assert cache.has_room(10_000 - 1)  # frees the head block to make room
+    assert block not in cache.blocks
+
+
+def test_has_room_counts_unfree_blocks() -> None:
+    cache = LogCache(capacity_bytes=300, upload_threshold_bytes=100, max_stream_count=100)
+    cache.put(rec(1, 0, size=100))
+    cache.put(rec(1, 1, size=100))
+    assert not cache.has_room(100)
+    assert cache.has_room(10)

@@ -1,0 +1,213 @@
+"""The synchronous facade: blocking twins of Client, StreamClient, Stream and KVClient.
+
+One event loop (uvloop where installed) runs in a daemon thread owned by the :class:`SyncClient`;
+every blocking method hands its coroutine to that loop with ``asyncio.run_coroutine_threadsafe`` and
+waits for the result. There is no logic here beyond that: arguments go through unchanged and errors
+come back unchanged (the same exception objects the async API raised). Calling a facade method from
+inside its own loop thread would deadlock and raises :class:`~s3stream.errors.InvalidArgumentError`.
+
+    with s3stream.open_sync("/tmp/data") as client:
+        with client.streams.create_and_open_stream() as stream:
+            offset = stream.append(RecordBatch(b"hello"))
+            batches = stream.fetch(offset, offset + 1)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from s3stream._loop import new_event_loop
+from s3stream.config import Config
+from s3stream.engine.client import Client, KVClient, Stream, StreamClient
+from s3stream.errors import ClosedError, InvalidArgumentError
+from s3stream.ids import StreamId
+from s3stream.metadata.base import StreamMetadata
+from s3stream.model import FetchedBatch, RecordBatch
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in its own daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="s3stream-sync-loop", daemon=True)
+        self._stopped = False
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result (or its exception)."""
+        if self._stopped:
+            coro.close()
+            raise ClosedError("the synchronous client is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise InvalidArgumentError("a synchronous s3stream call was made from its own event loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Evaluate ``fn`` on the loop thread (reads of engine state)."""
+
+        async def wrapper() -> T:
+            return fn()
+
+        return self.run(wrapper())
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class SyncKVClient:
+    """Blocking :class:`~s3stream.engine.client.KVClient`."""
+
+    def __init__(self, kv: KVClient, runner: _LoopThread) -> None:
+        self._kv = kv
+        self._run = runner
+
+    def put_if_absent(self, key: str, value: bytes) -> bytes:
+        return self._run.run(self._kv.put_if_absent(key, value))
+
+    def put(self, key: str, value: bytes) -> bytes:
+        return self._run.run(self._kv.put(key, value))
+
+    def get(self, key: str) -> bytes | None:
+        return self._run.run(self._kv.get(key))
+
+    def delete(self, key: str) -> bytes | None:
+        return self._run.run(self._kv.delete(key))
+
+
+class SyncStream:
+    """Blocking :class:`~s3stream.engine.client.Stream`; ``with`` closes it."""
+
+    def __init__(self, stream: Stream, runner: _LoopThread) -> None:
+        self.stream = stream
+        """The async stream behind this one (use it only from the client's loop)."""
+        self._run = runner
+        self.stream_id: StreamId = stream.stream_id
+        self.epoch: int = stream.epoch
+
+    @property
+    def start_offset(self) -> int:
+        return self._run.call(lambda: self.stream.start_offset)
+
+    @property
+    def confirm_offset(self) -> int:
+        return self._run.call(lambda: self.stream.confirm_offset)
+
+    @property
+    def next_offset(self) -> int:
+        return self._run.call(lambda: self.stream.next_offset)
+
+    def append(self, batch: RecordBatch) -> int:
+        return self._run.run(self.stream.append(batch))
+
+    def fetch(self, start_offset: int, end_offset: int, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
+        return self._run.run(self.stream.fetch(start_offset, end_offset, max_bytes))
+
+    def trim(self, new_start_offset: int) -> None:
+        self._run.run(self.stream.trim(new_start_offset))
+
+    def close(self) -> None:
+        self._run.run(self.stream.close())
+
+    def destroy(self) -> None:
+        self._run.run(self.stream.destroy())
+
+    def __enter__(self) -> SyncStream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SyncStream(stream_id={self.stream_id}, epoch={self.epoch})"
+
+
+class SyncStreamClient:
+    """Blocking :class:`~s3stream.engine.client.StreamClient`."""
+
+    def __init__(self, streams: StreamClient, runner: _LoopThread) -> None:
+        self._streams = streams
+        self._run = runner
+
+    def create_stream(self, *, tags: Mapping[str, str] | None = None) -> StreamId:
+        return self._run.run(self._streams.create_stream(tags=tags))
+
+    def create_and_open_stream(self, *, epoch: int = 0, tags: Mapping[str, str] | None = None) -> SyncStream:
+        stream = self._run.run(self._streams.create_and_open_stream(epoch=epoch, tags=tags))
+        return SyncStream(stream, self._run)
+
+    def open_stream(self, stream_id: StreamId, *, epoch: int) -> SyncStream:
+        return SyncStream(self._run.run(self._streams.open_stream(stream_id, epoch=epoch)), self._run)
+
+    def list_streams(self) -> list[StreamMetadata]:
+        return self._run.run(self._streams.list_streams())
+
+
+class SyncClient:
+    """Blocking :class:`~s3stream.engine.client.Client`; ``with`` closes it. Build with :func:`open_sync`."""
+
+    def __init__(self, client: Client, runner: _LoopThread) -> None:
+        self.client = client
+        """The async client behind this one (use it only from :attr:`loop`)."""
+        self._run = runner
+        self.streams = SyncStreamClient(client.streams, runner)
+        self.kv = SyncKVClient(client.kv, runner)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the async client runs on."""
+        return self._run.loop
+
+    def append_atomic(
+        self, appends: Sequence[tuple[SyncStream, RecordBatch]], *, kv: Mapping[str, bytes] | None = None
+    ) -> list[int]:
+        return self._run.run(self.client.append_atomic([(s.stream, b) for s, b in appends], kv=kv))
+
+    def close(self) -> None:
+        """Close the client (every open stream forces its data up), then stop the loop thread."""
+        try:
+            self._run.run(self.client.close())
+        except ClosedError:
+            pass  # already closed
+        finally:
+            self._run.stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def open_sync(
+    data_dir: str | os.PathLike[str], *, bucket_uri: str | None = None, config: Config | None = None
+) -> SyncClient:
+    """Open a :class:`SyncClient`: like ``await Client.open(...)`` but blocking."""
+    runner = _LoopThread()
+    try:
+        client = runner.run(Client.open(data_dir, bucket_uri=bucket_uri, config=config))
+    except BaseException:
+        runner.stop()
+        raise
+    return SyncClient(client, runner)

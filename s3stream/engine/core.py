@@ -228,6 +228,15 @@ class Engine:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             self._fail_all(ClosedError("engine closed"))
 
+    def abandon(self) -> None:
+        """Stop every background task and refuse work, uploading nothing and closing nothing: what a
+        crash leaves behind (tests restart a new engine on the same WAL, metadata and storage)."""
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
     def _check_alive(self) -> None:
         if self._failed is not None:
             raise self._failed
@@ -648,7 +657,9 @@ class Engine:
             if not request.stream_ranges and not request.stream_objects:
                 return  # every stream went away: the prepared objects expire and are deleted
             try:
-                await self._retry("commit", functools.partial(self.metadata.commit_stream_set_object, request))
+                await self._retry(
+                    "commit", functools.partial(self.metadata.commit_stream_set_object, request)
+                )
                 return
             except (FencedError, ConflictError, NotFoundError) as exc:
                 if exc.code in _NODE_LEVEL_CODES:

@@ -370,7 +370,7 @@ async def test_restart_replays_the_wal_and_uploads_it() -> None:
     await client.append_atomic([(stream, RecordBatch(b"atomic"))], kv={"k": b"v"})
     # Crash: nothing was uploaded, the engine is abandoned without close.
     assert await node.metadata.list_objects([ObjectState.COMMITTED]) == []
-    client.engine._closed = True
+    client.engine.abandon()
     await node.metadata.kv_delete("k")  # pretend the KV put had not reached metadata
     again = await node.open()
     assert again.engine.stats.recovered_records == 41

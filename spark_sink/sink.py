@@ -1,0 +1,379 @@
+"""The foreachBatch sink: Spark micro-batches into s3stream streams, exactly once.
+
+    sink = S3StreamSink("/data/s3stream", topic="events", partitions=4)
+    query = (df.writeStream.foreachBatch(sink)
+             .option("checkpointLocation", "/data/ckpt").start())
+
+Per micro-batch (all on the driver except step 2):
+
+1. check the schema and normalize the columns (:func:`normalize`; errors name the column and batch);
+2. encode on the executors with ``mapInArrow`` into Kafka RecordBatch payloads per target partition
+   (:mod:`spark_sink.encode`) and collect them as one Arrow table (no row-by-row Python here);
+3. order the payloads deterministically, cut them into chunks below the WAL record limit
+   (:func:`~spark_sink.protocol.chunk_payloads`) and plan the replay
+   (:func:`~spark_sink.protocol.plan_batch`) from the progress record in the engine's KV;
+4. append each remaining chunk with ``append_atomic``, the progress record in the same WAL record.
+
+The engine is opened once per sink (lazily, in the driver) and kept until :meth:`S3StreamSink.close`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from s3stream.config import Config
+from s3stream.errors import ConflictError, InvalidArgumentError
+from s3stream.facade import SyncClient, SyncStream, open_sync
+from s3stream.model import RecordBatch
+from spark_sink import kafka_codec
+from spark_sink.encode import (
+    OUTPUT_DDL,
+    PARTITION_COLUMN,
+    TIMESTAMP_MS_COLUMN,
+    EncodeOptions,
+    map_in_arrow,
+)
+from spark_sink.protocol import (
+    KV_OVERHEAD_BYTES,
+    PayloadRef,
+    Progress,
+    chunk_payloads,
+    plan_batch,
+    progress_after,
+    progress_key,
+)
+from spark_sink.topic import Topic, ensure_topic, open_partitions
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+KILL_ENV = "S3STREAM_SPARK_SINK_KILL_AT"
+"""Crash-test hook: ``after_chunk:<batch>:<chunk>`` or ``after_batch:<batch>`` SIGKILLs the driver there."""
+
+BATCH_BYTES_TARGET_DEFAULT = 1 << 20
+RECORD_BYTES_MAX_DEFAULT = 1 << 20
+HISTORY_MAX = 1000
+RECORD_OVERHEAD_MAX_BYTES = 1024
+"""Room a batch keeps above its target for the record that crosses it (varints, header)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What one call of the sink did (for logs, tests and benchmarks)."""
+
+    batch_id: int
+    rows: int
+    payloads: int
+    chunks: int
+    chunks_written: int
+    bytes_written: int
+    encode_s: float
+    append_s: float
+
+
+def normalize(df: DataFrame, *, batch_id: int, stream_column: str | None, partition_count: int) -> DataFrame:
+    """The sink's input columns (see :data:`spark_sink.encode.INPUT_COLUMNS`), or InvalidArgumentError.
+
+    Accepted: ``value`` binary or string (required); ``key`` binary or string; ``headers``
+    array<struct<key: string, value: binary>>; ``timestamp`` timestamp or bigint milliseconds; the
+    partition column (``stream_column``) of an integer type. Without ``stream_column`` the partition
+    is ``pmod(hash(key), partitions)`` (Spark's Murmur3, not Kafka's murmur2), or for a null key
+    ``pmod(spark_partition_id(), partitions)``.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    where = f"micro-batch {batch_id}"
+    fields = {f.name: f.dataType for f in df.schema.fields}
+
+    def binary_or_string(name: str) -> Column:
+        dtype = fields[name]
+        if isinstance(dtype, T.BinaryType):
+            return F.col(name)
+        if isinstance(dtype, T.StringType):
+            return F.col(name).cast("binary")
+        raise InvalidArgumentError(
+            f"{where}: column {name!r} has type {dtype.simpleString()}, expected binary or string"
+        )
+
+    if "value" not in fields:
+        raise InvalidArgumentError(
+            f"{where}: the sink needs a column 'value' (binary or string); got {list(fields)}"
+        )
+    cols: list[Column] = []
+    if stream_column is not None:
+        if stream_column not in fields:
+            raise InvalidArgumentError(
+                f"{where}: partition column {stream_column!r} is missing; got {list(fields)}"
+            )
+        ptype = fields[stream_column]
+        if not isinstance(ptype, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+            raise InvalidArgumentError(
+                f"{where}: partition column {stream_column!r} has type {ptype.simpleString()}, expected an integer"
+            )
+        cols.append(F.col(stream_column).cast("int").alias(PARTITION_COLUMN))
+    elif "key" in fields:
+        key = binary_or_string("key")
+        cols.append(
+            F.when(key.isNull(), F.pmod(F.spark_partition_id(), F.lit(partition_count)))
+            .otherwise(F.pmod(F.hash(key), F.lit(partition_count)))
+            .cast("int")
+            .alias(PARTITION_COLUMN)
+        )
+    else:
+        cols.append(
+            F.pmod(F.spark_partition_id(), F.lit(partition_count)).cast("int").alias(PARTITION_COLUMN)
+        )
+    cols.append((binary_or_string("key") if "key" in fields else F.lit(None).cast("binary")).alias("key"))
+    cols.append(binary_or_string("value").alias("value"))
+    if "headers" in fields:
+        expected = T.ArrayType(
+            T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
+        )
+        htype = fields["headers"]
+        if not (
+            isinstance(htype, T.ArrayType)
+            and isinstance(htype.elementType, T.StructType)
+            and [(f.name, f.dataType) for f in htype.elementType.fields]
+            == [(f.name, f.dataType) for f in expected.elementType.fields]  # type: ignore[attr-defined]
+        ):
+            raise InvalidArgumentError(
+                f"{where}: column 'headers' has type {htype.simpleString()}, expected {expected.simpleString()}"
+            )
+        cols.append(F.col("headers"))
+    if "timestamp" in fields:
+        ttype = fields["timestamp"]
+        if isinstance(ttype, T.TimestampType | T.TimestampNTZType):
+            cols.append(F.unix_millis(F.col("timestamp").cast("timestamp")).alias(TIMESTAMP_MS_COLUMN))
+        elif isinstance(ttype, T.LongType):
+            cols.append(F.col("timestamp").alias(TIMESTAMP_MS_COLUMN))
+        else:
+            raise InvalidArgumentError(
+                f"{where}: column 'timestamp' has type {ttype.simpleString()}, expected timestamp or bigint ms"
+            )
+    else:
+        cols.append(F.lit(int(time.time() * 1000)).cast("bigint").alias(TIMESTAMP_MS_COLUMN))
+    return df.select(*cols)
+
+
+def _kill_hook(point: str) -> None:
+    if os.environ.get(KILL_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class S3StreamSink:
+    """A ``foreachBatch`` function writing each micro-batch into a topic of s3stream, exactly once.
+
+    ``data_dir``/``bucket_uri``/``config`` open the engine (see ``s3stream.open``); or pass an open
+    ``client`` (the sink then does not close it). ``stream_column`` names an integer column giving the
+    partition of each row in ``[0, partitions)``; without it rows are routed by key hash.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        bucket_uri: str | None = None,
+        config: Config | None = None,
+        client: SyncClient | None = None,
+        topic: str = "spark",
+        partitions: int = 1,
+        stream_column: str | None = None,
+        batch_bytes_target: int = BATCH_BYTES_TARGET_DEFAULT,
+        record_bytes_max: int = RECORD_BYTES_MAX_DEFAULT,
+        chunk_bytes_max: int | None = None,
+        query_id: str | None = None,
+    ) -> None:
+        if (data_dir is None) == (client is None):
+            raise InvalidArgumentError("give exactly one of data_dir and client")
+        self._data_dir = data_dir
+        self._bucket_uri = bucket_uri
+        self._config = config if config is not None else Config()
+        self._client = client
+        self._owns_client = client is None
+        self.topic_name = topic
+        self.partition_count = partitions
+        self.stream_column = stream_column
+        self.batch_bytes_target = batch_bytes_target
+        self.record_bytes_max = record_bytes_max
+        wal_max = self._config.wal_record_size_max_bytes
+        self.chunk_bytes_max = wal_max if chunk_bytes_max is None else chunk_bytes_max
+        self._query_id = query_id
+        self._check_limits()
+        self._topic: Topic | None = None
+        self._streams: list[SyncStream] = []
+        self._lock = threading.Lock()
+        self.history: deque[BatchStats] = deque(maxlen=HISTORY_MAX)
+        """What the last micro-batches did, newest last."""
+
+    def _check_limits(self) -> None:
+        payload_max = self.batch_bytes_target + self.record_bytes_max + RECORD_OVERHEAD_MAX_BYTES
+        if min(self.batch_bytes_target, self.record_bytes_max) < 1:
+            raise InvalidArgumentError("batch_bytes_target and record_bytes_max must be positive")
+        if payload_max > self._config.record_size_max_bytes:
+            raise InvalidArgumentError(
+                f"batch_bytes_target + record_bytes_max ({payload_max} with overhead) must fit "
+                f"s3.record.size.max ({self._config.record_size_max_bytes})"
+            )
+        if payload_max + KV_OVERHEAD_BYTES + 1024 > self.chunk_bytes_max:
+            raise InvalidArgumentError(f"chunk_bytes_max {self.chunk_bytes_max} is too small for one payload")
+        if self.chunk_bytes_max > self._config.wal_record_size_max_bytes:
+            raise InvalidArgumentError(
+                f"chunk_bytes_max {self.chunk_bytes_max} is above s3.wal.record.size.max "
+                f"({self._config.wal_record_size_max_bytes})"
+            )
+
+    # -- engine ----------------------------------------------------------------------------------
+    @property
+    def client(self) -> SyncClient:
+        """The engine client, opened on first use."""
+        if self._client is None:
+            assert self._data_dir is not None
+            self._client = open_sync(self._data_dir, bucket_uri=self._bucket_uri, config=self._config)
+        return self._client
+
+    def _ensure_streams(self) -> list[SyncStream]:
+        if not self._streams:
+            self._topic = ensure_topic(self.client, self.topic_name, self.partition_count)
+            self._streams = open_partitions(self.client, self._topic)
+        return self._streams
+
+    def close(self) -> None:
+        """Close the streams (forcing their data up) and, if the sink opened it, the engine."""
+        with self._lock:
+            streams, self._streams = self._streams, []
+            try:
+                for s in streams:
+                    s.close()
+            finally:
+                if self._owns_client and self._client is not None:
+                    client, self._client = self._client, None
+                    client.close()
+
+    def __enter__(self) -> S3StreamSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- foreachBatch ----------------------------------------------------------------------------
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            self.history.append(self._write_batch(df, batch_id))
+
+    def _query_id_of(self, df: DataFrame) -> str:
+        if self._query_id is not None:
+            return self._query_id
+        qid = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not qid:
+            raise InvalidArgumentError(
+                "the sink runs outside a streaming query (no sql.streaming.queryId): pass query_id="
+            )
+        return str(qid)
+
+    def _write_batch(self, df: DataFrame, batch_id: int) -> BatchStats:
+        query_id = self._query_id_of(df)
+        t0 = time.perf_counter()
+        options = EncodeOptions(
+            batch_id=batch_id,
+            partition_count=self.partition_count,
+            batch_bytes_target=self.batch_bytes_target,
+            record_bytes_max=self.record_bytes_max,
+            partition_column=self.stream_column or "key hash",
+        )
+        rows = normalize(
+            df, batch_id=batch_id, stream_column=self.stream_column, partition_count=self.partition_count
+        )
+        table = rows.mapInArrow(map_in_arrow(options), OUTPUT_DDL).toArrow()
+        encode_s = time.perf_counter() - t0
+        errors = table.column("error").drop_null()
+        if len(errors):
+            raise InvalidArgumentError(str(errors[0]))
+        payloads = _PayloadTable(table)
+        refs = payloads.refs()
+        chunks = chunk_payloads(refs, self.chunk_bytes_max)
+        streams = self._ensure_streams()
+        key = progress_key(query_id)
+        raw = self.client.kv.get(key)
+        progress = None if raw is None else Progress.decode(raw, key=key)
+        plan = plan_batch(progress, batch_id, chunks)
+        t1 = time.perf_counter()
+        written = 0
+        for index in range(plan.first_chunk, plan.chunk_count):
+            chunk = chunks[index]
+            appends: list[tuple[SyncStream, RecordBatch]] = []
+            predicted: list[int] = []
+            next_offsets = {p: streams[p].next_offset for p in {ref.partition for ref in chunk.payloads}}
+            for ref in chunk.payloads:
+                payload = payloads.view(ref.index)
+                kafka_codec.set_base_offset(payload, 0, next_offsets[ref.partition])
+                predicted.append(next_offsets[ref.partition])
+                next_offsets[ref.partition] += ref.record_count
+                # RecordBatch accepts a memoryview (it checks bytes | bytearray | memoryview); the
+                # engine copies it, so the collected buffer is not copied a second time here.
+                batch = RecordBatch(cast(bytes, payload), ref.record_count)
+                appends.append((streams[ref.partition], batch))
+                written += len(payload)
+            commit = progress_after(plan, chunks, index)
+            bases = self.client.append_atomic(appends, kv={key: commit.encode()})
+            if bases != predicted:
+                raise ConflictError(
+                    f"micro-batch {batch_id}: the engine assigned offsets {bases[:3]}..., the sink expected "
+                    f"{predicted[:3]}...: another writer appends to topic {self.topic_name!r}"
+                )
+            _kill_hook(f"after_chunk:{batch_id}:{index}")
+        _kill_hook(f"after_batch:{batch_id}")
+        return BatchStats(
+            batch_id=batch_id,
+            rows=sum(r.record_count for r in refs),
+            payloads=len(refs),
+            chunks=len(chunks),
+            chunks_written=plan.chunk_count - plan.first_chunk,
+            bytes_written=written,
+            encode_s=encode_s,
+            append_s=time.perf_counter() - t1,
+        )
+
+
+class _PayloadTable:
+    """The collected payloads: ordered refs and writable views (for the base offset patch)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        order = pc.sort_indices(
+            table.select(["task_partition", "partition", "seq"]),
+            sort_keys=[("task_partition", "ascending"), ("partition", "ascending"), ("seq", "ascending")],
+        ).to_numpy()
+        self._order = order
+        self._table = table
+        self._views: list[memoryview] = []
+        payload = table.column("payload")
+        for arr in payload.chunks:
+            if len(arr) == 0:
+                continue
+            buffers = arr.buffers()
+            offsets = np.frombuffer(buffers[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
+            data = memoryview(bytearray(buffers[2])) if buffers[2] is not None else memoryview(bytearray())
+            for i in range(len(arr)):
+                self._views.append(data[int(offsets[i]) : int(offsets[i + 1])])
+
+    def refs(self) -> list[PayloadRef]:
+        t = self._table
+        part = t.column("partition").to_pylist()
+        counts = t.column("record_count").to_pylist()
+        crcs = t.column("content_crc").to_pylist()
+        return [
+            PayloadRef(int(i), part[i], counts[i], crcs[i], len(self._views[i])) for i in self._order.tolist()
+        ]
+
+    def view(self, index: int) -> memoryview:
+        return self._views[index]

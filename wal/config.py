@@ -1,0 +1,112 @@
+"""WAL configuration in AutoMQ's naming style (``s3.wal.*``), validated with limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from wal.errors import InvalidWalConfig
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+BLOCK_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+CAPACITY_MIN_BYTES = 64 * KiB
+CAPACITY_MAX_BYTES = 1 << 50
+RECORD_MAX_LIMIT_BYTES = 1 << 30
+IO_THREADS_MAX = 64
+
+
+def align_up(value: int, block: int) -> int:
+    return -(-value // block) * block
+
+
+@dataclass(frozen=True)
+class WalConfig:
+    """Every limit of the WAL. Sizes in bytes. AutoMQ key in brackets.
+
+    ``capacity_bytes`` [s3.wal.capacity] is rounded down to ``block_size_bytes``; it includes the two
+    header slots. ``batch_max_bytes`` is the soft size of one group write (a larger single record still
+    gets its own write). ``inflight_max_bytes`` bounds bytes accepted but not yet durable: appends wait
+    beyond it. ``io_threads`` [s3.wal.thread] sizes the read pool used by recovery; writes go through one
+    dedicated thread so that at most one group is ever in flight (the recovery rule relies on it).
+    """
+
+    capacity_bytes: int = 2 * GiB
+    block_size_bytes: int = 4096
+    record_max_bytes: int = 64 * MiB
+    batch_max_bytes: int = 1 * MiB
+    inflight_max_bytes: int = 128 * MiB
+    io_threads: int = 2
+    on_full: Literal["error", "wait"] = "error"
+    direct_io: Literal["auto", "on", "off"] = "auto"
+    node_id: int = 0
+    node_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> InvalidWalConfig:
+            return InvalidWalConfig(f"s3.wal: {msg}")
+
+        for name in (
+            "capacity_bytes",
+            "block_size_bytes",
+            "record_max_bytes",
+            "batch_max_bytes",
+            "inflight_max_bytes",
+            "io_threads",
+            "node_id",
+            "node_epoch",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise bad(f"{name} must be an int, got {value!r}")
+        if self.block_size_bytes not in BLOCK_SIZES:
+            raise bad(f"block_size_bytes {self.block_size_bytes} not one of {BLOCK_SIZES}")
+        if not CAPACITY_MIN_BYTES <= self.capacity_bytes <= CAPACITY_MAX_BYTES:
+            raise bad(
+                f"capacity_bytes {self.capacity_bytes} not in [{CAPACITY_MIN_BYTES}, {CAPACITY_MAX_BYTES}]"
+            )
+        if not 1 <= self.record_max_bytes <= RECORD_MAX_LIMIT_BYTES:
+            raise bad(f"record_max_bytes {self.record_max_bytes} not in [1, {RECORD_MAX_LIMIT_BYTES}]")
+        if not self.block_size_bytes <= self.batch_max_bytes <= RECORD_MAX_LIMIT_BYTES:
+            raise bad(
+                f"batch_max_bytes {self.batch_max_bytes} not in [{self.block_size_bytes}, {RECORD_MAX_LIMIT_BYTES}]"
+            )
+        if self.inflight_max_bytes < self.write_max_bytes:
+            raise bad(
+                f"inflight_max_bytes {self.inflight_max_bytes} below one write ({self.write_max_bytes})"
+            )
+        if self.write_max_bytes * 2 > self.record_area_bytes:
+            raise bad(
+                f"capacity_bytes {self.capacity_bytes} too small: the record area "
+                f"({self.record_area_bytes}) must hold two of the largest writes ({self.write_max_bytes})"
+            )
+        if not 1 <= self.io_threads <= IO_THREADS_MAX:
+            raise bad(f"io_threads {self.io_threads} not in [1, {IO_THREADS_MAX}]")
+        if self.on_full not in ("error", "wait"):
+            raise bad(f"on_full must be 'error' or 'wait', got {self.on_full!r}")
+        if self.direct_io not in ("auto", "on", "off"):
+            raise bad(f"direct_io must be 'auto', 'on' or 'off', got {self.direct_io!r}")
+        if not 0 <= self.node_id < 1 << 32:
+            raise bad(f"node_id {self.node_id} not in [0, 2**32)")
+        if not 0 <= self.node_epoch < 1 << 63:
+            raise bad(f"node_epoch {self.node_epoch} not in [0, 2**63)")
+
+    @property
+    def device_bytes(self) -> int:
+        """The capacity rounded down to the block size: the bytes of the device the WAL uses."""
+        return self.capacity_bytes // self.block_size_bytes * self.block_size_bytes
+
+    @property
+    def record_area_bytes(self) -> int:
+        return self.device_bytes - 2 * self.block_size_bytes
+
+    @property
+    def write_max_bytes(self) -> int:
+        """The largest single group write: a batch, or one maximal record with its header, aligned."""
+        from wal.format import RECORD_HEADER_SIZE
+
+        return align_up(
+            max(self.batch_max_bytes, self.record_max_bytes + RECORD_HEADER_SIZE), self.block_size_bytes
+        )

@@ -1,0 +1,195 @@
+"""Pure codecs of the block WAL's persisted structures: the header copies and the record header.
+
+The format is documented in docs/format.md, section "4. Block WAL"; this module is its code. No I/O,
+no clock: bytes in, values out. Byte order is big-endian.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from crc32c import crc32c
+
+FORMAT_VERSION = 1
+
+# --- WAL header (one copy per header slot; slot k is the block at physical k * block_size) ------
+WAL_HEADER = struct.Struct(
+    ">"
+    "I"  # magic              0x57414C48 ("WALH")
+    "H"  # version            FORMAT_VERSION
+    "H"  # flags              reserved, 0
+    "Q"  # seq                header write counter; the valid copy with the larger seq wins
+    "I"  # wal_id             random at creation, repeated in every record header
+    "I"  # block_size         alignment of every write
+    "Q"  # capacity           device bytes used, header slots included
+    "I"  # node_id
+    "I"  # reserved           0
+    "Q"  # node_epoch
+    "Q"  # trim_offset        records whose offset is < trim_offset are trimmed
+    "Q"  # start_offset       where recovery starts: a write-group start <= trim_offset
+    "Q"  # write_max          largest single write; bounds the torn region after a crash
+    "Q"  # clean_end_offset   end of the log at a clean close; NO_CLEAN_END while open
+    "I"  # crc                CRC32C of every byte before it
+)
+WAL_HEADER_MAGIC = 0x57414C48
+WAL_HEADER_SIZE = WAL_HEADER.size
+_WAL_HEADER_CRC_SPAN = WAL_HEADER_SIZE - 4
+NO_CLEAN_END = (1 << 64) - 1
+
+# --- Record header (precedes every record body and every padding record) -------------------------
+RECORD_HEADER = struct.Struct(
+    ">"
+    "I"  # magic        DATA_MAGIC ("WALR") or PAD_MAGIC ("WALP")
+    "B"  # version      FORMAT_VERSION
+    "B"  # flags        FLAG_FIRST: first record of a write group
+    "H"  # reserved     0
+    "I"  # wal_id       equals the header's wal_id
+    "Q"  # length       data: body bytes; padding: bytes skipped, this header included
+    "Q"  # offset       logical offset of this header; equals its position in the log
+    "I"  # body_crc     CRC32C of the body; 0 for padding
+    "I"  # header_crc   CRC32C of the 32 bytes before it
+)
+RECORD_HEADER_SIZE = RECORD_HEADER.size
+_RECORD_HEADER_CRC_SPAN = RECORD_HEADER_SIZE - 4
+DATA_MAGIC = 0x57414C52
+PAD_MAGIC = 0x57414C50
+FLAG_FIRST = 0x01
+_CRC = struct.Struct(">I")
+
+assert WAL_HEADER_SIZE == 84
+assert RECORD_HEADER_SIZE == 36
+assert WAL_HEADER_SIZE <= 512, "a header copy must fit in one sector"
+
+
+class WalHeader(NamedTuple):
+    seq: int
+    wal_id: int
+    block_size: int
+    capacity: int
+    node_id: int
+    node_epoch: int
+    trim_offset: int
+    start_offset: int
+    write_max: int
+    clean_end_offset: int
+
+
+def encode_wal_header(h: WalHeader) -> bytes:
+    body = WAL_HEADER.pack(
+        WAL_HEADER_MAGIC,
+        FORMAT_VERSION,
+        0,
+        h.seq,
+        h.wal_id,
+        h.block_size,
+        h.capacity,
+        h.node_id,
+        0,
+        h.node_epoch,
+        h.trim_offset,
+        h.start_offset,
+        h.write_max,
+        h.clean_end_offset,
+        0,
+    )[:_WAL_HEADER_CRC_SPAN]
+    return body + _CRC.pack(crc32c(body))
+
+
+def decode_wal_header(data: bytes | memoryview) -> WalHeader | None:
+    """The header in ``data``, or None when the copy is missing, torn or from another format."""
+    if len(data) < WAL_HEADER_SIZE:
+        return None
+    fields = WAL_HEADER.unpack_from(data)
+    (
+        magic,
+        version,
+        flags,
+        seq,
+        wal_id,
+        block,
+        cap,
+        node_id,
+        reserved,
+        epoch,
+        trim,
+        start,
+        wmax,
+        clean,
+        crc,
+    ) = fields
+    if magic != WAL_HEADER_MAGIC or version != FORMAT_VERSION or flags or reserved:
+        return None
+    if crc32c(data[:_WAL_HEADER_CRC_SPAN]) != crc:
+        return None
+    return WalHeader(seq, wal_id, block, cap, node_id, epoch, trim, start, wmax, clean)
+
+
+class RecordHeader(NamedTuple):
+    magic: int
+    flags: int
+    wal_id: int
+    length: int
+    offset: int
+    body_crc: int
+
+
+def pack_record_header(
+    buf: bytearray | memoryview,
+    pos: int,
+    *,
+    magic: int,
+    flags: int,
+    wal_id: int,
+    length: int,
+    offset: int,
+    body_crc: int,
+) -> None:
+    """Write a record header with its CRC at ``buf[pos:pos + RECORD_HEADER_SIZE]``."""
+    RECORD_HEADER.pack_into(buf, pos, magic, FORMAT_VERSION, flags, 0, wal_id, length, offset, body_crc, 0)
+    _CRC.pack_into(
+        buf, pos + _RECORD_HEADER_CRC_SPAN, crc32c(memoryview(buf)[pos : pos + _RECORD_HEADER_CRC_SPAN])
+    )
+
+
+def encode_record(*, body: bytes, offset: int, wal_id: int, first: bool) -> bytes:
+    """Header plus body of a data record (tests and tools; the write path packs in place)."""
+    buf = bytearray(RECORD_HEADER_SIZE + len(body))
+    pack_record_header(
+        buf,
+        0,
+        magic=DATA_MAGIC,
+        flags=FLAG_FIRST if first else 0,
+        wal_id=wal_id,
+        length=len(body),
+        offset=offset,
+        body_crc=crc32c(body),
+    )
+    buf[RECORD_HEADER_SIZE:] = body
+    return bytes(buf)
+
+
+def encode_padding(*, offset: int, length: int, wal_id: int) -> bytes:
+    buf = bytearray(RECORD_HEADER_SIZE)
+    pack_record_header(
+        buf, 0, magic=PAD_MAGIC, flags=FLAG_FIRST, wal_id=wal_id, length=length, offset=offset, body_crc=0
+    )
+    return bytes(buf)
+
+
+def decode_record_header(data: bytes | memoryview, pos: int = 0) -> RecordHeader | None:
+    """The record header at ``data[pos:]``, or None when it is absent, torn or not ours."""
+    if len(data) - pos < RECORD_HEADER_SIZE:
+        return None
+    magic, version, flags, reserved, wal_id, length, offset, body_crc, crc = RECORD_HEADER.unpack_from(
+        data, pos
+    )
+    if magic != DATA_MAGIC and magic != PAD_MAGIC:
+        return None
+    if version != FORMAT_VERSION or reserved or flags & ~FLAG_FIRST:
+        return None
+    if crc32c(memoryview(data)[pos : pos + _RECORD_HEADER_CRC_SPAN]) != crc:
+        return None
+    if magic == PAD_MAGIC and (length < RECORD_HEADER_SIZE or body_crc or not flags & FLAG_FIRST):
+        return None
+    return RecordHeader(magic, flags, wal_id, length, offset, body_crc)

@@ -1,0 +1,601 @@
+"""The block WAL service: group commit on one I/O thread, in-order completions, trim, recovery, close.
+
+Write path: ``append`` queues the body and awaits a future. One writer task seals the queued records
+into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the physical end of the
+device), hands it to the dedicated I/O thread, which packs headers and bodies into a reused aligned
+buffer, CRCs them, issues one ``pwrite`` and one ``fdatasync``, and returns the offsets. Meanwhile the
+next group accumulates. Groups complete strictly in order, so futures resolve in offset order, and at
+most one group is ever in flight: after a crash only the last group can be torn (the recovery rule in
+docs/format.md section 4.6 and :mod:`wal.recovery` depends on this).
+
+Trim and close write the header (alternating slots, sequence counter) on the same thread, ordered
+with the groups. Space freed by a trim is reused only once that header write is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import itertools
+import os
+import random
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from crc32c import crc32c
+
+from wal.config import WalConfig
+from wal.device import Device, aligned_buffer, open_device
+from wal.errors import (
+    InvalidWalConfig,
+    WalArgumentError,
+    WalCapacityError,
+    WalClosedError,
+    WalError,
+    WalFencedError,
+    WalIOError,
+    WalStateError,
+)
+from wal.format import (
+    _CRC,
+    _RECORD_HEADER_CRC_SPAN,
+    DATA_MAGIC,
+    FLAG_FIRST,
+    FORMAT_VERSION,
+    NO_CLEAN_END,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    WalHeader,
+    decode_wal_header,
+    encode_padding,
+    encode_wal_header,
+)
+from wal.recovery import Layout, Scanner, WalRecord, align_up
+
+_H = RECORD_HEADER_SIZE
+
+
+class _Req:
+    """One append or append_many call: its bodies, how many are sealed, and its future."""
+
+    __slots__ = ("bodies", "cum", "done", "fut", "many", "nbytes", "offsets", "sealed")
+
+    def __init__(self, bodies: Sequence[bytes], cum: list[int], fut: asyncio.Future[Any], many: bool) -> None:
+        self.bodies = bodies
+        self.cum = cum  # cum[i] = bytes of records 0..i with headers
+        self.sealed = 0
+        self.done = 0
+        self.fut = fut
+        self.many = many
+        self.nbytes = cum[-1] if cum else 0
+        self.offsets: list[int] = []
+
+
+class _Group:
+    __slots__ = ("bodies", "first_offset", "nbytes", "pad_len", "parts")
+
+    def __init__(self) -> None:
+        self.first_offset = 0
+        self.bodies: list[bytes] = []
+        self.parts: list[tuple[_Req, int]] = []
+        self.nbytes = 0
+        self.pad_len = 0
+
+
+class BlockWAL:
+    """A durable circular log of opaque records. Create with :meth:`open`, then run :meth:`recover`."""
+
+    def __init__(self, device: Device, config: WalConfig, pool: ThreadPoolExecutor) -> None:
+        self._device = device
+        self._config = config
+        self._pool = pool
+        self._layout = Layout(config.block_size_bytes, config.device_bytes)
+        self._loop = asyncio.get_running_loop()
+        self._header: WalHeader | None = None
+        self._seq = 0
+        self._wal_id = 0
+        self._recovered = False
+        self._closed = False
+        self._closing = False
+        self._failure: BaseException | None = None
+        self._tail = 0  # end of the last sealed record
+        self._trim_offset = 0
+        self._requested_start = 0
+        self._flushed_start = 0  # start offset of the last durable header: space below is free
+        self._durable_trim = 0
+        self._groups: collections.deque[tuple[int, int]] = collections.deque()
+        self._pending: collections.deque[_Req] = collections.deque()
+        self._inflight_bytes = 0
+        self._admit_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._header_waiters: list[asyncio.Future[None]] = []
+        self._wake: asyncio.Future[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._wbuf = aligned_buffer(config.write_max_bytes)
+        self._pbuf = aligned_buffer(config.block_size_bytes)
+        self._zeros = bytes(config.block_size_bytes)
+        self.mode = device.mode
+        self.stats = {"groups": 0, "records": 0, "bytes_written": 0, "headers": 0}
+
+    # ------------------------------------------------------------------ open / recover / close
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str] | Device, config: WalConfig) -> BlockWAL:
+        """Open (creating if needed) the WAL at ``path`` (file or block device) or on a Device object.
+
+        A new WAL is ready for appends; an existing one needs :meth:`recover` first. Raises
+        WalLockedError when another handle has it open, WalFencedError when its header has a newer node
+        epoch, InvalidWalConfig when the device does not match ``config``.
+        """
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-io")
+        try:
+            if isinstance(path, (str, os.PathLike)):
+                device = await loop.run_in_executor(pool, open_device, path, config)
+            else:
+                device = path
+                if device.size_bytes < config.device_bytes:
+                    raise InvalidWalConfig(
+                        f"device of {device.size_bytes} bytes below capacity {config.device_bytes}"
+                    )
+        except BaseException:
+            pool.shutdown(wait=False)
+            raise
+        self = cls(device, config, pool)
+        try:
+            await loop.run_in_executor(pool, self._load_header)
+            if self._recovered:
+                self._start_writer()
+        except BaseException:
+            await self._release()
+            raise
+        return self
+
+    def _load_header(self) -> None:
+        cfg = self._config
+        block = cfg.block_size_bytes
+        buf = aligned_buffer(2 * block)
+        self._device.read_into(0, memoryview(buf)[: 2 * block])
+        copies = [decode_wal_header(memoryview(buf)[k * block : k * block + block]) for k in (0, 1)]
+        buf.close()
+        valid = [h for h in copies if h is not None]
+        if not valid:
+            self._wal_id = random.getrandbits(32) | 1
+            header = WalHeader(
+                0,
+                self._wal_id,
+                block,
+                cfg.device_bytes,
+                cfg.node_id,
+                cfg.node_epoch,
+                0,
+                0,
+                cfg.write_max_bytes,
+                NO_CLEAN_END,
+            )
+            self._write_header_sync(header._replace(seq=1))
+            self._seq = 1
+            self._recovered = True
+            return
+        h = max(valid, key=lambda c: c.seq)
+        if h.block_size != block or h.capacity != cfg.device_bytes:
+            raise InvalidWalConfig(
+                f"WAL was created with capacity {h.capacity} and block size {h.block_size}; configured "
+                f"{cfg.device_bytes} and {block} (capacity cannot change after creation)"
+            )
+        if h.node_epoch > cfg.node_epoch:
+            raise WalFencedError(
+                f"WAL header has node epoch {h.node_epoch}, newer than ours ({cfg.node_epoch})"
+            )
+        self._header = h
+        self._seq = h.seq
+        self._wal_id = h.wal_id
+
+    async def recover(self) -> AsyncIterator[WalRecord]:
+        """Every durable, untrimmed record in offset order. Iterate to the end before appending.
+
+        Raises WalCorruptionError (with the physical position) for damage the recovery rule does not
+        explain. Yields nothing for a new WAL or when called again.
+        """
+        if self._closed or self._closing:
+            raise WalClosedError("WAL is closed")
+        if self._recovered or self._header is None:
+            return
+        scanner = Scanner(self._device, self._layout, self._header)
+        while not scanner.done:
+            batch = await self._loop.run_in_executor(self._pool, scanner.next_batch)
+            for rec in batch:
+                yield rec
+        assert scanner.result is not None
+        await self._loop.run_in_executor(self._pool, self._finish_recovery, scanner)
+        self._start_writer()
+
+    async def recover_all(self) -> list[WalRecord]:
+        return [rec async for rec in self.recover()]
+
+    def _finish_recovery(self, scanner: Scanner) -> None:
+        h = self._header
+        assert h is not None
+        assert scanner.result is not None
+        end = scanner.result.end_offset
+        layout = self._layout
+        tail = end
+        starts = scanner.result.group_starts
+        groups = [(s, e) for s, e in itertools.pairwise([*starts, end])]
+        bridge = align_up(end, layout.block)
+        if h.clean_end_offset == NO_CLEAN_END and bridge < h.start_offset + layout.area:
+            # The last session may have left a torn group anywhere below end + write_max: bridge over it
+            # with a padding record so that no byte it wrote is ever read as part of the log.
+            new_start = min(bridge + h.write_max, h.start_offset + layout.area)
+            pad = encode_padding(offset=bridge, length=new_start - bridge, wal_id=self._wal_id)
+            self._write_padding_sync(bridge, pad)
+            groups.append((bridge, new_start))
+            tail = new_start
+        self._groups = collections.deque(groups)
+        self._tail = tail
+        self._trim_offset = self._durable_trim = h.trim_offset
+        self._flushed_start = self._requested_start = h.start_offset
+        cfg = self._config
+        header = h._replace(
+            seq=self._seq + 1,
+            node_id=cfg.node_id,
+            node_epoch=cfg.node_epoch,
+            write_max=cfg.write_max_bytes,
+            clean_end_offset=NO_CLEAN_END,
+        )
+        self._write_header_sync(header)
+        self._seq += 1
+        self._recovered = True
+
+    async def close(self) -> None:
+        """Finish every queued append, write a clean-close header, release the device and its lock."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            if self._writer is not None:
+                self._kick()
+                await self._writer
+        finally:
+            self._closed = True
+            await self._release()
+
+    async def _release(self) -> None:
+        try:
+            await self._loop.run_in_executor(self._pool, self._device.close)
+        finally:
+            self._pool.shutdown(wait=True)
+            self._wbuf.close()
+            self._pbuf.close()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def next_offset(self) -> int:
+        """The end of the last appended record: every assigned offset is below it."""
+        return self._tail
+
+    @property
+    def trim_offset(self) -> int:
+        """Records with an offset below this are trimmed."""
+        return self._trim_offset
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._config.device_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the record area that are not yet reusable (sealed data above the durable start)."""
+        return align_up(self._tail, self._layout.block) - self._flushed_start
+
+    # ------------------------------------------------------------------ append
+    def _check_writable(self) -> None:
+        if self._failure is not None:
+            raise WalClosedError(f"WAL failed: {self._failure}") from self._failure
+        if self._closed or self._closing:
+            raise WalClosedError("WAL is closed")
+        if not self._recovered:
+            raise WalStateError("recover() must run to the end before the first append")
+
+    async def append(self, data: bytes) -> int:
+        """Append one record; returns its logical offset once it is durable."""
+        self._check_writable()
+        n = len(data)
+        if n > self._config.record_max_bytes:
+            raise WalArgumentError(
+                f"record of {n} bytes above record_max_bytes {self._config.record_max_bytes}"
+            )
+        size = n + _H
+        if self._admit_waiters or (
+            self._inflight_bytes + size > self._config.inflight_max_bytes and self._inflight_bytes
+        ):
+            await self._admit(size)
+        else:
+            self._inflight_bytes += size
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._pending.append(_Req((data,), [size], fut, False))
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        return await fut
+
+    async def append_many(self, records: Sequence[bytes]) -> list[int]:
+        """Append records in order (in as few group writes as fit); returns their offsets once durable.
+
+        Not atomic: on an error, a prefix of the records may be durable and come back on recovery.
+        """
+        self._check_writable()
+        if not records:
+            return []
+        rmax = self._config.record_max_bytes
+        if max(map(len, records)) > rmax:
+            raise WalArgumentError(f"a record is above record_max_bytes {rmax}")
+        cum = list(itertools.accumulate(map(_H.__add__, map(len, records))))
+        size = cum[-1]
+        await self._admit(size)
+        fut: asyncio.Future[list[int]] = self._loop.create_future()
+        self._pending.append(_Req(records, cum, fut, True))
+        self._kick()
+        return await fut
+
+    async def _admit(self, size: int) -> None:
+        cap = self._config.inflight_max_bytes
+        if not self._admit_waiters and (self._inflight_bytes + size <= cap or not self._inflight_bytes):
+            self._inflight_bytes += size
+            return
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._admit_waiters.append((size, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._release_inflight(size)
+            raise
+        self._check_writable()
+
+    def _release_inflight(self, size: int) -> None:
+        self._inflight_bytes -= size
+        cap = self._config.inflight_max_bytes
+        waiters = self._admit_waiters
+        while waiters:
+            need, fut = waiters[0]
+            if fut.done():
+                waiters.popleft()
+                continue
+            if self._inflight_bytes + need > cap and self._inflight_bytes:
+                break
+            waiters.popleft()
+            self._inflight_bytes += need
+            fut.set_result(None)
+
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    # ------------------------------------------------------------------ trim
+    async def trim(self, offset: int) -> None:
+        """Drop every record whose offset is ``< offset``; returns once that is durable.
+
+        ``offset`` may be any value up to :attr:`next_offset` (usually a record offset, or the offset
+        just past the last record to drop). Space is reclaimed by whole write groups.
+        """
+        self._check_writable()
+        if offset > self._tail:
+            raise WalArgumentError(f"trim offset {offset} beyond the end of the log {self._tail}")
+        if offset <= self._durable_trim:
+            return
+        if offset > self._trim_offset:
+            self._trim_offset = offset
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._header_waiters.append(fut)
+        self._kick()
+        await fut
+
+    # ------------------------------------------------------------------ writer task
+    def _start_writer(self) -> None:
+        self._writer = self._loop.create_task(self._run(), name="wal-writer")
+
+    async def _run(self) -> None:
+        loop = self._loop
+        try:
+            while True:
+                if self._header_waiters:
+                    await self._flush_header(clean=False)
+                    continue
+                if self._pending:
+                    group = self._seal()
+                    if group is not None:
+                        offsets = await loop.run_in_executor(self._pool, self._write_group, group)
+                        self._complete(group, offsets)
+                        continue
+                    if self._config.on_full == "error" or self._closing:
+                        self._fail_pending(
+                            WalCapacityError(
+                                f"WAL full: {self.used_bytes} of {self._layout.area} bytes hold untrimmed records"
+                            )
+                        )
+                        continue
+                elif self._closing:
+                    await self._flush_header(clean=True)
+                    return
+                self._wake = loop.create_future()
+                await self._wake
+                self._wake = None
+        except BaseException as exc:
+            failure = exc if isinstance(exc, WalError) else WalIOError(f"WAL writer died: {exc!r}")
+            self._failure = failure
+            self._fail_all(failure)
+            if not isinstance(exc, (WalError, asyncio.CancelledError)):
+                raise
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        while self._pending:
+            req = self._pending.popleft()
+            self._release_inflight(req.nbytes)
+            if not req.fut.done():
+                req.fut.set_exception(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._fail_pending(exc)
+        for fut in self._header_waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._header_waiters = []
+        while self._admit_waiters:
+            _, fut = self._admit_waiters.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _seal(self) -> _Group | None:
+        """Take queued records into one group at the next aligned offset, or None if the ring is full."""
+        layout = self._layout
+        area = layout.area
+        start = align_up(self._tail, layout.block)
+        room_cycle = area - start % area
+        room_ring = self._flushed_start + area - start
+        first_req = self._pending[0]
+        first_size = first_req.cum[first_req.sealed] - (
+            first_req.cum[first_req.sealed - 1] if first_req.sealed else 0
+        )
+        pad_len = 0
+        if first_size > room_cycle:
+            pad_len = room_cycle
+            start += room_cycle
+            room_cycle = area
+            room_ring -= pad_len
+        limit = min(self._config.batch_max_bytes, room_cycle, room_ring)
+        if first_size > min(room_cycle, room_ring):
+            return None
+        limit = max(limit, first_size)
+        group = _Group()
+        group.first_offset = start
+        group.pad_len = pad_len
+        size = 0
+        pending = self._pending
+        bodies = group.bodies
+        parts = group.parts
+        while pending and size < limit:
+            req = pending[0]
+            i = req.sealed
+            cum = req.cum
+            base = cum[i - 1] if i else 0
+            j = bisect.bisect_right(cum, base + limit - size, lo=i)
+            if j == i:
+                break
+            if j - i == 1 and len(req.bodies) == 1:
+                bodies.append(req.bodies[0])
+            else:
+                bodies.extend(req.bodies[i:j])
+            parts.append((req, j - i))
+            size += cum[j - 1] - base
+            req.sealed = j
+            if j == len(cum):
+                pending.popleft()
+            else:
+                break
+        group.nbytes = size
+        self._tail = start + size
+        self._groups.append((start, self._tail))
+        return group
+
+    def _write_group(self, group: _Group) -> list[int]:
+        """Runs on the I/O thread: pack, checksum, one pwrite, one fdatasync."""
+        layout = self._layout
+        device = self._device
+        if group.pad_len:
+            pad_at = group.first_offset - group.pad_len
+            self._write_padding_sync(
+                pad_at, encode_padding(offset=pad_at, length=group.pad_len, wal_id=self._wal_id)
+            )
+        buf = self._wbuf
+        pack = RECORD_HEADER.pack_into
+        pack_crc = _CRC.pack_into
+        wal_id = self._wal_id
+        span = _RECORD_HEADER_CRC_SPAN
+        off = group.first_offset
+        pos = 0
+        flags = FLAG_FIRST
+        offsets = []
+        with memoryview(buf) as view:
+            for body in group.bodies:
+                n = len(body)
+                pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
+                pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
+                buf[pos + _H : pos + _H + n] = body
+                offsets.append(off)
+                pos += _H + n
+                off += _H + n
+                flags = 0
+            end = align_up(pos, layout.block)
+            if end != pos:
+                buf[pos:end] = self._zeros[: end - pos]
+            device.write(layout.phys(group.first_offset), view[:end])
+        device.sync()
+        self.stats["groups"] += 1
+        self.stats["records"] += len(offsets)
+        self.stats["bytes_written"] += end
+        return offsets
+
+    def _write_padding_sync(self, offset: int, pad: bytes) -> None:
+        block = self._layout.block
+        buf = self._pbuf
+        buf[:block] = self._zeros
+        buf[: len(pad)] = pad
+        with memoryview(buf) as view:
+            self._device.write(self._layout.phys(offset), view[:block])
+        self._device.sync()
+
+    def _complete(self, group: _Group, offsets: list[int]) -> None:
+        k = 0
+        released = 0
+        for req, count in group.parts:
+            if req.many:
+                req.offsets.extend(offsets[k : k + count])
+            k += count
+            req.done += count
+            if req.done == len(req.cum):
+                released += req.nbytes
+                if not req.fut.done():
+                    req.fut.set_result(req.offsets if req.many else offsets[k - 1])
+        if released:
+            self._release_inflight(released)
+
+    async def _flush_header(self, *, clean: bool) -> None:
+        waiters, self._header_waiters = self._header_waiters, []
+        trim = self._trim_offset
+        groups = self._groups
+        while groups and groups[0][1] <= trim:
+            groups.popleft()
+        start = groups[0][0] if groups else align_up(self._tail, self._layout.block)
+        cfg = self._config
+        header = WalHeader(
+            self._seq + 1,
+            self._wal_id,
+            cfg.block_size_bytes,
+            cfg.device_bytes,
+            cfg.node_id,
+            cfg.node_epoch,
+            trim,
+            start,
+            cfg.write_max_bytes,
+            align_up(self._tail, self._layout.block) if clean else NO_CLEAN_END,
+        )
+        await self._loop.run_in_executor(self._pool, self._write_header_sync, header)
+        self._seq += 1
+        self._flushed_start = start
+        self._durable_trim = trim
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _write_header_sync(self, header: WalHeader) -> None:
+        block = self._layout.block
+        buf = self._pbuf
+        buf[:block] = self._zeros
+        data = encode_wal_header(header)
+        buf[: len(data)] = data
+        with memoryview(buf) as view:
+            self._device.write((header.seq % 2) * block, view[:block])
+        self._device.sync()
+        self.stats["headers"] += 1

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import ObjectReaderCache, object_key
 from s3stream.storage.base import MAX_DELETE_BATCH, ObjectStorage
+from wal import BlockWAL, WalConfig
+from wal import errors as walerr
+from wal.config import IO_THREADS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -123,77 +126,64 @@ class PreparedObjectReaper:
 
 
 class BlockWalAdapter:
-    """Adapts ``wal.BlockWAL`` to the engine's :class:`~s3stream.engine.walport.WriteAheadLog`,
+    """Adapts :class:`wal.BlockWAL` to the engine's :class:`~s3stream.engine.walport.WriteAheadLog`,
     translating the WAL's errors to s3stream's kinds (the WAL imports nothing of ours)."""
 
-    def __init__(self, wal: Any, path: str) -> None:
-        self._wal = wal
+    def __init__(self, block_wal: BlockWAL, path: str) -> None:
+        self._wal = block_wal
         self._path = path
 
-    async def _call(self, awaitable: Awaitable[Any]) -> Any:
-        import wal.errors as we
-
-        try:
-            return await awaitable
-        except we.WalCapacityError as exc:
-            raise CapacityError(f"WAL full: {exc}") from exc
-        except we.WalClosedError as exc:
-            raise ClosedError(f"WAL closed: {exc}") from exc
-        except we.WalFencedError as exc:
-            raise FencedError(f"WAL fenced: {exc}") from exc
-        except we.WalLockedError as exc:
-            raise ConflictError(f"WAL {self._path} is open in another process: {exc}") from exc
-        except (we.WalArgumentError, we.InvalidWalConfig) as exc:
-            raise InvalidArgumentError(str(exc)) from exc
-        except we.WalCorruptionError as exc:
-            raise CorruptionError(str(exc), source=self._path) from exc
-        except (we.WalIOError, we.WalStateError, OSError) as exc:
-            raise UnavailableError(f"WAL failed: {exc}") from exc
-
     async def append(self, body: bytes) -> int:
-        return int(await self._call(self._wal.append(body)))
+        with translate_wal_errors(self._path):
+            return await self._wal.append(body)
 
     async def trim(self, offset: int) -> None:
-        await self._call(self._wal.trim(offset))
+        with translate_wal_errors(self._path):
+            await self._wal.trim(offset)
 
     async def recover(self) -> list[tuple[int, bytes]]:
-        result = await self._call(self._wal.recover())
-        return [(int(r[0]), bytes(r[1])) for r in _records_of(result)]
+        with translate_wal_errors(self._path):
+            return [(r.offset, r.data) for r in await self._wal.recover_all()]
 
     async def close(self) -> None:
-        await self._call(self._wal.close())
+        with translate_wal_errors(self._path):
+            await self._wal.close()
 
 
-def _records_of(result: Any) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    for item in result:
-        if isinstance(item, tuple):
-            out.append((int(item[0]), bytes(item[1])))
-        else:
-            out.append((int(item.offset), bytes(item.body)))
-    return out
+@contextlib.contextmanager
+def translate_wal_errors(path: str) -> Iterator[None]:
+    """The one boundary where WAL errors become s3stream errors."""
+    try:
+        yield
+    except walerr.WalCapacityError as exc:
+        raise CapacityError(f"WAL full: {exc}") from exc
+    except walerr.WalClosedError as exc:
+        raise ClosedError(f"WAL closed: {exc}") from exc
+    except walerr.WalFencedError as exc:
+        raise FencedError(f"WAL {path} fenced: {exc}") from exc
+    except walerr.WalLockedError as exc:
+        raise ConflictError(f"data dir in use: WAL {path} is open in another process ({exc})") from exc
+    except (walerr.WalArgumentError, walerr.InvalidWalConfig) as exc:
+        raise InvalidArgumentError(f"WAL {path}: {exc}") from exc
+    except walerr.WalCorruptionError as exc:
+        raise CorruptionError(str(exc), source=path) from exc
+    except (walerr.WalIOError, walerr.WalStateError, OSError) as exc:
+        raise UnavailableError(f"WAL {path} failed: {exc}") from exc
 
 
-async def open_block_wal(path: Path, config: Config) -> WriteAheadLog:
-    import wal as walpkg
-
-    kwargs: dict[str, Any] = {"capacity_bytes": config.wal_capacity_bytes}
-    wal_config = walpkg.WalConfig(**_wal_config_kwargs(walpkg, config, kwargs))
-    adapter = BlockWalAdapter(None, str(path))
-    adapter._wal = await adapter._call(walpkg.BlockWAL.open(str(path), wal_config))
-    return adapter
-
-
-def _wal_config_kwargs(walpkg: Any, config: Config, base: dict[str, Any]) -> dict[str, Any]:
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(walpkg.WalConfig)}
-    wanted = {
-        "capacity_bytes": config.wal_capacity_bytes,
-        "record_max_bytes": config.wal_record_size_max_bytes,
-        "iodepth": config.wal_thread_count,
-    }
-    return {k: v for k, v in {**base, **wanted}.items() if k in names}
+async def open_block_wal(path: Path, config: Config, *, node_epoch: int) -> BlockWalAdapter:
+    """The block WAL file of the embedded default (preallocated by the WAL on creation)."""
+    wal_config = WalConfig(
+        capacity_bytes=config.wal_capacity_bytes,
+        record_max_bytes=config.wal_record_size_max_bytes,
+        node_id=config.node_id,
+        node_epoch=node_epoch,
+        io_threads=min(config.wal_thread_count, IO_THREADS_MAX),
+        on_full="error",
+    )
+    with translate_wal_errors(str(path)):
+        block_wal = await BlockWAL.open(str(path), wal_config)
+    return BlockWalAdapter(block_wal, str(path))
 
 
 async def open_client(
@@ -216,8 +206,9 @@ async def open_client(
     except OSError as exc:
         raise InvalidArgumentError(f"cannot create data dir {root}: {exc}") from exc
     try:
+        epoch = node_epoch if node_epoch is not None else node_epoch_now()
         if wal is None:
-            wal = await open_block_wal(root / "wal", config)
+            wal = await open_block_wal(root / "wal", config, node_epoch=epoch)
         closers.append(wal.close)
         if storage is None:
             storage = await _open_storage(root, bucket_uri)
@@ -227,15 +218,14 @@ async def open_client(
 
             metadata = await SqliteMetadataStore.open(str(root / "metadata.db"))
         closers.append(metadata.close)
-        reader = build_reader(config, metadata, storage)
-        closers.append(reader.close)
+        reader = build_reader(config, metadata, storage)  # closed by the engine
         engine = Engine(
             config,
             wal=wal,
             metadata=metadata,
             storage=storage,
             node_id=NodeId(config.node_id),
-            node_epoch=node_epoch if node_epoch is not None else node_epoch_now(),
+            node_epoch=epoch,
             reader=reader,
             hooks=hooks,
         )

@@ -227,6 +227,8 @@ class Engine:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             self._fail_all(ClosedError("engine closed"))
+            if self.reader is not None:
+                await self.reader.close()
 
     def abandon(self) -> None:
         """Stop every background task and refuse work, uploading nothing and closing nothing: what a

@@ -1,0 +1,440 @@
+"""S3ObjectStorage: the ObjectStorage protocol over S3 (AWS, MinIO, Ceph RGW) through aiobotocore.
+
+Requests: single PutObject up to ``multipart_threshold_bytes`` (32 MiB), multipart above it with
+parts of ``part_size_bytes`` (>= 5 MiB) uploaded concurrently (at most ``part_concurrency_max`` per
+upload); ranged GetObject; HeadObject; DeleteObjects in batches of <= 1000 keys; ListObjectsV2 by
+prefix, ``list_page_size`` keys per page; UploadPartCopy for copied ranges of >= 5 MiB (AutoMQ's
+rules, see :mod:`s3stream.storage.s3upload`); conditional create with ``If-None-Match: *``. At most
+``inflight_requests_max`` requests are on the wire at once; every attempt runs under a timeout.
+
+Retries (:mod:`s3stream.storage.retry`): botocore's own retries are off; ours retry transient
+failures (HTTP 5xx, 408, 429, SlowDown, InternalError, RequestTimeout, timeouts, connection resets,
+truncated bodies) with jittered exponential backoff until ``RetryPolicy.deadline_s`` and never retry
+permanent ones. Errors are translated here, at the boundary:
+
+| S3 / transport                                    | raised                                     |
+|---------------------------------------------------|--------------------------------------------|
+| 404, NoSuchKey, NoSuchBucket, NoSuchUpload        | NotFoundError                              |
+| 412 PreconditionFailed (lost conditional create)  | ConflictError                              |
+| 416, range past the end                           | InvalidArgumentError                       |
+| 403 AccessDenied, bad signature, other 4xx        | InvalidArgumentError (fix the credentials, |
+|   NoCredentials, parameter validation             | bucket policy or configuration: a retry    |
+|                                                   | cannot help, so this is not Unavailable)   |
+| transient, still failing at the deadline          | UnavailableError (``retriable`` = True)    |
+
+The ETag of CompleteMultipartUpload is never used (Ceph 16 returns an empty one). A conditional
+PUT whose retry meets 412 checks whether the stored object is its own (same MD5 ETag): a first
+attempt that succeeded but whose answer was lost is a win, not a conflict.
+
+Credentials: ``access_key``/``secret_key`` of the config (URI), else ``KAFKA_S3_ACCESS_KEY`` /
+``KAFKA_S3_SECRET_KEY`` as AutoMQ, else botocore's chain (``AWS_ACCESS_KEY_ID``..., profiles, IMDS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+import botocore.exceptions
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from s3stream.errors import (
+    ClosedError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
+from s3stream.storage.base import (
+    MAX_DELETE_BATCH,
+    MAX_PART_SIZE_BYTES,
+    MIN_PART_SIZE_BYTES,
+    ObjectInfo,
+    Upload,
+)
+from s3stream.storage.keys import resolve_range, validate_key, validate_prefix, validate_range
+from s3stream.storage.retry import RetryPolicy, call_with_retries
+from s3stream.storage.stats import StorageStats
+
+T = TypeVar("T")
+MiB = 1024 * 1024
+
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "OperationAborted",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+        "RequestLimitExceeded",
+        "ConditionalRequestConflict",
+        "BadDigest",
+        "XAmzContentSHA256Mismatch",
+    }
+)
+"""S3 error codes worth retrying (also used for per-key DeleteObjects errors)."""
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchBucket", "NoSuchUpload"})
+
+ChecksumMode = Literal["when_supported", "when_required"]
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """Everything needed to reach one bucket; built from a bucket URI by :mod:`s3stream.storage.uri`."""
+
+    bucket: str
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    path_style: bool = False
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    prefix: str = ""
+    """Every key lives under this sub-prefix (normalised to end with ``/``)."""
+    checksum_mode: ChecksumMode = "when_supported"
+    """botocore's request_checksum_calculation / response_checksum_validation; ``when_required`` for
+    older servers that reject flexible checksums."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    multipart_threshold_bytes: int = 32 * MiB
+    part_size_bytes: int = 16 * MiB
+    part_concurrency_max: int = 4
+    inflight_requests_max: int = 64
+    list_page_size: int = 1000
+    connect_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.bucket:
+            raise InvalidArgumentError("S3 bucket name is empty")
+        if self.prefix:
+            prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
+            validate_prefix(prefix)
+            object.__setattr__(self, "prefix", prefix)
+        if self.checksum_mode not in ("when_supported", "when_required"):
+            raise InvalidArgumentError(
+                f"checksum mode must be when_supported or when_required: {self.checksum_mode!r}"
+            )
+        if not MIN_PART_SIZE_BYTES <= self.part_size_bytes <= MAX_PART_SIZE_BYTES:
+            raise InvalidArgumentError(f"part size must be in [5 MiB, 5 GiB], got {self.part_size_bytes}")
+        if not 0 <= self.multipart_threshold_bytes <= MAX_PART_SIZE_BYTES:
+            raise InvalidArgumentError(f"multipart threshold out of range: {self.multipart_threshold_bytes}")
+        if min(self.part_concurrency_max, self.inflight_requests_max, self.list_page_size) < 1:
+            raise InvalidArgumentError("concurrency limits and list page size must be >= 1")
+        if self.list_page_size > 1000:
+            raise InvalidArgumentError("list page size must be <= 1000 (S3's maximum)")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise InvalidArgumentError("give both accessKey and secretKey, or neither")
+
+
+def _client_error_details(exc: botocore.exceptions.ClientError) -> tuple[str, int]:
+    error = exc.response.get("Error", {})
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return str(error.get("Code", "")), status
+
+
+def translate_error(exc: Exception, what: str) -> S3StreamError:
+    """Map one botocore/aiohttp/OS exception to our error kind (see the module docstring)."""
+    if isinstance(exc, S3StreamError):
+        return exc
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code, status = _client_error_details(exc)
+        detail = f"{what}: {code or status} (HTTP {status})"
+        if code in NOT_FOUND_CODES or status == 404:
+            return NotFoundError(f"{detail}: not found")
+        if code == "PreconditionFailed" or status == 412:
+            return ConflictError(f"{detail}: precondition failed (object exists)")
+        if code in TRANSIENT_CODES or status in TRANSIENT_STATUSES or status >= 500:
+            return UnavailableError(detail)
+        if code == "InvalidRange" or status == 416:
+            return InvalidArgumentError(f"{detail}: range not satisfiable")
+        if status == 403:
+            return InvalidArgumentError(f"{detail}: access denied; check the credentials and bucket policy")
+        return InvalidArgumentError(detail)
+    if isinstance(exc, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
+        return InvalidArgumentError(f"{what}: no usable S3 credentials ({exc})")
+    if isinstance(exc, (botocore.exceptions.ParamValidationError, botocore.exceptions.InvalidConfigError)):
+        return InvalidArgumentError(f"{what}: {exc}")
+    if isinstance(
+        exc,
+        (
+            TimeoutError,
+            botocore.exceptions.HTTPClientError,
+            botocore.exceptions.ResponseStreamingError,
+            botocore.exceptions.IncompleteReadError,
+            botocore.exceptions.FlexibleChecksumError,
+            aiohttp.ClientError,
+            ConnectionError,
+            OSError,
+        ),
+    ):
+        return UnavailableError(f"{what}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        error = UnavailableError(f"{what}: {type(exc).__name__}: {exc}")
+        error.retriable = False
+        return error
+    raise exc  # a bug, not a storage condition: let it surface unchanged
+
+
+def _etag(raw: object) -> str:
+    return str(raw or "").strip('"')
+
+
+class S3ObjectStorage:
+    """One bucket (and optional prefix) of an S3-compatible store; see the module docstring."""
+
+    def __init__(self, config: S3Config, *, seed: int | None = None) -> None:
+        self.config = config
+        self.stats = StorageStats()
+        self._rng = random.Random(seed)
+        self._inflight = asyncio.Semaphore(config.inflight_requests_max)
+        self._client: Any = None
+        self._client_lock = asyncio.Lock()
+        self._stack = AsyncExitStack()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStorage(bucket={self.config.bucket!r}, prefix={self.config.prefix!r})"
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _client_config(self) -> AioConfig:
+        config = self.config
+        return AioConfig(
+            signature_version="s3v4",
+            s3={"addressing_style": "path" if config.path_style else "auto"},
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=config.connect_timeout_s,
+            read_timeout=config.retry.attempt_timeout_s,
+            max_pool_connections=config.inflight_requests_max,
+            request_checksum_calculation=config.checksum_mode,
+            response_checksum_validation=config.checksum_mode,
+        )
+
+    async def client(self) -> Any:
+        """The aiobotocore client, created on first use (also used by the benchmark's baseline)."""
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        if self._client is None:
+            async with self._client_lock:
+                if self._client is None:
+                    access_key = self.config.access_key or os.environ.get("KAFKA_S3_ACCESS_KEY")
+                    secret_key = self.config.secret_key or os.environ.get("KAFKA_S3_SECRET_KEY")
+                    if (access_key is None) != (secret_key is None):
+                        access_key = secret_key = None
+                    creator = get_session().create_client(
+                        "s3",
+                        endpoint_url=self.config.endpoint,
+                        region_name=self.config.region,
+                        aws_access_key_id=access_key,
+                        aws_secret_access_key=secret_key,
+                        config=self._client_config(),
+                    )
+                    self._client = await self._stack.enter_async_context(creator)
+        return self._client
+
+    def full_key(self, key: str) -> str:
+        return self.config.prefix + validate_key(key)
+
+    async def call(
+        self, op: str, what: str, attempt: Callable[[Any], Awaitable[T]], *, size_bytes: int = 0
+    ) -> T:
+        """Run ``attempt(client)`` with retries, each attempt holding one in-flight slot."""
+        client = await self.client()
+
+        async def one_attempt() -> T:
+            async with self._inflight:
+                return await attempt(client)
+
+        def on_retry(error: S3StreamError) -> None:
+            self.stats.record("retry")
+
+        return await call_with_retries(
+            f"{op} {what}",
+            one_attempt,
+            policy=self.config.retry,
+            classify=lambda exc: translate_error(exc, f"{op} {what}"),
+            rng=self._rng,
+            size_bytes=size_bytes,
+            on_retry=on_retry,
+        )
+
+    # -- ObjectStorage -----------------------------------------------------------------------
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
+        full = self.full_key(key)
+        size = memoryview(data).nbytes
+        if size > self.config.multipart_threshold_bytes and not if_absent:
+            upload = self.upload(key)
+            try:
+                await upload.write(data)
+                await upload.complete()
+            except BaseException:
+                await upload.abort()
+                raise
+            return
+        if size > MAX_PART_SIZE_BYTES:
+            raise InvalidArgumentError(
+                f"conditional put of {key!r}: {size} bytes is above S3's single PUT limit"
+            )
+        body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+        await self.put_body(full, key, body, if_absent=if_absent)
+
+    async def put_body(self, full: str, key: str, body: bytes | bytearray, *, if_absent: bool) -> None:
+        attempts = 0
+        extra = {"IfNoneMatch": "*"} if if_absent else {}
+
+        async def attempt(client: Any) -> None:
+            nonlocal attempts
+            attempts += 1
+            await client.put_object(Bucket=self.config.bucket, Key=full, Body=body, **extra)
+
+        try:
+            await self.call("PUT", repr(key), attempt, size_bytes=len(body))
+        except ConflictError:
+            if attempts < 2 or not await self._holds(full, key, body):
+                raise
+        self.stats.record("put", len(body))
+
+    async def _holds(self, full: str, key: str, body: bytes | bytearray) -> bool:
+        """Whether ``key`` holds exactly ``body`` (an earlier attempt of ours won after all)."""
+        try:
+            info = await self._head(full, key)
+        except NotFoundError:
+            return False
+        return (
+            info.size_bytes == len(body) and info.etag == hashlib.md5(body, usedforsecurity=False).hexdigest()
+        )
+
+    def upload(self, key: str) -> Upload:
+        from s3stream.storage.s3upload import S3Upload
+
+        full = self.full_key(key)
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        return S3Upload(self, key, full)
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        full = self.full_key(key)
+        start, end = validate_range(key, start, end)
+        if end is not None and start == end:
+            return b""
+        extra: dict[str, str] = {}
+        if end is not None:
+            extra["Range"] = f"bytes={start}-{end - 1}"
+        elif start > 0:
+            extra["Range"] = f"bytes={start}-"
+
+        async def attempt(client: Any) -> tuple[bytes, str]:
+            response = await client.get_object(Bucket=self.config.bucket, Key=full, **extra)
+            async with response["Body"] as stream:
+                data: bytes = await stream.read()
+            return data, str(response.get("ContentRange", ""))
+
+        try:
+            data, content_range = await self.call(
+                "GET", repr(key), attempt, size_bytes=0 if end is None else end - start
+            )
+        except InvalidArgumentError:
+            if end is not None or start == 0:
+                raise
+            # "bytes=N-" on an N-byte object is 416 on S3 but an empty read in our contract.
+            size = (await self.head(key)).size_bytes
+            resolve_range(key, start, None, size)
+            return b""
+        if end is not None and len(data) != end - start:
+            total = content_range.rpartition("/")[2]
+            raise InvalidArgumentError(
+                f"read of {key!r}: range [{start}, {end}) lies beyond the object's {total or '?'} bytes"
+            )
+        self.stats.record("get", len(data))
+        return data
+
+    async def _head(self, full: str, key: str) -> ObjectInfo:
+        async def attempt(client: Any) -> ObjectInfo:
+            response = await client.head_object(Bucket=self.config.bucket, Key=full)
+            return ObjectInfo(
+                key,
+                int(response["ContentLength"]),
+                response["LastModified"].timestamp(),
+                _etag(response.get("ETag")),
+            )
+
+        info = await self.call("HEAD", repr(key), attempt)
+        self.stats.record("head")
+        return info
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self._head(self.full_key(key), key)
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        fulls = list(dict.fromkeys(self.full_key(key) for key in keys))
+        batches = [fulls[i : i + MAX_DELETE_BATCH] for i in range(0, len(fulls), MAX_DELETE_BATCH)]
+        await asyncio.gather(*(self._delete_batch(batch) for batch in batches))
+
+    async def _delete_batch(self, batch: list[str]) -> None:
+        pending = batch
+
+        async def attempt(client: Any) -> None:
+            nonlocal pending
+            response = await client.delete_objects(
+                Bucket=self.config.bucket,
+                Delete={"Objects": [{"Key": key} for key in pending], "Quiet": True},
+            )
+            self.stats.record("delete")
+            retry: list[str] = []
+            for error in response.get("Errors", []):
+                code = str(error.get("Code", ""))
+                if code == "NoSuchKey":
+                    continue
+                if code in TRANSIENT_CODES:
+                    retry.append(str(error["Key"]))
+                    continue
+                raise InvalidArgumentError(f"DELETE {error.get('Key')!r}: {code}: {error.get('Message')}")
+            pending = retry
+            if retry:
+                raise UnavailableError(f"DELETE: {len(retry)} keys failed transiently, e.g. {retry[0]!r}")
+
+        await self.call("DELETE", f"{len(batch)} keys", attempt)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        validate_prefix(prefix)
+        full_prefix = self.config.prefix + prefix
+        strip = len(self.config.prefix)
+        token: str | None = None
+        while True:
+            extra = {"ContinuationToken": token} if token else {}
+
+            async def attempt(client: Any, extra: dict[str, str] = extra) -> Any:
+                return await client.list_objects_v2(
+                    Bucket=self.config.bucket, Prefix=full_prefix, MaxKeys=self.config.list_page_size, **extra
+                )
+
+            page = await self.call("LIST", repr(full_prefix), attempt)
+            self.stats.record("list")
+            for item in page.get("Contents", []):
+                yield ObjectInfo(
+                    item["Key"][strip:],
+                    int(item["Size"]),
+                    item["LastModified"].timestamp(),
+                    _etag(item.get("ETag")),
+                )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._stack.aclose()
+            self._client = None

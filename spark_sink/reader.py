@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from s3stream.errors import InvalidArgumentError, NotFoundError, OffsetOutOfRangeError
 from s3stream.facade import SyncClient, SyncStream
-from spark_sink.kafka_codec import decode_batch
+from spark_sink.kafka_codec import KafkaRecord, decode_batch
 from spark_sink.topic import Topic, describe_topic, open_partitions
 
 if TYPE_CHECKING:
@@ -174,3 +174,24 @@ def read_topic(
         return spark.createDataFrame([], READ_DDL)
     payloads = spark.createDataFrame(table)
     return payloads.mapInArrow(decode_payload_batches, READ_DDL)
+
+
+def read_records(
+    source: S3StreamSink | SyncClient,
+    topic: str,
+    ranges: Mapping[int, tuple[int, int]] | None = None,
+) -> dict[int, list[KafkaRecord]]:
+    """The records of ``topic`` per partition, decoded in this process (small volumes: tests, demo)."""
+    table, wanted = fetch_payloads(source, topic, ranges)
+    out: dict[int, list[KafkaRecord]] = {r.partition: [] for r in wanted}
+    bounds = {r.partition: (r.start_offset, r.end_offset) for r in wanted}
+    for row in table.to_pylist():
+        part = row["partition"]
+        lo, hi = bounds[part]
+        decoded, _ = decode_batch(
+            row["payload"],
+            source=f"stream {row['stream_id']} offset {row['base_offset']}",
+            base_offset=row["base_offset"],
+        )
+        out[part].extend(r for r in decoded.records() if lo <= r.offset < hi)
+    return out

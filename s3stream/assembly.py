@@ -106,7 +106,7 @@ class PreparedObjectReaper:
         now_ms = self.clock_ms()
         await self.metadata.expire_prepared(now_ms=now_ms)
         doomed = await self.metadata.destroyable_objects(
-            marked_before_ms=now_ms - self.retention_ms, limit=MAX_DELETE_BATCH
+            marked_before_ms=now_ms - self.retention_ms + 1, limit=MAX_DELETE_BATCH
         )
         if not doomed:
             return []

@@ -1,0 +1,97 @@
+"""Crash-test producer: appends to the embedded engine and prints every acknowledgement, until killed.
+
+Usage: python -m tests.crash.engine_producer DATA_DIR STREAMS RUN SEED [KILL_AT KILL_COUNT]
+
+Prints ``READY`` once open, then one line ``ACK <stream_id> <base_offset> <count>`` per acknowledged
+append (flushed before the next append). ``KILL_AT`` is ``before_upload``, ``before_commit`` or
+``after_commit``: the process SIGKILLs itself the ``KILL_COUNT``-th time it reaches that point, so
+the test controls exactly where the crash happens. Streams are created on the first run and their
+ids kept in the KV store; run ``RUN`` opens them with epoch ``2 * RUN`` (each run fences the last).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+
+from s3stream import RecordBatch
+from s3stream.assembly import open_client
+from s3stream.config import Config
+from s3stream.engine.core import TestHooks
+
+CONFIG = Config(
+    wal_capacity_bytes=8 << 20,
+    wal_record_size_max_bytes=1 << 20,
+    record_size_max_bytes=256 << 10,
+    wal_cache_size_bytes=4 << 20,
+    wal_upload_threshold_bytes=64 << 10,
+    wal_upload_interval_ms=100,
+    upload_retry_backoff_ms=10,
+    upload_retry_backoff_max_ms=100,
+    object_prepared_ttl_ms=1500,
+    object_delete_retention_minutes=0,
+    stream_object_split_size_bytes=48 << 10,
+)
+
+
+def payload(stream_id: int, base: int, count: int, size: int) -> bytes:
+    """Deterministic, self-describing payload: the verifier recomputes it from the offsets."""
+    head = f"{stream_id}/{base}/{count}/".encode()
+    return (head * (size // len(head) + 1))[:size]
+
+
+class KillHooks(TestHooks):
+    def __init__(self, kill_at: str, kill_count: int) -> None:
+        self.kill_at = kill_at
+        self.remaining = kill_count
+
+    async def _point(self, name: str) -> None:
+        if name == self.kill_at:
+            self.remaining -= 1
+            if self.remaining <= 0:
+                print(f"KILL {name}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    async def before_upload(self) -> None:
+        await self._point("before_upload")
+
+    async def before_commit(self) -> None:
+        await self._point("before_commit")
+
+    async def after_commit(self) -> None:
+        await self._point("after_commit")
+
+
+async def main(argv: list[str]) -> None:
+    data_dir, streams_count, run, seed = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    hooks = KillHooks(argv[4], int(argv[5])) if len(argv) > 5 else None
+    rng = random.Random(seed)
+    client = await open_client(data_dir, config=CONFIG, hooks=hooks)
+    ids_blob = await client.kv.get("crash/streams")
+    if ids_blob is None:
+        ids = [await client.streams.create_stream() for _ in range(streams_count)]
+        await client.kv.put("crash/streams", ",".join(map(str, ids)).encode())
+    else:
+        ids = [int(x) for x in ids_blob.decode().split(",")]  # type: ignore[misc]
+    streams = [await client.streams.open_stream(i, epoch=2 * run) for i in ids]  # type: ignore[arg-type]
+    print("READY", flush=True)
+
+    async def producer(stream_index: int) -> None:
+        stream = streams[stream_index]
+        while True:
+            count = rng.randint(1, 4)
+            size = rng.choice([100, 1000, 8000, 30000])
+            base = stream.next_offset
+            got = await stream.append(RecordBatch(payload(stream.stream_id, base, count, size), count))
+            assert got == base
+            sys.stdout.write(f"ACK {stream.stream_id} {base} {count}\n")
+            sys.stdout.flush()
+
+    await asyncio.gather(*(producer(i) for i in range(len(streams))))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

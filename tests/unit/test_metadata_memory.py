@@ -1,0 +1,18 @@
+"""The MetadataStore contract on the in-memory twin."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from s3stream.metadata.memory import MemoryMetadataStore
+from tests.metadata_contract import FakeClock, MetadataContract
+
+
+class TestMemoryMetadataStore(MetadataContract):
+    @pytest.fixture
+    async def store(self, clock: FakeClock) -> AsyncIterator[MemoryMetadataStore]:
+        store = MemoryMetadataStore(clock_ms=clock)
+        yield store
+        await store.close()

@@ -1,0 +1,249 @@
+"""The MetadataStore contract on SQLite, plus what only a file can show: durability, migrations,
+damage, locking, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from s3stream.errors import (
+    ConflictError,
+    CorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
+from s3stream.ids import NodeId, StreamId
+from s3stream.metadata import sqlite_schema
+from s3stream.metadata.base import ObjectState, StreamState
+from s3stream.metadata.sqlite import SqliteMetadataStore
+from tests.metadata_contract import (
+    EPOCH,
+    N1,
+    TTL_MS,
+    FakeClock,
+    MetadataContract,
+    node,
+    opened,
+    snapshot,
+    upload,
+)
+
+
+class TestSqliteMetadataStore(MetadataContract):
+    @pytest.fixture
+    async def store(self, clock: FakeClock, tmp_path: Path) -> AsyncIterator[SqliteMetadataStore]:
+        store = await SqliteMetadataStore.open(tmp_path / "meta.db", clock_ms=clock)
+        yield store
+        await store.close()
+
+
+async def _populated(path: Path, clock: FakeClock) -> SqliteMetadataStore:
+    store = await SqliteMetadataStore.open(path, clock_ms=clock)
+    await node(store)
+    sid = await opened(store)
+    await upload(store, N1, [(sid, 0, 10)], [(sid, 10, 20)])
+    await store.prepare_objects(count=2, ttl_ms=TTL_MS)
+    await store.kv_put("a", b"value")
+    return store
+
+
+async def test_state_survives_close_and_reopen(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = await _populated(tmp_path / "m.db", clock)
+    before = await snapshot(store)
+    await store.close()
+    reopened = await SqliteMetadataStore.open(tmp_path / "m.db", clock_ms=clock)
+    try:
+        assert await snapshot(reopened) == before
+        assert await reopened.create_stream(node_id=N1, node_epoch=EPOCH) == 1  # the id counter survived
+        assert await reopened.prepare_objects(count=1, ttl_ms=TTL_MS) == 4
+    finally:
+        await reopened.close()
+
+
+async def test_connection_settings(tmp_path: Path) -> None:
+    store = await SqliteMetadataStore.open(tmp_path / "m.db")
+    try:
+        pragmas = await store._worker.submit(
+            lambda c: [
+                c.execute(f"PRAGMA {p}").fetchone()[0]
+                for p in ("journal_mode", "synchronous", "foreign_keys")
+            ],
+            write=False,
+        )
+        assert pragmas == ["wal", 2, 1]
+        assert await store.schema_version() == sqlite_schema.LATEST_VERSION
+    finally:
+        await store.close()
+
+
+async def test_an_old_version_database_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert sqlite_schema.migrate(conn, target_version=1) == 0
+    conn.execute("INSERT INTO nodes VALUES (1, 7)")
+    conn.execute('INSERT INTO streams VALUES (0, 0, 1, 0, 10, \'{"topic":"t"}\')')
+    conn.execute("INSERT INTO ranges VALUES (0, 0, 0, 0, 10, 1)")
+    conn.execute("INSERT INTO counters VALUES ('next_stream_id', 1)")
+    conn.close()
+    store = await SqliteMetadataStore.open(path)
+    try:
+        assert await store.schema_version() == 2
+        stream = await store.describe_stream(StreamId(0))
+        assert (stream.state, stream.end_offset, dict(stream.tags)) == (
+            StreamState.OPENED,
+            10,
+            {"topic": "t"},
+        )
+        assert await store.kv_put("k", b"v") == b"v"  # the table version 2 added
+        assert [s.stream_id for s in await store.register_node(node_id=NodeId(1), node_epoch=7)] == [0]
+    finally:
+        await store.close()
+
+
+async def test_a_newer_schema_refuses_to_open_and_stays_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    await (await SqliteMetadataStore.open(path)).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE schema_version SET version = 99")
+    conn.close()
+    data = path.read_bytes()
+    with pytest.raises(ConflictError, match="newer"):
+        await SqliteMetadataStore.open(path)
+    assert path.read_bytes() == data
+
+
+async def test_a_file_that_is_not_a_database_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not sqlite" * 300)
+    with pytest.raises(CorruptionError) as info:
+        await SqliteMetadataStore.open(path)
+    assert info.value.source == str(path)
+
+
+async def test_a_damaged_page_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = await _populated(path, FakeClock())
+    for i in range(200):
+        await store.kv_put(f"key-{i}", bytes(200))
+    await store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    raw = bytearray(path.read_bytes())
+    page_size = int.from_bytes(raw[16:18], "big")
+    assert len(raw) >= 4 * page_size
+    for i in range(page_size + 8, 3 * page_size, 7):  # scribble over pages 2 and 3 (past their headers)
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptionError):
+        await SqliteMetadataStore.open(path)
+
+
+async def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE something (x)")
+    conn.close()
+    with pytest.raises(InvalidArgumentError, match="not an s3stream"):
+        await SqliteMetadataStore.open(path)
+
+
+async def test_bad_stored_values_are_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = await _populated(path, FakeClock())
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE objects SET state = 9 WHERE object_id = 0")
+    conn.execute("UPDATE streams SET tags = '[1, 2]'")
+    conn.close()
+    try:
+        with pytest.raises(CorruptionError, match="ObjectState"):
+            await store.get_object(0)  # type: ignore[arg-type]
+        with pytest.raises(CorruptionError, match="tags"):
+            await store.list_streams()
+        assert await store.kv_get("a") == b"value"  # the store stays usable
+    finally:
+        await store.close()
+
+
+async def test_a_lock_held_too_long_is_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = await SqliteMetadataStore.open(path, busy_timeout_ms=100)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(UnavailableError) as info:
+            await store.kv_put("a", b"1")
+        assert info.value.retriable
+        assert await store.kv_get("a") is None  # reads still work beside a writer
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    try:
+        assert await store.kv_put("a", b"1") == b"1"
+    finally:
+        await store.close()
+
+
+async def test_a_lock_released_within_the_timeout_is_waited_for(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = await SqliteMetadataStore.open(path, busy_timeout_ms=5_000)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    timer = threading.Timer(0.2, lambda: holder.execute("ROLLBACK"))
+    timer.start()
+    try:
+        assert await store.kv_put("a", b"1") == b"1"
+    finally:
+        timer.join()
+        holder.close()
+        await store.close()
+
+
+async def test_concurrent_operations_commit_or_fail_one_by_one(tmp_path: Path) -> None:
+    store = await SqliteMetadataStore.open(tmp_path / "m.db")
+    try:
+        await node(store)
+        results = await asyncio.gather(
+            *[store.create_stream(node_id=N1, node_epoch=EPOCH) for _ in range(100)],
+            *[
+                store.open_stream(node_id=N1, node_epoch=EPOCH, stream_id=StreamId(500 + i), epoch=0)
+                for i in range(20)
+            ],
+            *[store.kv_put(f"k{i}", b"v") for i in range(50)],
+            return_exceptions=True,
+        )
+        assert sorted(r for r in results[:100] if isinstance(r, int)) == list(range(100))
+        assert all(isinstance(r, NotFoundError) for r in results[100:120])
+        assert results[120:] == [b"v"] * 50
+        assert len(await store.list_streams()) == 100
+    finally:
+        await store.close()
+
+
+async def test_open_needs_a_file_path(tmp_path: Path) -> None:
+    for bad in (":memory:", "", "file:x?mode=memory"):
+        with pytest.raises(InvalidArgumentError):
+            await SqliteMetadataStore.open(bad)
+
+
+async def test_two_stores_on_one_file_see_each_others_commits(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    a = await SqliteMetadataStore.open(path)
+    b = await SqliteMetadataStore.open(path)
+    try:
+        await node(a)
+        sid = await opened(a)
+        await upload(a, N1, [(sid, 0, 10)])
+        assert (await b.describe_stream(sid)).end_offset == 10
+        objects = await b.list_objects([ObjectState.COMMITTED])
+        assert len(objects) == 1
+    finally:
+        await a.close()
+        await b.close()

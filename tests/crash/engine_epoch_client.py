@@ -1,0 +1,46 @@
+"""One node of the cross-process fencing test: its own WAL, a shared SQLite metadata file and bucket.
+
+Usage: python -m tests.crash.engine_epoch_client WAL_DIR SHARED_DIR NODE_ID STREAM_ID EPOCH ACTION
+ACTION: ``append-close`` (open, append one batch, close), ``append-hold`` (open, append, print HELD,
+wait for stdin to close, then append again). Prints ``OK <offset>`` or ``ERR <ErrorKind>`` lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from s3stream import RecordBatch, S3StreamError
+from s3stream.assembly import open_client
+from s3stream.config import Config
+from s3stream.metadata.sqlite import SqliteMetadataStore
+from s3stream.storage.local import LocalObjectStorage
+
+CONFIG = Config(wal_capacity_bytes=4 << 20, wal_record_size_max_bytes=1 << 20, record_size_max_bytes=1 << 20)
+
+
+async def main(argv: list[str]) -> None:
+    wal_dir, shared = Path(argv[0]), Path(argv[1])
+    node_id, stream_id, epoch, action = int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+    metadata = await SqliteMetadataStore.open(str(shared / "metadata.db"))
+    storage = LocalObjectStorage(str(shared / "objects"))
+    client = await open_client(
+        wal_dir, config=CONFIG.replace(node_id=node_id), metadata=metadata, storage=storage
+    )
+    try:
+        stream = await client.streams.open_stream(stream_id, epoch=epoch)  # type: ignore[arg-type]
+        print("OK", await stream.append(RecordBatch(f"node{node_id}".encode())), flush=True)
+        if action == "append-hold":
+            print("HELD", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+            print("OK", await stream.append(RecordBatch(b"late")), flush=True)
+        await stream.close()
+    except S3StreamError as exc:
+        print("ERR", type(exc).__name__, flush=True)
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

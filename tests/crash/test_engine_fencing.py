@@ -1,0 +1,60 @@
+"""Two processes (nodes 1 and 2, own WALs) on one SQLite metadata file and one bucket: epochs fence."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from s3stream.metadata.sqlite import SqliteMetadataStore
+
+pytestmark = pytest.mark.crash
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def node(tmp: Path, node_id: int, stream_id: int, epoch: int, action: str = "append-close") -> list[str]:
+    args = [sys.executable, "-m", "tests.crash.engine_epoch_client", str(tmp / f"node{node_id}"), str(tmp),
+            str(node_id), str(stream_id), str(epoch), action]  # fmt: skip
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split("\n")[:-1]
+
+
+async def create_stream(tmp: Path) -> int:
+    metadata = await SqliteMetadataStore.open(str(tmp / "metadata.db"))
+    try:
+        await metadata.register_node(node_id=0, node_epoch=1)  # type: ignore[arg-type]
+        return int(await metadata.create_stream(node_id=0, node_epoch=1))  # type: ignore[arg-type]
+    finally:
+        await metadata.close()
+
+
+def test_a_newer_epoch_in_another_process_fences_the_older_one(tmp_path: Path) -> None:
+    stream_id = asyncio.run(create_stream(tmp_path))
+    assert node(tmp_path, 1, stream_id, epoch=1) == ["OK 0"]
+    assert node(tmp_path, 2, stream_id, epoch=2) == ["OK 1"]
+    # Node 1 comes back with its old epoch: fenced, in its own process.
+    assert node(tmp_path, 1, stream_id, epoch=1) == ["ERR FencedError"]
+    # Node 1 with a newer epoch takes the stream back and continues after node 2's data.
+    assert node(tmp_path, 1, stream_id, epoch=3) == ["OK 2"]
+
+
+def test_a_stream_held_open_by_one_process_cannot_be_opened_by_another(tmp_path: Path) -> None:
+    stream_id = asyncio.run(create_stream(tmp_path))
+    args = [sys.executable, "-m", "tests.crash.engine_epoch_client", str(tmp_path / "node1"), str(tmp_path),
+            "1", str(stream_id), "1", "append-hold"]  # fmt: skip
+    holder = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    assert holder.stdout.readline().strip() == "OK 0"
+    assert holder.stdout.readline().strip() == "HELD"
+    # AutoMQ's STREAM_NOT_CLOSED: the previous owner must close first.
+    assert node(tmp_path, 2, stream_id, epoch=2) == ["ERR ConflictError"]
+    assert node(tmp_path, 2, stream_id, epoch=0) == ["ERR FencedError"]
+    holder.stdin.close()
+    assert holder.stdout.read().split("\n")[:-1] == ["OK 1"]
+    assert holder.wait(timeout=30) == 0
+    assert node(tmp_path, 2, stream_id, epoch=2) == ["OK 2"]

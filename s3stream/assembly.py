@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
@@ -253,11 +252,4 @@ async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:
         return LocalObjectStorage(str(root / "objects"))
     from s3stream.storage.uri import open_storage
 
-    storage: ObjectStorage = await _maybe_await(open_storage(bucket_uri))
-    return storage
-
-
-async def _maybe_await(value: Any) -> Any:
-    if asyncio.iscoroutine(value):
-        return await value
-    return value
+    return open_storage(bucket_uri)

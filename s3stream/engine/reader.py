@@ -28,7 +28,9 @@ Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -58,10 +60,14 @@ READ_RETRY_MAX = 2
 """Retries of a read whose objects were replaced under it."""
 MERGED_GET_MAX_BYTES = 4 * MiB
 """Largest span of consecutive blocks fetched by one GET (AutoMQ's MAX_MERGE_READ_SIZE)."""
+READAHEAD_TASKS_MAX = 2
+"""Readahead loads in flight per reader state (each of at most the readahead size)."""
 STATE_COUNT_MAX = 1024
 STATE_IDLE_S = 60.0
 """Reader states unused this long are dropped (AutoMQ: 1 min)."""
 _UNBOUNDED = (1 << 63) - 1
+_BASE_OFFSET = operator.attrgetter("base_offset")
+_COUNT = operator.attrgetter("count")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +209,7 @@ class _ReadState:
     """Blocks in offset order, each continuing the previous one."""
     held: set[BlockKey] = field(default_factory=set)
     readahead_end_offset: int = 0
-    readahead_task: asyncio.Task[None] | None = None
+    readahead_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     paused_until_s: float = 0.0
     evicted_seen: int = 0
     last_used_s: float = 0.0
@@ -306,7 +312,7 @@ class ObjectStreamReader:
         self._states.clear()
         for state in states:
             self._drop_state(state)
-        tasks = [s.readahead_task for s in states if s.readahead_task is not None]
+        tasks = [t for s in states for t in s.readahead_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -328,24 +334,42 @@ class ObjectStreamReader:
             done = False
             read_keys: list[BlockKey] = []
             for ref, block in zip(refs, blocks.values, strict=True):
-                for record in block.records:
-                    if record.end_offset <= next_offset and not out:
-                        continue
-                    if record.base_offset >= end_offset or (out and budget <= 0):
+                records = block.records
+                entry = ref.entry
+                if (
+                    next_offset == entry.start_offset
+                    and entry.end_offset <= end_offset
+                    and budget > entry.payload_bytes
+                    and sum(map(_COUNT, records)) == entry.end_offset - entry.start_offset
+                ):
+                    # Whole block: the codec checked its records ascend without overlap from the
+                    # entry's start to its end, so counts summing to the span mean no gap either.
+                    out.extend(records)
+                    next_offset = entry.end_offset
+                    budget -= entry.payload_bytes
+                    read_keys.append(ref.cache_key)
+                    continue
+                n = len(records)
+                i = max(0, bisect.bisect_right(records, next_offset, key=_BASE_OFFSET) - 1)
+                if not out and i < n and records[i].base_offset + records[i].count <= start_offset:
+                    i += 1  # ends before the start: the start lies in a later record or block
+                while i < n:
+                    record = records[i]
+                    base = record.base_offset
+                    if base >= end_offset or (out and budget <= 0):
                         done = True
                         break
-                    if (out and record.base_offset != next_offset) or (
-                        not out and not record.base_offset <= start_offset < record.end_offset
-                    ):
+                    if base != next_offset if out else base > start_offset:
                         raise CorruptionError(
-                            f"stream {state.stream_id}: batch [{record.base_offset}, {record.end_offset}) "
-                            f"where offset {next_offset} was expected",
+                            f"stream {state.stream_id}: batch [{base}, {base + record.count}) where offset "
+                            f"{next_offset} was expected",
                             source=ref.key,
                             position=ref.entry.start_position,
                         )
                     out.append(record)
-                    next_offset = record.end_offset
+                    next_offset = base + record.count
                     budget -= len(record.payload)
+                    i += 1
                 if next_offset >= ref.entry.end_offset:
                     read_keys.append(ref.cache_key)
                 if done:
@@ -371,23 +395,28 @@ class ObjectStreamReader:
         """Window blocks from the one holding ``next_offset`` until ``end_offset`` is covered or
         their estimated payload reaches ``budget`` (the first block counts only if it starts there)."""
         async with state.lock:
-            if state.window and state.window[0].entry.start_offset > next_offset:
-                await self._reset_window_locked(state)
-            refs: list[_BlockRef] = []
-            estimate = 0
-            i = 0
-            while True:
-                if i == len(state.window) and not await self._extend(state, next_offset, end_offset):
-                    return refs
-                ref = state.window[i]
-                i += 1
-                if ref.entry.end_offset <= next_offset:
-                    continue
-                refs.append(ref)
-                if ref.entry.start_offset >= next_offset:
-                    estimate += ref.entry.payload_bytes
-                if ref.entry.end_offset >= end_offset or estimate >= budget:
-                    return refs
+            return await self._blocks_for_locked(state, next_offset, end_offset, budget)
+
+    async def _blocks_for_locked(
+        self, state: _ReadState, next_offset: int, end_offset: int, budget: int
+    ) -> list[_BlockRef]:
+        if state.window and state.window[0].entry.start_offset > next_offset:
+            await self._reset_window_locked(state)
+        refs: list[_BlockRef] = []
+        estimate = 0
+        i = 0
+        while True:
+            if i == len(state.window) and not await self._extend(state, next_offset, end_offset):
+                return refs
+            ref = state.window[i]
+            i += 1
+            if ref.entry.end_offset <= next_offset:
+                continue
+            refs.append(ref)
+            if ref.entry.start_offset >= next_offset:
+                estimate += ref.entry.payload_bytes
+            if ref.entry.end_offset >= end_offset or estimate >= budget:
+                return refs
 
     async def _extend(self, state: _ReadState, next_offset: int, end_offset: int) -> bool:
         """Append the blocks of the next objects to the window; False at the end of the stream's objects."""
@@ -512,7 +541,8 @@ class ObjectStreamReader:
             state.readahead_bytes = min(
                 settings.max_bytes, state.readahead_bytes + settings.step_bytes * miss_count
             )
-        if state.readahead_task is not None and not state.readahead_task.done():
+        state.readahead_tasks = {t for t in state.readahead_tasks if not t.done()}
+        if len(state.readahead_tasks) >= READAHEAD_TASKS_MAX:
             return
         if self._cache.free_bytes < state.readahead_bytes + settings.free_guard_bytes:
             return
@@ -524,20 +554,24 @@ class ObjectStreamReader:
         if ahead >= state.readahead_bytes // 2:
             return
         self._readahead_count += 1
-        state.readahead_task = asyncio.create_task(
-            self._run_readahead(state, state.readahead_bytes - ahead), name=f"readahead-{state.stream_id}"
+        state.readahead_tasks.add(
+            asyncio.create_task(
+                self._run_readahead(state, state.readahead_bytes - ahead), name=f"readahead-{state.stream_id}"
+            )
         )
 
     async def _run_readahead(self, state: _ReadState, size_bytes: int) -> None:
         """Load blocks from the readahead mark (or the consumer's position) for ``size_bytes``."""
         with contextlib.suppress(_ObjectGoneError, S3StreamError):
             # Best effort: the consumer's own read meets and reports the same errors.
-            start = max(state.next_offset, state.readahead_end_offset)
-            refs = await self._blocks_for(state, start, _UNBOUNDED, size_bytes)
-            refs = [r for r in refs if r.entry.start_offset >= start]
+            async with state.lock:  # plan under the lock so concurrent readaheads take disjoint blocks
+                start = max(state.next_offset, state.readahead_end_offset)
+                refs = await self._blocks_for_locked(state, start, _UNBOUNDED, size_bytes)
+                refs = [r for r in refs if r.entry.start_offset >= start]
+                if refs:
+                    state.readahead_end_offset = refs[-1].entry.end_offset
             if refs:
                 await self._get_blocks(state, refs)
-                state.readahead_end_offset = max(state.readahead_end_offset, refs[-1].entry.end_offset)
 
     # -- reader states ----------------------------------------------------------------------
     def _take_state(self, stream_id: StreamId, start_offset: int) -> _ReadState:
@@ -563,8 +597,8 @@ class ObjectStreamReader:
 
     def _drop_state(self, state: _ReadState) -> None:
         self._active.discard(state)
-        if state.readahead_task is not None:
-            state.readahead_task.cancel()
+        for task in state.readahead_tasks:
+            task.cancel()
         self._cache.release(list(state.held), read=False)
         state.held.clear()
         state.window.clear()

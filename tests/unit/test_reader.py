@@ -296,3 +296,22 @@ async def test_readahead_pauses_after_an_unread_block_is_evicted(env: Env) -> No
     assert state.readahead_bytes == settings.initial_bytes
     assert state.paused_until_s > 0
     assert reader.stats().readahead_count == 1  # paused: no new readahead
+
+
+async def test_gap_inside_a_block_is_corruption(env: Env) -> None:
+    s = await env.stream()
+    gapped = [StreamRecordBatch(s, 0, 0, 2, b"a" * 10), StreamRecordBatch(s, 0, 3, 2, b"b" * 10)]
+    object_id = await env.write_object(gapped)  # one block [0, 5) whose records skip offset 2
+    with pytest.raises(CorruptionError, match="where offset 2 was expected") as info:
+        await env.reader().read(s, 0, 5, 1 << 20)
+    assert info.value.source == object_key(object_id, NS)
+
+
+async def test_gap_between_blocks_is_corruption(env: Env) -> None:
+    s = await env.stream()
+    first = make_batches(s, 0, 10, size=100)  # several blocks ending at offset 20
+    second = make_batches(s, 25, 10, size=100)  # the next block starts at 25
+    await env.write_object(first + second)
+    reader = env.reader()
+    with pytest.raises(CorruptionError):
+        await reader.read(s, 0, 45, 1 << 20)

@@ -1,0 +1,247 @@
+"""Workload ``read``: catch-up read of cold data from object storage vs raw ranged GETs of the same bytes.
+
+One stream's data (plus a little of another stream, interleaved as in a StreamSet object) is written
+into objects of ``object_mib`` MiB with the engine's default block size, and committed to metadata.
+Then, for 1 KiB and 64 KiB records:
+
+- **engine**: a fresh :class:`~s3stream.engine.reader.ObjectStreamReader` (empty block cache and
+  index cache, default readahead) reads the stream from offset 0 to its end the way a catching-up
+  consumer does: ``read(offset, end, max_bytes=1 MiB)`` in a loop. Everything is timed: tail
+  (index) reads, block GETs, CRC checks, decoding into record batches.
+- **baseline**: the same byte ranges (each object's span of this stream's data blocks) fetched with
+  plain ranged GETs, 4 MiB per GET (AutoMQ's merged-read size), ``baseline_inflight`` GETs at a time
+  (aiobotocore straight to the bucket on S3; the local store's ``get`` otherwise). No decoding.
+
+Rounds alternate engine and baseline; each side's best round is reported. Figures are MB/s of the
+stream's block bytes (what both sides move); ratio = engine / baseline (goal >= 0.7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.core import Context, Result
+from benchmarks.measure import CountingStorage, RequestCounter
+from s3stream.config import Config
+from s3stream.engine.blockcache import BlockCache
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.ids import NodeId, StreamId
+from s3stream.metadata.base import CommitStreamSetObjectRequest
+from s3stream.metadata.memory import MemoryMetadataStore
+from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
+from s3stream.record import StreamRecordBatch
+from s3stream.storage.base import ObjectStorage
+
+MiB = 1 << 20
+KiB = 1 << 10
+NS = "bench"
+NODE = NodeId(0)
+FETCH_MAX_BYTES = 1 * MiB
+BASELINE_GET_BYTES = 4 * MiB
+
+
+@dataclass(frozen=True)
+class Span:
+    """One object's bytes of the stream: ``[start, end)`` of ``key``."""
+
+    key: str
+    start: int
+    end: int
+
+
+async def _write_objects(
+    storage: ObjectStorage,
+    metadata: MemoryMetadataStore,
+    config: Config,
+    *,
+    stream_id: StreamId,
+    other_id: StreamId,
+    record_bytes: int,
+    total_bytes: int,
+    object_bytes: int,
+) -> tuple[int, list[Span]]:
+    """Write the stream's data; returns its end offset and each object's span of its blocks."""
+    pool = os.urandom(record_bytes + 4096)
+    offset = 0
+    other_offset = 0
+    spans: list[Span] = []
+    written_bytes = 0
+    while written_bytes < total_bytes:
+        batches = []
+        size = 0
+        while size < object_bytes and written_bytes + size < total_bytes:
+            start = offset % 4096
+            batches.append(StreamRecordBatch(stream_id, 0, offset, 1, pool[start : start + record_bytes]))
+            offset += 1
+            size += record_bytes
+        other = [StreamRecordBatch(other_id, 0, other_offset + i, 1, pool[:1000]) for i in range(16)]
+        other_offset += len(other)
+        object_id = await metadata.prepare_objects(count=1, ttl_ms=3_600_000)
+        key = object_key(object_id, NS)
+        writer = ObjectWriter(
+            storage.upload(key),
+            block_size_bytes=config.object_block_size_bytes,
+            part_size_bytes=config.object_part_size_bytes,
+        )
+        ordered = batches + other if other_id > stream_id else other + batches
+        await writer.write(ordered)
+        written = await writer.close()
+        await metadata.commit_stream_set_object(
+            CommitStreamSetObjectRequest(
+                node_id=NODE,
+                node_epoch=1,
+                object_id=object_id,
+                order_id=object_id,
+                object_size_bytes=written.size_bytes,
+                stream_ranges=written.stream_ranges,
+            )
+        )
+        mine = [e for e in written.index if e.stream_id == stream_id]
+        spans.append(Span(key, mine[0].start_position, mine[-1].end_position))
+        written_bytes += size
+    return offset, spans
+
+
+async def _engine_round(
+    storage: ObjectStorage, metadata: MemoryMetadataStore, config: Config, stream_id: StreamId, end: int
+) -> tuple[float, int, dict[str, Any]]:
+    counter = RequestCounter()
+    counted = CountingStorage(storage, counter)
+    reader = ObjectStreamReader(
+        metadata,
+        counted,
+        namespace=NS,
+        block_cache=BlockCache[DataBlock](config.block_cache_size_bytes),
+        reader_cache=ObjectReaderCache(counted),
+    )
+    payload_bytes = 0
+    started = time.perf_counter()
+    try:
+        offset = 0
+        while offset < end:
+            batches = await reader.read(stream_id, offset, end, FETCH_MAX_BYTES)
+            if not batches:
+                raise AssertionError(f"read stopped at offset {offset} of {end}")
+            payload_bytes += sum(len(b.payload) for b in batches)
+            offset = batches[-1].end_offset
+        elapsed = time.perf_counter() - started
+    finally:
+        stats = reader.stats()
+        await reader.close()
+    extra = {
+        "gets": counter.by_operation.get("GetObject", 0),
+        "bytes_fetched": counter.bytes_read,
+        "readaheads": stats.readahead_count,
+        "block_hits": stats.block_hit_count,
+        "block_misses": stats.block_miss_count,
+        "payload_bytes": payload_bytes,
+    }
+    return elapsed, payload_bytes, extra
+
+
+async def _baseline_round(ctx: Context, storage: ObjectStorage, spans: list[Span], inflight: int) -> float:
+    ranges = [
+        (s.key, a, min(a + BASELINE_GET_BYTES, s.end))
+        for s in spans
+        for a in range(s.start, s.end, BASELINE_GET_BYTES)
+    ]
+    gate = asyncio.Semaphore(inflight)
+    if ctx.s3 is None:
+
+        async def get(key: str, start: int, end: int) -> int:
+            async with gate:
+                return len(await storage.get(key, start, end))
+
+        started = time.perf_counter()
+        sizes = await asyncio.gather(*(get(*r) for r in ranges))
+        elapsed = time.perf_counter() - started
+    else:
+        from aiobotocore.session import get_session
+
+        prefix = ctx.key_prefix("read")
+        bucket = ctx.s3.bucket
+        async with get_session().create_client("s3", **ctx.s3.client_kwargs()) as client:
+
+            async def get(key: str, start: int, end: int) -> int:
+                async with gate:
+                    response = await client.get_object(
+                        Bucket=bucket, Key=prefix + key, Range=f"bytes={start}-{end - 1}"
+                    )
+                    async with response["Body"] as body:
+                        return len(await body.read())
+
+            started = time.perf_counter()
+            sizes = await asyncio.gather(*(get(*r) for r in ranges))
+            elapsed = time.perf_counter() - started
+    expected = sum(s.end - s.start for s in spans)
+    if sum(sizes) != expected:
+        raise AssertionError(f"baseline read {sum(sizes)} bytes, expected {expected}")
+    return elapsed
+
+
+async def run(ctx: Context) -> list[Result]:
+    config = Config()
+    total_bytes = ctx.param("total_mib", ctx.scale(quick=16, full=128)) * MiB
+    object_bytes = ctx.param("object_mib", ctx.scale(quick=4, full=16)) * MiB
+    rounds = ctx.param("rounds", ctx.scale(quick=1, full=3))
+    inflight = ctx.param("baseline_inflight", 4)
+    results: list[Result] = []
+    storage = ctx.open_storage("read")
+    try:
+        for record_bytes in (1 * KiB, 64 * KiB):
+            ctx.status(f"read: writing {total_bytes >> 20} MiB of {record_bytes >> 10} KiB records")
+            metadata = MemoryMetadataStore()
+            await metadata.register_node(node_id=NODE, node_epoch=1)
+            stream_id = await metadata.create_stream(node_id=NODE, node_epoch=1)
+            other_id = await metadata.create_stream(node_id=NODE, node_epoch=1)
+            for s in (stream_id, other_id):
+                await metadata.open_stream(node_id=NODE, node_epoch=1, stream_id=s, epoch=0)
+            end, spans = await _write_objects(
+                storage,
+                metadata,
+                config,
+                stream_id=stream_id,
+                other_id=other_id,
+                record_bytes=record_bytes,
+                total_bytes=total_bytes,
+                object_bytes=object_bytes,
+            )
+            span_bytes = sum(s.end - s.start for s in spans)
+            engine_best = baseline_best = float("inf")
+            engine_extra: dict[str, Any] = {}
+            seq_best = float("inf")
+            for i in range(rounds):
+                ctx.status(f"read: {record_bytes >> 10} KiB records, round {i + 1}/{rounds}")
+                elapsed, _, extra = await _engine_round(storage, metadata, config, stream_id, end)
+                if elapsed < engine_best:
+                    engine_best, engine_extra = elapsed, extra
+                baseline_best = min(baseline_best, await _baseline_round(ctx, storage, spans, inflight))
+                seq_best = min(seq_best, await _baseline_round(ctx, storage, spans, 1))
+            mbps = span_bytes / engine_best / 1e6
+            results.append(
+                Result(
+                    workload="read",
+                    metric=f"catch-up read MB/s, {record_bytes >> 10} KiB records",
+                    value=mbps,
+                    unit="MB/s",
+                    baseline=f"raw ranged GETs of the same bytes, 4 MiB each, {inflight} in flight",
+                    baseline_value=span_bytes / baseline_best / 1e6,
+                    extra={
+                        **engine_extra,
+                        "span_bytes": span_bytes,
+                        "objects": len(spans),
+                        "baseline_sequential_mb_s": span_bytes / seq_best / 1e6,
+                        "backend": "s3" if ctx.s3 is not None else "local",
+                        "block_size_bytes": config.object_block_size_bytes,
+                        "block_cache_bytes": config.block_cache_size_bytes,
+                    },
+                )
+            )
+            await storage.delete([s.key for s in spans])
+    finally:
+        await storage.close()
+    return results

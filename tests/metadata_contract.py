@@ -93,11 +93,12 @@ def sso_request(
     compacted: Sequence[int] = (),
     order_id: int | None = None,
     size_bytes: int = 1000,
+    node_epoch: int = EPOCH,
 ) -> CommitStreamSetObjectRequest:
     """ranges: (stream, start, end); stream_objects: (object id, stream, start, end)."""
     return CommitStreamSetObjectRequest(
         node_id=node_id,
-        node_epoch=EPOCH,
+        node_epoch=node_epoch,
         object_id=object_id,
         order_id=object_id if order_id is None else order_id,
         object_size_bytes=size_bytes if object_id != NOOP_OBJECT_ID else 0,
@@ -470,6 +471,19 @@ class MetadataContract:
         await store.commit_stream_set_object(so_only)
         assert await snapshot(store) == before
 
+    async def test_a_commit_naming_a_committed_stream_object_is_a_no_op(self, store: MetadataStore) -> None:
+        await node(store)
+        stream_id = await opened(store)
+        so_id = await upload(store, N1, [], [(stream_id, 0, 10)]) + 1
+        sso = await store.prepare_objects(count=1, ttl_ms=TTL_MS)
+        before = await snapshot(store)
+        # the StreamSet object is new, but the stream object was committed already: nothing happens
+        await store.commit_stream_set_object(
+            sso_request(N1, sso, [(stream_id, 10, 20)], [(so_id, stream_id, 0, 10)])
+        )
+        assert await snapshot(store) == before
+        assert (await store.get_object(sso)).state == ObjectState.PREPARED
+
     async def test_commit_of_an_unprepared_object_is_not_found(
         self, store: MetadataStore, clock: FakeClock
     ) -> None:
@@ -818,6 +832,23 @@ class MetadataContract:
         assert spans(await store.get_objects(stream_id=sid, start_offset=0, end_offset=-1, limit=9)) == [
             (s1, ObjectKind.STREAM_SET, 0, 10)
         ]
+
+    async def test_get_objects_scans_stream_set_objects_in_order_id_order(self, store: MetadataStore) -> None:
+        await node(store)
+        sid = await opened(store)
+        first = await upload(store, N1, [(sid, 0, 10)])
+        second = await upload(store, N1, [(sid, 10, 20)])
+        third = await upload(store, N1, [(sid, 20, 30)])
+        # a compaction result placed after `third` in order-id order, holding [10, 20)
+        late = await store.prepare_objects(count=1, ttl_ms=TTL_MS)
+        await store.commit_stream_set_object(
+            sso_request(N1, late, [(sid, 10, 20)], compacted=[second], order_id=third + 100)
+        )
+        # the scan meets `third` (starting beyond 10) before `late`, and stops there
+        got = await store.get_objects(stream_id=sid, start_offset=0, end_offset=-1, limit=10)
+        assert spans(got) == [(first, ObjectKind.STREAM_SET, 0, 10)]
+        assert await store.get_objects(stream_id=sid, start_offset=12, end_offset=-1, limit=10) == []
+        assert late > third
 
     async def test_get_stream_objects_lists_overlapping_ones(self, store: MetadataStore) -> None:
         await node(store)

@@ -23,8 +23,9 @@ permanent ones. Errors are translated here, at the boundary:
 | transient, still failing at the deadline          | UnavailableError (``retriable`` = True)    |
 
 The ETag of CompleteMultipartUpload is never used (Ceph 16 returns an empty one). A conditional
-PUT whose retry meets 412 checks whether the stored object is its own (same MD5 ETag): a first
-attempt that succeeded but whose answer was lost is a win, not a conflict.
+PUT that meets 412 checks whether the stored object is its own (same size and MD5 ETag): an earlier
+attempt that succeeded but whose answer was lost is a win, not a conflict. (A rival that wrote the
+very same bytes is indistinguishable, and harmless: callers put a unique owner id in the body.)
 
 Credentials: ``access_key``/``secret_key`` of the config (URI), else ``KAFKA_S3_ACCESS_KEY`` /
 ``KAFKA_S3_SECRET_KEY`` as AutoMQ, else botocore's chain (``AWS_ACCESS_KEY_ID``..., profiles, IMDS).
@@ -291,18 +292,17 @@ class S3ObjectStorage:
         await self.put_body(full, key, body, if_absent=if_absent)
 
     async def put_body(self, full: str, key: str, body: bytes | bytearray, *, if_absent: bool) -> None:
-        attempts = 0
         extra = {"IfNoneMatch": "*"} if if_absent else {}
 
         async def attempt(client: Any) -> None:
-            nonlocal attempts
-            attempts += 1
             await client.put_object(Bucket=self.config.bucket, Key=full, Body=body, **extra)
 
         try:
             await self.call("PUT", repr(key), attempt, size_bytes=len(body))
         except ConflictError:
-            if attempts < 2 or not await self._holds(full, key, body):
+            # Our retry, or aiohttp's silent resend of an idempotent PUT on a reset keep-alive
+            # connection, may meet the object an earlier attempt of ours created.
+            if not await self._holds(full, key, body):
                 raise
         self.stats.record("put", len(body))
 

@@ -276,8 +276,13 @@ class RequestCounter:
         event_name: str = kwargs.get("event_name", "")
         operation = event_name.rsplit(".", 1)[-1]
         request = kwargs.get("request")
-        body = getattr(request, "body", None)
-        written = len(body) if isinstance(body, bytes | bytearray) else 0
+        headers = getattr(request, "headers", None) or {}
+        try:
+            written = (
+                int(headers.get("Content-Length", 0) or 0) if operation in ("PutObject", "UploadPart") else 0
+            )
+        except (TypeError, ValueError):
+            written = 0
         self.count(operation, written=written)
 
     def attach(self, client: Any) -> None:

@@ -1,0 +1,549 @@
+"""The benchmark runner behind ``python -m benchmarks``: target, workloads, live progress, outputs.
+
+Resolves the target (an S3 endpoint from flags or S3STREAM_BENCH_S3_* / S3STREAM_TEST_S3_*, the
+project's Ceph RGW started through ``scripts/ceph-rgw``, or the local filesystem store), runs the
+named workloads one after another under a live rich display, measures each one's CPU time, peak RSS
+and raw S3 requests, and writes the JSON results, the Markdown summary and the plots
+(:mod:`benchmarks.report`). A workload that raises is recorded as failed and the rest still run; the
+exit status is 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import importlib
+import inspect
+import os
+import pkgutil
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report as report_mod
+from benchmarks.core import Context, Result, S3Target
+from benchmarks.measure import RequestCounter, ResourceMeter
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CEPH_SCRIPT = REPO_ROOT / "scripts" / "ceph-rgw"
+WORKLOAD_ORDER = ("format", "storage", "wal", "ingest", "read", "compaction", "spark", "peers")
+"""``all`` runs the workloads that exist in this order (then any others, by name)."""
+WORKLOAD_TIMEOUT_S_DEFAULT = 1800.0
+ENV_PREFIXES = ("S3STREAM_BENCH_S3_", "S3STREAM_TEST_S3_")
+
+WorkloadFn = Callable[[Context], Awaitable[list[Result]]]
+
+
+class UsageError(Exception):
+    """Bad flags or an unusable target: printed without a traceback, exit status 2."""
+
+
+# --- workloads -------------------------------------------------------------------------------------
+
+
+def discover_workloads() -> dict[str, str]:
+    """Workload names -> module names found in ``benchmarks/workloads/`` (not imported yet)."""
+    import benchmarks.workloads as package
+
+    found = {
+        info.name: f"{package.__name__}.{info.name}"
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.name.startswith("_")
+    }
+    ordered = [name for name in WORKLOAD_ORDER if name in found]
+    ordered += sorted(name for name in found if name not in WORKLOAD_ORDER)
+    return {name: found[name] for name in ordered}
+
+
+def load_workload(module_name: str) -> WorkloadFn:
+    module = importlib.import_module(module_name)
+    run = getattr(module, "run", None)
+    if run is None or not inspect.iscoroutinefunction(run):
+        raise TypeError(f"{module_name} has no `async def run(ctx) -> list[Result]`")
+    fn: WorkloadFn = run
+    return fn
+
+
+def select_workloads(requested: Sequence[str], available: Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for name in requested:
+        for chosen in available if name == "all" else [name]:
+            if chosen not in names:
+                names.append(chosen)
+    return names
+
+
+# --- target ----------------------------------------------------------------------------------------
+
+
+def _from_env(name: str, environ: Mapping[str, str]) -> str | None:
+    for prefix in ENV_PREFIXES:
+        value = environ.get(prefix + name)
+        if value:
+            return value
+    return None
+
+
+def s3_target_from(args: argparse.Namespace, environ: Mapping[str, str]) -> S3Target | None:
+    """The S3 target from flags, else S3STREAM_BENCH_S3_*, else S3STREAM_TEST_S3_*; None if no endpoint."""
+    endpoint = args.endpoint or _from_env("ENDPOINT", environ)
+    if not endpoint:
+        return None
+    access_key = args.access_key or _from_env("ACCESS_KEY", environ)
+    secret_key = args.secret_key or _from_env("SECRET_KEY", environ)
+    if not access_key or not secret_key:
+        raise UsageError(
+            f"S3 endpoint {endpoint} given but no keys: pass --access-key/--secret-key or set "
+            "S3STREAM_BENCH_S3_ACCESS_KEY/S3STREAM_BENCH_S3_SECRET_KEY"
+        )
+    bucket = args.bucket or _from_env("BUCKET", environ) or "s3stream-bench"
+    region = args.region or _from_env("REGION", environ) or "us-east-1"
+    return S3Target(
+        endpoint=endpoint, access_key=access_key, secret_key=secret_key, bucket=bucket, region=region
+    )
+
+
+def start_ceph(log: Callable[[str], None]) -> S3Target:
+    """``scripts/ceph-rgw start`` (idempotent), then the endpoint and keys from ``scripts/ceph-rgw env``."""
+    if not CEPH_SCRIPT.exists():
+        raise UsageError(f"{CEPH_SCRIPT} is missing: use --target s3 with an endpoint, or --target local")
+    log("starting the local Ceph RGW (scripts/ceph-rgw start) ...")
+    started = subprocess.run([str(CEPH_SCRIPT), "start"], capture_output=True, text=True, check=False)
+    if started.returncode != 0:
+        raise UsageError(f"scripts/ceph-rgw start failed:\n{started.stderr[-3000:]}")
+    env_out = subprocess.run([str(CEPH_SCRIPT), "env"], capture_output=True, text=True, check=True).stdout
+    environ: dict[str, str] = {}
+    for line in env_out.splitlines():
+        for word in line.removeprefix("export ").split():
+            name, _, value = word.partition("=")
+            environ[name] = value.strip("'\"")
+    target = s3_target_from(
+        argparse.Namespace(endpoint=None, access_key=None, secret_key=None, bucket=None, region=None),
+        {key.replace("S3STREAM_TEST_S3_", "S3STREAM_BENCH_S3_"): value for key, value in environ.items()},
+    )
+    if target is None:
+        raise UsageError(f"scripts/ceph-rgw env printed no endpoint:\n{env_out}")
+    return target
+
+
+async def ensure_bucket(target: S3Target) -> None:
+    """Reach the endpoint (typed error if it cannot be reached) and create the bucket if it is missing."""
+    import botocore.exceptions
+
+    from benchmarks.baselines import raw_s3_client
+
+    try:
+        async with raw_s3_client(target) as client:
+            try:
+                await client.head_bucket(Bucket=target.bucket)
+            except botocore.exceptions.ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                if code not in ("404", "NoSuchBucket", "NotFound"):
+                    raise
+                await client.create_bucket(Bucket=target.bucket)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, OSError) as exc:
+        raise UsageError(f"cannot use bucket {target.bucket} at {target.endpoint}: {exc}") from exc
+
+
+# --- machine ---------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _disk(path: Path) -> dict[str, Any]:
+    info: dict[str, Any] = {"path": str(path)}
+    usage = shutil.disk_usage(path)
+    info.update(total_bytes=usage.total, free_bytes=usage.free)
+    best = ""
+    with contextlib.suppress(OSError):
+        resolved = str(path.resolve())
+        for line in Path("/proc/mounts").read_text().splitlines():
+            device, mount_point, fs_type = line.split()[:3]
+            if (resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")) and len(
+                mount_point
+            ) >= len(best):
+                best = mount_point
+                info.update(device=device, mount_point=mount_point, fs_type=fs_type)
+    device_name = Path(str(info.get("device", ""))).name
+    rotational = Path(f"/sys/block/{device_name}/queue/rotational")
+    with contextlib.suppress(OSError, ValueError):
+        info["rotational"] = rotational.read_text().strip() == "1"
+    return info
+
+
+def _package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for name in ("s3stream", "aiobotocore", "botocore", "aiohttp", "uvloop", "slatedb", "pyspark", "crc32c"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return versions
+
+
+def _git_commit() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        )
+        if done.returncode == 0:
+            return done.stdout.strip()
+    return ""
+
+
+def machine_info(work_dir: Path) -> dict[str, Any]:
+    from s3stream._loop import uvloop_available
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_bytes": _memory_bytes(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "event_loop": "uvloop" if uvloop_available() else "asyncio",
+        "disk": _disk(work_dir),
+        "packages": _package_versions(),
+        "git_commit": _git_commit(),
+    }
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+async def run_one(
+    name: str,
+    workload: WorkloadFn,
+    ctx: Context,
+    *,
+    timeout_s: float,
+) -> report_mod.WorkloadRun:
+    """Run one workload, measuring its CPU, peak RSS and raw S3 requests; never raises for its failures."""
+    run = report_mod.WorkloadRun(name=name)
+    counter = RequestCounter()
+    started = time.perf_counter()
+    with ResourceMeter() as meter, counter.count_aiobotocore():
+        try:
+            results = await asyncio.wait_for(workload(ctx), timeout=timeout_s)
+            if not isinstance(results, list) or not all(isinstance(result, Result) for result in results):
+                raise TypeError(f"workload {name} returned {type(results).__name__}, not list[Result]")
+            run.results = results
+        except TimeoutError:
+            run.status, run.error = "error", f"timed out after {timeout_s:.0f} s"
+        except Exception:
+            run.status, run.error = "error", traceback.format_exc()
+    run.duration_s = time.perf_counter() - started
+    run.cpu_s, run.cpu_util, run.peak_rss_bytes = (
+        meter.usage.cpu_s,
+        meter.usage.cpu_util,
+        meter.usage.peak_rss_bytes,
+    )
+    run.s3_requests = counter.snapshot()
+    for result in run.results:
+        result.workload = result.workload or name
+    return run
+
+
+class _Display:
+    """The live progress display: one row per workload with its state, status line and elapsed time."""
+
+    def __init__(self, names: Sequence[str], enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(
+            SpinnerColumn(finished_text="[green]done[/]"),
+            TextColumn("[bold]{task.fields[workload]:<12}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=self.console,
+            disable=not enabled,
+            transient=False,
+        )
+        self.tasks = {
+            name: self.progress.add_task("waiting", workload=name, total=1, start=False) for name in names
+        }
+
+    def __enter__(self) -> _Display:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def begin(self, name: str) -> Callable[[str], None]:
+        task = self.tasks[name]
+        self.progress.start_task(task)
+        self.progress.update(task, description="running")
+
+        def status(text: str) -> None:
+            self.progress.update(task, description=text[:100])
+
+        return status
+
+    def end(self, run: report_mod.WorkloadRun) -> None:
+        task = self.tasks[run.name]
+        summary = (
+            f"[green]{len(run.results)} results[/]"
+            if run.status == "ok"
+            else f"[red]{run.status}: {(run.error.strip().splitlines() or [''])[-1][:80]}[/]"
+        )
+        self.progress.update(task, description=summary, completed=1)
+        self.progress.stop_task(task)
+        if self.progress.disable:
+            self.console.print(
+                f"{run.name}: {run.status} in {run.duration_s:.1f} s, {len(run.results)} results"
+            )
+        for result in run.results:
+            self.progress.console.print(
+                f"  {result.workload}: {result.metric} = {report_mod.fmt(result.value)} {result.unit} "
+                f"vs {result.baseline} {report_mod.fmt(result.baseline_value)} -> {report_mod.ratio_text(result)}",
+                markup=False,
+                highlight=False,
+            )
+
+
+async def run_benchmarks(
+    names: Sequence[str],
+    workloads: Mapping[str, WorkloadFn | str],
+    ctx_factory: Callable[[str, Callable[[str], None]], Context],
+    *,
+    timeout_s: float = WORKLOAD_TIMEOUT_S_DEFAULT,
+    live: bool = True,
+) -> list[report_mod.WorkloadRun]:
+    """Run ``names`` in order; ``workloads`` maps a name to its function or its module name."""
+    runs: list[report_mod.WorkloadRun] = []
+    with _Display(names, enabled=live) as display:
+        for name in names:
+            status = display.begin(name)
+            entry = workloads.get(name)
+            if entry is None:
+                run = report_mod.WorkloadRun(
+                    name=name,
+                    status="missing",
+                    error=f"no workload {name!r} (have: {', '.join(workloads) or 'none'})",
+                )
+            else:
+                try:
+                    fn = load_workload(entry) if isinstance(entry, str) else entry
+                except Exception:
+                    run = report_mod.WorkloadRun(name=name, status="error", error=traceback.format_exc())
+                else:
+                    run = await run_one(name, fn, ctx_factory(name, status), timeout_s=timeout_s)
+            runs.append(run)
+            display.end(run)
+    return runs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run s3stream benchmark workloads against an S3 endpoint (default: the local Ceph RGW) "
+        "or the local filesystem store; every figure comes with a baseline measured in the same run.",
+    )
+    parser.add_argument("workloads", nargs="*", help="workload names, or `all` (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--quick", action="store_true", help="small sizes: seconds per workload")
+    parser.add_argument(
+        "--target",
+        choices=("auto", "ceph", "s3", "local"),
+        default="auto",
+        help="auto (default): an endpoint from flags or S3STREAM_BENCH_S3_* / S3STREAM_TEST_S3_* if set, "
+        "else start the local Ceph RGW; ceph: always scripts/ceph-rgw; s3: the endpoint from flags or "
+        "environment; local: the local filesystem store only",
+    )
+    parser.add_argument("--endpoint", help="S3 endpoint URL, e.g. http://127.0.0.1:9000 (MinIO)")
+    parser.add_argument("--bucket", help="bucket (created if missing; default s3stream-bench)")
+    parser.add_argument("--access-key", help="access key (or S3STREAM_BENCH_S3_ACCESS_KEY)")
+    parser.add_argument("--secret-key", help="secret key (or S3STREAM_BENCH_S3_SECRET_KEY)")
+    parser.add_argument("--region", help="region (default us-east-1)")
+    parser.add_argument("--json", type=Path, help="results JSON path (default <out>/results.json)")
+    parser.add_argument("--out", type=Path, help="output directory (default bench-results/<UTC time>)")
+    parser.add_argument(
+        "--work-dir", type=Path, help="scratch directory on the disk under test (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--param", action="append", default=[], metavar="NAME=VALUE", help="workload parameter"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="random seed passed to workloads")
+    parser.add_argument(
+        "--timeout", type=float, default=WORKLOAD_TIMEOUT_S_DEFAULT, help="seconds per workload"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
+    return parser
+
+
+def resolve_target(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[str, S3Target | None]:
+    if args.target == "local":
+        return "local", None
+    if args.target == "ceph":
+        return "ceph", start_ceph(log)
+    target = s3_target_from(args, os.environ)
+    if target is not None:
+        return "s3", target
+    if args.target == "s3":
+        raise UsageError("--target s3 needs --endpoint (or S3STREAM_BENCH_S3_ENDPOINT) and keys")
+    return "ceph", start_ceph(log)
+
+
+def main(
+    argv: Sequence[str] | None = None, *, workloads: Mapping[str, WorkloadFn | str] | None = None
+) -> int:
+    """The command line; ``workloads`` replaces the discovered ones (tests pass fakes here)."""
+    from s3stream._loop import run as run_loop
+
+    args = build_parser().parse_args(argv)
+    available: Mapping[str, WorkloadFn | str] = workloads if workloads is not None else discover_workloads()
+    if args.list:
+        print("\n".join(available) or "(no workloads)")
+        return 0
+    if not args.workloads:
+        print("name at least one workload, or `all`; available: " + ", ".join(available), file=sys.stderr)
+        return 2
+    names = select_workloads(args.workloads, list(available))
+    params: dict[str, Any] = {}
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"--param wants NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        params[key] = value
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    out_dir: Path = args.out or REPO_ROOT / "bench-results" / datetime.datetime.now(datetime.UTC).strftime(
+        "%Y%m%dT%H%M%SZ"
+    )
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    try:
+        kind, target = resolve_target(args, log)
+        if target is not None:
+            run_loop(ensure_bucket(target))
+    except UsageError as exc:
+        log(f"error: {exc}")
+        return 2
+    log(
+        f"target: {kind}"
+        + (f" {target.endpoint} bucket {target.bucket}" if target else " (local filesystem store)")
+        + f"; workloads: {', '.join(names)}; quick={args.quick}; seed={seed}"
+    )
+
+    with contextlib.ExitStack() as stack:
+        if args.work_dir is not None:
+            work_root = args.work_dir
+            work_root.mkdir(parents=True, exist_ok=True)
+        else:
+            work_root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="s3stream-bench-")))
+        run_id = os.urandom(5).hex()
+        notes: list[str] = []
+        notes_by_ctx: list[tuple[str, Context]] = []
+
+        def ctx_factory(name: str, status: Callable[[str], None]) -> Context:
+            work_dir = work_root / name
+            work_dir.mkdir(parents=True, exist_ok=True)
+            ctx = Context(
+                quick=args.quick,
+                work_dir=work_dir,
+                s3=target,
+                notes=[],
+                run_id=run_id,
+                seed=seed,
+                params=dict(params),
+                status_sink=status,
+            )
+            notes_by_ctx.append((name, ctx))
+            return ctx
+
+        started_at, started = _now(), time.perf_counter()
+        machine = machine_info(work_root)
+        runs = run_loop(
+            run_benchmarks(
+                names,
+                available,
+                ctx_factory,
+                timeout_s=args.timeout,
+                live=not args.no_live and sys.stderr.isatty(),
+            )
+        )
+        for name, ctx in notes_by_ctx:
+            notes += [f"{name}: {note}" for note in ctx.notes]
+        report = report_mod.Report(
+            started_at=started_at,
+            finished_at=_now(),
+            duration_s=time.perf_counter() - started,
+            machine=machine,
+            parameters={
+                "workloads": names,
+                "quick": args.quick,
+                "seed": seed,
+                "run_id": run_id,
+                "params": params,
+                "target": {"kind": kind, **(target.public() if target else {})},
+                "argv": list(argv) if argv is not None else sys.argv[1:],
+            },
+            runs=runs,
+            notes=notes,
+        )
+        written = report_mod.write_all(report, out_dir=out_dir, json_path=args.json, plots=not args.no_plots)
+    _print_summary(report, written)
+    return 0 if all(run.status == "ok" for run in runs) else 1
+
+
+def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="s3stream benchmark results (ratio = value / baseline, same run)")
+    for column in ("workload", "metric", "value", "unit", "baseline", "baseline value", "ratio"):
+        table.add_column(
+            column, justify="right" if column in ("value", "baseline value", "ratio") else "left"
+        )
+    for result in report.results:
+        table.add_row(
+            result.workload,
+            result.metric,
+            report_mod.fmt(result.value),
+            result.unit,
+            result.baseline,
+            report_mod.fmt(result.baseline_value),
+            report_mod.ratio_text(result),
+        )
+    console = Console()
+    console.print(table)
+    for run in report.runs:
+        if run.status != "ok":
+            console.print(f"[red]{run.name}: {run.status}[/]\n{run.error}", highlight=False)
+    console.print(f"JSON: {written['json']}\nMarkdown: {written['markdown']}")
+    for path in written["plots"]:
+        console.print(f"plot: {path}")

@@ -1,0 +1,354 @@
+"""Benchmark outputs: the JSON results file, the Markdown summary and the PNG plots.
+
+JSON schema (``schema`` = ``s3stream-bench/1``)::
+
+    {
+      "schema": "s3stream-bench/1",
+      "started_at": ISO-8601 UTC, "finished_at": ..., "duration_s": float,
+      "machine": {cpu_count, cpu_model, memory_bytes, python, implementation, kernel, platform,
+                  event_loop, disk: {path, device, fs_type, total_bytes, free_bytes, rotational},
+                  packages: {name: version}, git_commit},
+      "parameters": {workloads, quick, seed, run_id, params, target: {kind, endpoint, bucket, region}},
+      "workloads": {name: {status: ok|error|missing, error, duration_s, cpu_s, cpu_util,
+                           peak_rss_bytes, s3_requests: {by_class, by_operation, bytes_written,
+                           bytes_read}, result_count}},
+      "results": [{workload, metric, value, unit, baseline, baseline_value, ratio,
+                   higher_is_better, extra}],
+      "notes": [str]
+    }
+
+Non-finite floats (a ratio over a zero baseline) are written as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.core import Result
+
+SCHEMA = "s3stream-bench/1"
+
+THROUGHPUT_UNITS = re.compile(r"^(k|M|G)?(i)?(B|b|ops|records|msgs|rows|objects|batches)/s$", re.IGNORECASE)
+TIME_UNITS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+@dataclass
+class WorkloadRun:
+    name: str
+    status: str = "ok"
+    """ok, error (raised or timed out) or missing (no such module)."""
+    error: str = ""
+    duration_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_util: float = 0.0
+    peak_rss_bytes: int = 0
+    s3_requests: dict[str, Any] = field(default_factory=dict)
+    results: list[Result] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "error": self.error,
+            "duration_s": self.duration_s,
+            "cpu_s": self.cpu_s,
+            "cpu_util": self.cpu_util,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "s3_requests": self.s3_requests,
+            "result_count": len(self.results),
+        }
+
+
+@dataclass
+class Report:
+    started_at: str
+    finished_at: str
+    duration_s: float
+    machine: dict[str, Any]
+    parameters: dict[str, Any]
+    runs: list[WorkloadRun]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def results(self) -> list[Result]:
+        return [result for run in self.runs for result in run.results]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = _finite(
+            {
+                "schema": SCHEMA,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+                "duration_s": self.duration_s,
+                "machine": self.machine,
+                "parameters": self.parameters,
+                "workloads": {run.name: run.to_json() for run in self.runs},
+                "results": [result.to_json() for result in self.results],
+                "notes": self.notes,
+            }
+        )
+        return out
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become None so the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+# --- formatting ------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None) -> str:
+    """Three significant digits, thousands separated; '-' for missing or non-finite values."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def ratio_text(result: Result) -> str:
+    """The ratio with a hint of which way is better (``1.8x`` / ``0.4x (lower is better)``)."""
+    ratio = result.ratio
+    if not math.isfinite(ratio):
+        return "-"
+    return f"{ratio:.2f}x" + ("" if result.higher_is_better else " (lower is better)")
+
+
+def _bytes_text(size: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(report: Report, plot_files: Sequence[Path] = (), relative_to: Path | None = None) -> str:
+    """The Markdown summary: machine, target, one table of every result, per-workload resources."""
+    machine = report.machine
+    target = report.parameters.get("target", {})
+    disk = machine.get("disk", {})
+    lines = [
+        "# s3stream benchmark results",
+        "",
+        f"- run: {report.started_at} ({report.duration_s:.0f} s), quick={report.parameters.get('quick')}, "
+        f"run id {report.parameters.get('run_id')}",
+        f"- machine: {machine.get('cpu_count')} x {machine.get('cpu_model')}, "
+        f"{_bytes_text(machine.get('memory_bytes', 0))} RAM, kernel {machine.get('kernel')}, "
+        f"Python {machine.get('python')} ({machine.get('event_loop')})",
+        f"- disk: {disk.get('device', '?')} ({disk.get('fs_type', '?')}, "
+        f"{'rotational' if disk.get('rotational') else 'non-rotational'}) for {disk.get('path', '?')}",
+        f"- target: {target.get('kind')}"
+        + (f" {target.get('endpoint')} bucket {target.get('bucket')}" if target.get("endpoint") else ""),
+        "",
+        "## Results",
+        "",
+        "Every figure is next to a baseline measured in the same run; ratio = value / baseline.",
+        "",
+        "| workload | metric | value | unit | baseline | baseline value | ratio |",
+        "| --- | --- | ---: | --- | --- | ---: | ---: |",
+    ]
+    for result in report.results:
+        lines.append(
+            f"| {result.workload} | {_escape(result.metric)} | {fmt(result.value)} | {result.unit} | "
+            f"{_escape(result.baseline)} | {fmt(result.baseline_value)} | {ratio_text(result)} |"
+        )
+    latency_rows: list[tuple[Result, dict[str, Any], Any]] = [
+        (result, result.extra["latency_ms"], result.extra.get("baseline_latency_ms"))
+        for result in report.results
+        if isinstance(result.extra.get("latency_ms"), dict)
+    ]
+    if latency_rows:
+        lines += [
+            "",
+            "## Latency percentiles (ms)",
+            "",
+            "| workload | metric | p50 | p99 | p999 | baseline p50 | baseline p99 | baseline p999 |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for result, own, base in latency_rows:
+            base = base if isinstance(base, dict) else {}
+            lines.append(
+                f"| {result.workload} | {_escape(result.metric)} | "
+                + " | ".join(fmt(own.get(key)) for key in ("p50", "p99", "p999"))
+                + " | "
+                + " | ".join(fmt(base.get(key)) for key in ("p50", "p99", "p999"))
+                + " |"
+            )
+    lines += [
+        "",
+        "## Workloads",
+        "",
+        "CPU, peak RSS and raw S3 requests (botocore hook; SlateDB's own requests are not seen there) "
+        "over each whole workload, baselines included.",
+        "",
+        "| workload | status | time s | CPU s | CPU util | peak RSS | PUT | GET | COPY | DELETE | LIST | HEAD |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run in report.runs:
+        by_class = run.s3_requests.get("by_class", {})
+        lines.append(
+            f"| {run.name} | {run.status} | {fmt(run.duration_s)} | {fmt(run.cpu_s)} | {fmt(run.cpu_util)} | "
+            f"{_bytes_text(run.peak_rss_bytes)} | "
+            + " | ".join(
+                str(by_class.get(name, 0)) for name in ("PUT", "GET", "COPY", "DELETE", "LIST", "HEAD")
+            )
+            + " |"
+        )
+    errors = [run for run in report.runs if run.status != "ok"]
+    if errors:
+        lines += ["", "## Failures", ""]
+        for run in errors:
+            first_line = run.error.strip().splitlines()[-1] if run.error.strip() else run.status
+            lines.append(f"- **{run.name}** ({run.status}): {_escape(first_line)}")
+    if report.notes:
+        lines += ["", "## Notes", ""]
+        lines += [f"- {_escape(note)}" for note in report.notes]
+    if plot_files:
+        lines += ["", "## Plots", ""]
+        for path in plot_files:
+            shown = path.relative_to(relative_to) if relative_to is not None else path
+            lines.append(f"![{path.stem}]({shown.as_posix()})")
+    return "\n".join(lines) + "\n"
+
+
+# --- plots -----------------------------------------------------------------------------------------
+
+
+def is_throughput(unit: str) -> bool:
+    return bool(THROUGHPUT_UNITS.match(unit.strip()))
+
+
+def is_latency(unit: str) -> bool:
+    return unit.strip() in TIME_UNITS
+
+
+def subject_of(result: Result) -> str:
+    """What ``value`` measured: ``extra["subject"]`` if a workload names it, else ``s3stream``."""
+    subject = result.extra.get("subject")
+    return subject if isinstance(subject, str) and subject else "s3stream"
+
+
+def _short(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _panels(
+    path: Path, title: str, panels: list[tuple[str, list[str], list[tuple[str, list[float]]]]], ylabel: str
+) -> None:
+    """One subplot per metric: groups on the x axis (e.g. p50/p99/p999), one bar per peer in each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes_grid = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.8 * rows), squeeze=False)
+    try:
+        for slot, axes in enumerate(axes_grid.flat):
+            if slot >= len(panels):
+                axes.set_visible(False)
+                continue
+            metric, groups, peers = panels[slot]
+            width = 0.8 / max(1, len(peers))
+            for index, (peer, values) in enumerate(peers):
+                positions = [group + (index - (len(peers) - 1) / 2) * width for group in range(len(groups))]
+                bars = axes.bar(
+                    positions, [0.0 if math.isnan(v) else v for v in values], width, label=_short(peer)
+                )
+                axes.bar_label(bars, labels=[fmt(v) for v in values], fontsize=7)
+            axes.set_xticks(range(len(groups)))
+            axes.set_xticklabels(groups, fontsize=8)
+            axes.set_title(_short(metric, 60), fontsize=9)
+            axes.set_ylabel(ylabel, fontsize=8)
+            axes.margins(y=0.15)
+            axes.legend(fontsize=7, loc="upper left")
+        figure.suptitle(title)
+        figure.tight_layout()
+        figure.savefig(path, dpi=90)
+    finally:
+        plt.close(figure)
+
+
+def plot(report: Report, plot_dir: Path) -> list[Path]:
+    """Per workload: ``<workload>-throughput.png`` (each throughput result: its subject vs its peer)
+    and ``<workload>-latency.png`` (p50/p99/p999 from the ``latency_ms`` extras, and time-valued
+    results), one panel per metric."""
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for run in report.runs:
+        throughput_panels = [
+            (
+                f"{result.metric} ({result.unit})",
+                [result.unit],
+                [(subject_of(result), [result.value]), (result.baseline, [result.baseline_value])],
+            )
+            for result in run.results
+            if is_throughput(result.unit)
+        ]
+        if throughput_panels:
+            path = plot_dir / f"{run.name}-throughput.png"
+            _panels(path, f"{run.name}: throughput (higher is better)", throughput_panels, "per second")
+            written.append(path)
+        latency_panels: list[tuple[str, list[str], list[tuple[str, list[float]]]]] = []
+        for result in run.results:
+            own, base = result.extra.get("latency_ms"), result.extra.get("baseline_latency_ms")
+            if is_latency(result.unit):
+                scale = TIME_UNITS[result.unit.strip()]
+                latency_panels.append(
+                    (
+                        result.metric,
+                        ["value"],
+                        [
+                            (subject_of(result), [result.value * scale]),
+                            (result.baseline, [result.baseline_value * scale]),
+                        ],
+                    )
+                )
+            elif isinstance(own, dict) and own.get("count"):
+                keys = ("p50", "p99", "p999")
+                peers = [(subject_of(result), [float(own.get(key, math.nan)) for key in keys])]
+                if isinstance(base, dict) and base.get("count"):
+                    peers.append((result.baseline, [float(base.get(key, math.nan)) for key in keys]))
+                latency_panels.append((result.metric, list(keys), peers))
+        if latency_panels:
+            path = plot_dir / f"{run.name}-latency.png"
+            _panels(path, f"{run.name}: latency in ms (lower is better)", latency_panels, "ms")
+            written.append(path)
+    return written
+
+
+def write_all(
+    report: Report, *, out_dir: Path, json_path: Path | None = None, plots: bool = True
+) -> dict[str, Any]:
+    """Write ``results.json`` (or ``json_path``), ``summary.md`` and ``plots/*.png`` under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = json_path if json_path is not None else out_dir / "results.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
+    plot_files = plot(report, out_dir / "plots") if plots else []
+    markdown_path = out_dir / "summary.md"
+    markdown_path.write_text(markdown(report, plot_files, relative_to=out_dir))
+    return {"json": json_path, "markdown": markdown_path, "plots": plot_files}

@@ -1,0 +1,315 @@
+"""The benchmark harness end to end with tiny fake workloads, and the shared measurement helpers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness
+from benchmarks.baselines import DurableWriteSpec, naive_writer, odirect_write_sync
+from benchmarks.core import Context, Result
+from benchmarks.measure import MIB, CountingStorage, LatencyRecorder, RequestCounter, ResourceMeter, per_gib
+from benchmarks.report import SCHEMA
+from s3stream.storage.memory import MemoryObjectStorage
+
+RESULT_KEYS = {
+    "workload",
+    "metric",
+    "value",
+    "unit",
+    "baseline",
+    "baseline_value",
+    "ratio",
+    "higher_is_better",
+    "extra",
+}
+
+
+async def fake_workload(ctx: Context) -> list[Result]:
+    """Writes a few objects through the context's store and reports them against a sleep baseline."""
+    ctx.status("writing")
+    storage = CountingStorage(ctx.open_storage("fake"))
+    latency = LatencyRecorder()
+    payload = b"x" * 4096
+    try:
+        for index in range(ctx.scale(quick=20, full=200)):
+            with latency.time():
+                await storage.put(f"k{index:04d}", payload)
+        written = storage.counter.bytes_written
+    finally:
+        await storage.close()
+    baseline = LatencyRecorder()
+    for _ in range(5):
+        with baseline.time():
+            await asyncio.sleep(0.001)
+    return [
+        Result(
+            workload="fake",
+            metric="put throughput",
+            value=latency.count / max(latency.total_s, 1e-9),
+            unit="ops/s",
+            baseline="1 ms sleeps",
+            baseline_value=baseline.count / baseline.total_s,
+            extra={
+                "latency_ms": latency.summary_ms(),
+                "baseline_latency_ms": baseline.summary_ms(),
+                "s3_requests_per_gib": storage.counter.per_gib(written),
+            },
+        ),
+        Result(
+            workload="fake",
+            metric="p99 put latency",
+            value=latency.percentile_s(0.99) * 1000,
+            unit="ms",
+            baseline="1 ms sleep p99",
+            baseline_value=baseline.percentile_s(0.99) * 1000,
+            higher_is_better=False,
+        ),
+    ]
+
+
+async def broken_workload(ctx: Context) -> list[Result]:
+    raise RuntimeError("this workload always fails")
+
+
+def test_harness_runs_a_fake_workload_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    status = harness.main(
+        [
+            "fake",
+            "--quick",
+            "--target",
+            "local",
+            "--out",
+            str(out),
+            "--no-live",
+            "--seed",
+            "7",
+            "--param",
+            "a=1",
+        ],
+        workloads={"fake": fake_workload},
+    )
+    assert status == 0
+
+    document = json.loads((out / "results.json").read_text())
+    assert document["schema"] == SCHEMA
+    assert document["machine"]["cpu_count"] >= 1
+    assert document["machine"]["memory_bytes"] > 0
+    for key in ("cpu_model", "python", "kernel", "disk", "event_loop"):
+        assert document["machine"][key], key
+    assert document["parameters"]["quick"] is True
+    assert document["parameters"]["seed"] == 7
+    assert document["parameters"]["params"] == {"a": "1"}
+    assert document["parameters"]["target"] == {"kind": "local"}
+    fake = document["workloads"]["fake"]
+    assert fake["status"] == "ok"
+    assert fake["cpu_s"] >= 0
+    assert fake["peak_rss_bytes"] > 0
+    assert fake["result_count"] == 2
+    results = document["results"]
+    assert [result["metric"] for result in results] == ["put throughput", "p99 put latency"]
+    for result in results:
+        assert set(result) == RESULT_KEYS
+        assert result["ratio"] == pytest.approx(result["value"] / result["baseline_value"])
+    assert results[0]["extra"]["latency_ms"]["count"] == 20
+    assert results[0]["extra"]["s3_requests_per_gib"]["PUT"] == pytest.approx(20 * 1024**3 / (20 * 4096))
+
+    summary = (out / "summary.md").read_text()
+    assert "| fake | put throughput |" in summary
+    assert "1 ms sleeps" in summary
+    assert "(lower is better)" in summary
+    for plot in ("fake-throughput.png", "fake-latency.png"):
+        data = (out / "plots" / plot).read_bytes()
+        assert data.startswith(b"\x89PNG"), plot
+        assert f"plots/{plot}" in summary
+
+
+def test_a_failing_workload_is_reported_and_the_others_still_run(tmp_path: Path) -> None:
+    json_path = tmp_path / "custom.json"
+    status = harness.main(
+        [
+            "broken",
+            "fake",
+            "nope",
+            "--quick",
+            "--target",
+            "local",
+            "--out",
+            str(tmp_path / "o"),
+            "--json",
+            str(json_path),
+            "--no-live",
+            "--no-plots",
+        ],
+        workloads={"fake": fake_workload, "broken": broken_workload},
+    )
+    assert status == 1
+    document = json.loads(json_path.read_text())
+    assert document["workloads"]["broken"]["status"] == "error"
+    assert "this workload always fails" in document["workloads"]["broken"]["error"]
+    assert document["workloads"]["nope"]["status"] == "missing"
+    assert document["workloads"]["fake"]["status"] == "ok"
+    assert len(document["results"]) == 2
+    assert "## Failures" in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_all_selects_every_workload_once_in_order() -> None:
+    assert harness.select_workloads(["all"], ["a", "b"]) == ["a", "b"]
+    assert harness.select_workloads(["b", "all"], ["a", "b"]) == ["b", "a"]
+
+
+def test_no_workload_named_is_a_usage_error(tmp_path: Path) -> None:
+    assert harness.main(["--target", "local", "--out", str(tmp_path)], workloads={"fake": fake_workload}) == 2
+
+
+def test_discovered_workloads_come_in_the_documented_order() -> None:
+    found = list(harness.discover_workloads())
+    assert "peers" in found
+    known = [name for name in found if name in harness.WORKLOAD_ORDER]
+    assert known == [name for name in harness.WORKLOAD_ORDER if name in found]
+    assert found[: len(known)] == known
+
+
+def _args(**flags: str | None) -> argparse.Namespace:
+    base: dict[str, str | None] = dict.fromkeys(("endpoint", "access_key", "secret_key", "bucket", "region"))
+    base.update(flags)
+    return argparse.Namespace(**base)
+
+
+def test_target_flags_win_over_bench_env_over_test_env() -> None:
+    environ = {
+        "S3STREAM_TEST_S3_ENDPOINT": "http://test:1",
+        "S3STREAM_TEST_S3_ACCESS_KEY": "tk",
+        "S3STREAM_TEST_S3_SECRET_KEY": "ts",
+        "S3STREAM_TEST_S3_BUCKET": "tb",
+        "S3STREAM_BENCH_S3_ENDPOINT": "http://bench:2",
+    }
+    target = harness.s3_target_from(_args(), environ)
+    assert target is not None
+    assert (target.endpoint, target.access_key, target.bucket) == ("http://bench:2", "tk", "tb")
+    target = harness.s3_target_from(_args(endpoint="http://flag:3", bucket="fb"), environ)
+    assert target is not None
+    assert (target.endpoint, target.bucket, target.region) == ("http://flag:3", "fb", "us-east-1")
+    assert "secret" not in str(target.public())
+    assert harness.s3_target_from(_args(), {}) is None
+
+
+def test_an_endpoint_without_keys_is_a_usage_error() -> None:
+    with pytest.raises(harness.UsageError, match="no keys"):
+        harness.s3_target_from(_args(endpoint="http://x:1"), {})
+
+
+# --- measurement helpers ---------------------------------------------------------------------------
+
+
+def test_latency_percentiles_by_nearest_rank() -> None:
+    recorder = LatencyRecorder()
+    recorder.extend([i / 1000 for i in range(1, 1001)])
+    summary = recorder.summary_ms()
+    assert summary["count"] == 1000
+    assert summary["p50"] == pytest.approx(500)
+    assert summary["p99"] == pytest.approx(990)
+    assert summary["p999"] == pytest.approx(999)
+    assert summary["max"] == pytest.approx(1000)
+    assert math.isnan(LatencyRecorder().percentile_s(0.5))
+
+
+def test_latency_reservoir_stays_bounded_and_representative() -> None:
+    recorder = LatencyRecorder(samples_max=2000)
+    for i in range(100_000):
+        recorder.record((i * 7919 % 100_000) / 100_000)
+    assert recorder.count == 100_000
+    assert len(recorder._samples) == 2000
+    assert recorder.percentile_s(0.5) == pytest.approx(0.5, abs=0.05)
+
+
+def test_resource_meter_sees_cpu_time_and_memory() -> None:
+    with ResourceMeter(interval_s=0.01) as meter:
+        block = bytearray(64 * MIB)
+        sum(range(300_000))
+    del block
+    assert meter.usage.cpu_s > 0
+    assert meter.usage.peak_rss_bytes >= 64 * MIB
+    assert meter.usage.wall_s > 0
+
+
+async def test_counting_storage_counts_requests_by_class() -> None:
+    storage = CountingStorage(MemoryObjectStorage())
+    await storage.put("a", b"12345678")
+    upload = storage.upload("b")
+    await upload.write(b"xy")
+    await upload.complete()
+    assert await storage.get("a", 2, 4) == b"34"
+    await storage.head("a")
+    assert [info.key async for info in storage.list("")] == ["a", "b"]
+    await storage.delete(["a", "b"])
+    snapshot = storage.counter.snapshot()
+    assert snapshot["by_class"] == {
+        "PUT": 2,
+        "GET": 1,
+        "COPY": 0,
+        "DELETE": 1,
+        "LIST": 1,
+        "HEAD": 1,
+        "OTHER": 0,
+    }
+    assert snapshot["bytes_written"] == 10
+    assert snapshot["bytes_read"] == 2
+    assert storage.counter.per_gib(1024**3)["PUT"] == 2
+
+
+def test_request_counter_botocore_hook_maps_operations_to_classes() -> None:
+    counter = RequestCounter()
+    for operation in (
+        "PutObject",
+        "UploadPart",
+        "UploadPartCopy",
+        "GetObject",
+        "DeleteObjects",
+        "ListObjectsV2",
+    ):
+        counter._on_before_send(event_name=f"before-send.s3.{operation}", request=None)
+    assert counter.snapshot()["by_class"] == {
+        "PUT": 2,
+        "GET": 1,
+        "COPY": 1,
+        "DELETE": 1,
+        "LIST": 1,
+        "HEAD": 0,
+        "OTHER": 0,
+    }
+    assert per_gib(3, 1024**3 // 2) == 6
+
+
+def test_odirect_write_writes_and_removes_its_file(tmp_path: Path) -> None:
+    measured = odirect_write_sync(tmp_path / "f", total_bytes=4 * MIB + 1, block_bytes=MIB)
+    assert measured.payload_bytes == 5 * MIB
+    assert measured.op_count == 5
+    assert measured.latency.count == 5
+    assert measured.mb_per_s > 0
+    assert not (tmp_path / "f").exists()
+
+
+async def test_naive_writer_puts_one_object_per_stream_per_flush() -> None:
+    storage = MemoryObjectStorage()
+    spec = DurableWriteSpec(
+        stream_count=4, producer_count=8, flush_interval_ms=20, warmup_s=0.05, duration_s=0.3
+    )
+    measured = await naive_writer(storage, spec)
+    assert measured.op_count > 0
+    keys = [info.key async for info in storage.list("naive/")]
+    streams = {key.split("/")[1] for key in keys}
+    assert streams == {f"{i:04d}" for i in range(4)}
+    # Every object holds whole records of one stream; with 2 producers per stream and one flush
+    # per interval, objects hold at most 2 records.
+    for key in keys:
+        size = len(await storage.get(key))
+        assert size % spec.record_bytes == 0
+        assert size <= 2 * spec.record_bytes
+    assert measured.latency.summary_ms()["p50"] >= 0

@@ -35,6 +35,7 @@ DEFAULT_BLOCK_SIZE_BYTES = 1 << 20
 DEFAULT_PART_SIZE_BYTES = 16 << 20
 BLOCK_SIZE_MAX_BYTES = 1 << 30
 BLOCK_DATA_MAX_BYTES = I32_MAX - DATA_BLOCK_HEADER_SIZE
+_BLANK_BLOCK_HEADER = bytes(DATA_BLOCK_HEADER_SIZE)
 """A block's data length is an i32; a block is cut early rather than overflow it."""
 
 
@@ -81,10 +82,9 @@ class ObjectWriter:
         self._upload = upload
         self._block_size_bytes = block_size_bytes
         self._part_size_bytes = max(MIN_PART_SIZE_BYTES, part_size_bytes)
-        self._capacity = self._part_size_bytes + block_size_bytes + (64 << 10)
-        self._buf = bytearray(self._capacity)
-        self._pos = 0
-        """Bytes used in ``_buf``; ``_buf[0]`` is object position ``_flushed_bytes``."""
+        self._buf = bytearray()
+        """Bytes not yet handed to the upload; ``_buf[0]`` is object position ``_flushed_bytes``.
+        It grows by appending (realloc, no zero-filling) and is handed over whole at each part."""
         self._flushed_bytes = 0
         self._entries: list[IndexEntry] = []
         self._crcs: list[int] = []
@@ -109,9 +109,10 @@ class ObjectWriter:
         self._enter()
         try:
             self._validate(batches)
-            for batch in batches:
-                if self._add(batch):
-                    await self._maybe_flush_part()
+            i = 0
+            while i < len(batches):
+                i = self._encode_from(batches, i)
+                await self._maybe_flush_part()
         finally:
             self._busy = False
 
@@ -121,10 +122,8 @@ class ObjectWriter:
         try:
             self._validate_block(entry, block)
             self._cut_block()
-            self._reserve(len(block))
-            position = self._flushed_bytes + self._pos
-            self._buf[self._pos : self._pos + len(block)] = block
-            self._pos += len(block)
+            position = self._flushed_bytes + len(self._buf)
+            self._buf += block
             self._entries.append(
                 IndexEntry(
                     entry.stream_id,
@@ -146,13 +145,10 @@ class ObjectWriter:
         self._enter()
         try:
             self._cut_block()
-            index_position = self._flushed_bytes + self._pos
-            tail = encode_tail(self._entries, self._crcs, index_position=index_position)
-            self._reserve(len(tail))
-            self._buf[self._pos : self._pos + len(tail)] = tail
-            self._pos += len(tail)
-            expected_size = self._flushed_bytes + self._pos
-            await self._flush_part(final=True)
+            index_position = self._flushed_bytes + len(self._buf)
+            self._buf += encode_tail(self._entries, self._crcs, index_position=index_position)
+            expected_size = self._flushed_bytes + len(self._buf)
+            await self._flush_part()
             self._closed = True
             size_bytes = await self._upload.complete()
         finally:
@@ -182,21 +178,24 @@ class ObjectWriter:
 
     def _validate(self, batches: list[StreamRecordBatch]) -> None:
         last_stream, last_end = self._last_stream, self._last_end
+        payload_max = BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE
         for b in batches:
-            if not isinstance(b, StreamRecordBatch):
+            if type(b) is not StreamRecordBatch and not isinstance(b, StreamRecordBatch):
                 raise InvalidArgumentError(f"expected StreamRecordBatch, got {type(b).__name__}")
-            if not (0 <= b.stream_id <= I64_MAX and -(1 << 63) <= b.epoch <= I64_MAX and b.base_offset >= 0):
+            stream_id, base_offset, count = b.stream_id, b.base_offset, b.count
+            end_offset = base_offset + count
+            if not (0 <= stream_id <= I64_MAX and -(1 << 63) <= b.epoch <= I64_MAX and base_offset >= 0):
                 raise InvalidArgumentError(f"record batch field out of range: {_describe(b)}")
-            if not 1 <= b.count <= I32_MAX or b.base_offset + b.count > I64_MAX:
+            if not 1 <= count <= I32_MAX or end_offset > I64_MAX:
                 raise InvalidArgumentError(f"record batch count out of range: {_describe(b)}")
-            if len(b.payload) > BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE:
+            if len(b.payload) > payload_max:
                 raise InvalidArgumentError(f"record batch payload too large: {_describe(b)}")
-            if b.stream_id < last_stream or (b.stream_id == last_stream and b.base_offset < last_end):
+            if stream_id < last_stream or (stream_id == last_stream and base_offset < last_end):
                 raise InvalidArgumentError(
                     f"record batches must come in (stream id, offset) order: {_describe(b)} after "
                     f"stream {last_stream} end offset {last_end}"
                 )
-            last_stream, last_end = b.stream_id, b.end_offset
+            last_stream, last_end = stream_id, end_offset
 
     def _validate_block(self, entry: IndexEntry, block: bytes | bytearray | memoryview) -> None:
         if not isinstance(entry, IndexEntry):
@@ -231,45 +230,64 @@ class ObjectWriter:
         if magic != RECORD_MAGIC or stream_id != entry.stream_id or base_offset != entry.start_offset:
             raise InvalidArgumentError("block's first record does not match its index entry")
 
-    def _add(self, b: StreamRecordBatch) -> bool:
-        """Encode one batch into the open block; True if that closed the block."""
-        payload = b.payload
-        size = RECORD_HEADER_SIZE + len(payload)
-        if self._open_stream is not None and (
-            self._open_stream != b.stream_id
-            or self._pos - self._open_at - DATA_BLOCK_HEADER_SIZE + size > BLOCK_DATA_MAX_BYTES
-            or b.end_offset - self._open_start_offset > I32_MAX
-        ):
+    def _encode_from(self, batches: list[StreamRecordBatch], i: int) -> int:
+        """Encode ``batches[i:]`` until one closes a block; returns the index after the last encoded.
+
+        The hot path: the open block's state lives in locals and is written back on the way out.
+        """
+        buf = self._buf
+        pack = RECORD_HEADER.pack
+        threshold = self._block_size_bytes
+        stream = self._open_stream
+        open_at = self._open_at
+        start_offset = self._open_start_offset
+        record_count = self._open_count
+        payload_bytes = self._open_payload_bytes
+        last_end = self._last_end
+        n = len(batches)
+        full = False
+        while i < n:
+            b = batches[i]
+            i += 1
+            payload = b.payload
+            length = len(payload)
+            base_offset = b.base_offset
+            end_offset = base_offset + b.count
+            if (
+                stream != b.stream_id
+                or len(buf) - open_at + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE)
+                > BLOCK_DATA_MAX_BYTES
+                or end_offset - start_offset > I32_MAX
+            ):
+                if stream is not None:
+                    self._open_count, self._last_end = record_count, last_end
+                    self._cut_block()
+                stream = b.stream_id
+                open_at = len(buf)
+                start_offset = base_offset
+                record_count = payload_bytes = 0
+                self._open_stream, self._open_at, self._open_start_offset = stream, open_at, start_offset
+                buf += _BLANK_BLOCK_HEADER  # filled in when the block is cut
+            buf += pack(RECORD_MAGIC, stream, b.epoch, base_offset, b.count, length)
+            buf += payload
+            record_count += 1
+            payload_bytes += length
+            last_end = end_offset
+            if payload_bytes >= threshold:
+                full = True
+                break
+        self._open_count, self._open_payload_bytes = record_count, payload_bytes
+        if stream is not None:
+            self._last_stream, self._last_end = stream, last_end
+        if full:
             self._cut_block()
-        if self._open_stream is None:
-            self._reserve(DATA_BLOCK_HEADER_SIZE + size)
-            self._open_stream = b.stream_id
-            self._open_at = self._pos
-            self._open_start_offset = b.base_offset
-            self._open_count = 0
-            self._open_payload_bytes = 0
-            self._pos += DATA_BLOCK_HEADER_SIZE
-        else:
-            self._reserve(size)
-        pos = self._pos
-        RECORD_HEADER.pack_into(
-            self._buf, pos, RECORD_MAGIC, b.stream_id, b.epoch, b.base_offset, b.count, len(payload)
-        )
-        self._buf[pos + RECORD_HEADER_SIZE : pos + size] = payload
-        self._pos = pos + size
-        self._open_count += 1
-        self._open_payload_bytes += len(payload)
-        self._last_stream, self._last_end = b.stream_id, b.end_offset
-        if self._open_payload_bytes >= self._block_size_bytes:
-            self._cut_block()
-            return True
-        return False
+        return i
 
     def _cut_block(self) -> None:
         if self._open_stream is None:
             return
         at = self._open_at
-        size = self._pos - at
+        size = len(self._buf) - at
         DATA_BLOCK_HEADER.pack_into(
             self._buf, at, DATA_BLOCK_MAGIC, DATA_BLOCK_FLAG, self._open_count, size - DATA_BLOCK_HEADER_SIZE
         )
@@ -283,28 +301,22 @@ class ObjectWriter:
                 size,
             )
         )
-        self._crcs.append(crc32c(memoryview(self._buf)[at : self._pos]))
+        with memoryview(self._buf) as view:
+            self._crcs.append(crc32c(view[at:]))
         self._open_stream = None
 
-    def _reserve(self, n: int) -> None:
-        short = self._pos + n - len(self._buf)
-        if short > 0:
-            self._buf.extend(bytearray(max(short, len(self._buf))))
-
     async def _maybe_flush_part(self) -> None:
-        if self._open_stream is None and self._pos >= self._part_size_bytes:
+        if self._open_stream is None and len(self._buf) >= self._part_size_bytes:
             await self._flush_part()
 
-    async def _flush_part(self, *, final: bool = False) -> None:
+    async def _flush_part(self) -> None:
         """Hand every completed byte in the buffer to the upload (which then owns that buffer)."""
         assert self._open_stream is None
-        if self._pos == 0:
-            return
         part = self._buf
-        del part[self._pos :]
-        self._flushed_bytes += self._pos
-        self._buf = bytearray() if final else bytearray(self._capacity)
-        self._pos = 0
+        if not part:
+            return
+        self._flushed_bytes += len(part)
+        self._buf = bytearray()
         await self._upload.write(part)
 
 

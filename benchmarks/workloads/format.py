@@ -1,0 +1,157 @@
+"""Workload ``format``: object encode and decode throughput vs a plain memory copy of the same bytes.
+
+For record payloads of 1 KiB, 16 KiB and 256 KiB (4 streams, default 1 MiB blocks, ``object_mib``
+of payload per object):
+
+- **encode**: ``ObjectWriter.write`` + ``close`` into an in-process upload that keeps the parts it
+  is handed (no storage copy): record and block headers, block cutting, CRC32C of every block,
+  index, checksum section, footer.
+- **decode**: ``ObjectReader.open`` (tail read, footer, checksum section, index, all verified) and
+  ``read_blocks`` of every block (one ranged read of the data blocks, CRC32C check of each block,
+  decoding into StreamRecordBatch values with copied payloads), from an in-memory source whose
+  ranges are sliced before timing (the bytes as they arrive from storage).
+- **baseline**: one plain copy of the encoded object's bytes (``bytearray(object)``, a memcpy).
+
+Figures are MB/s of object bytes (10^6 bytes per second); best of ``rounds`` rounds each;
+ratio = format / memory copy (goal >= 0.5). The extras also give the copy done the way Python code
+copies records (one slice assignment per record) to separate per-record interpreter cost from the
+format's own work.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks.core import Context, Result
+from s3stream.objectformat import ObjectReader, ObjectWriter
+from s3stream.record import StreamRecordBatch
+
+MiB = 1 << 20
+KiB = 1 << 10
+STREAM_COUNT = 4
+
+
+class _KeepParts:
+    """An Upload that keeps what it is handed: encode cost without any storage copy."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.parts: list[bytes | bytearray | memoryview] = []
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.parts.append(data)
+
+    async def copy(self, source_key: str, start: int, end: int) -> None:  # pragma: no cover - unused
+        raise NotImplementedError
+
+    async def complete(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    async def abort(self) -> None:
+        self.parts.clear()
+
+
+class _BytesSource:
+    """Ranged reads of one in-memory object. Each range is sliced once and then handed out again, so
+    timed reads measure the format's work, not the copy a storage makes when bytes arrive."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._slices: dict[tuple[int, int], bytes] = {}
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        stop = len(self.data) if end is None else end
+        if (start, stop) not in self._slices:
+            self._slices[start, stop] = self.data[start:stop]
+        return self._slices[start, stop]
+
+
+def _records(payload_bytes: int, total_bytes: int) -> list[StreamRecordBatch]:
+    per_stream = max(1, total_bytes // payload_bytes // STREAM_COUNT)
+    payload = bytes(range(256)) * (payload_bytes // 256) + bytes(payload_bytes % 256)
+    return [
+        StreamRecordBatch(stream_id, 3, offset * 10, 10, payload)
+        for stream_id in range(STREAM_COUNT)
+        for offset in range(per_stream)
+    ]
+
+
+async def _encode(records: list[StreamRecordBatch]) -> tuple[float, bytes]:
+    upload = _KeepParts("bench")
+    start = time.perf_counter()
+    writer = ObjectWriter(upload)
+    await writer.write(records)
+    written = await writer.close()
+    elapsed = time.perf_counter() - start
+    data = b"".join(upload.parts)
+    assert len(data) == written.size_bytes
+    return elapsed, data
+
+
+async def _decode(source: _BytesSource, record_count: int) -> float:
+    data = source.data
+    start = time.perf_counter()
+    reader = await ObjectReader.open(source, "bench", len(data))
+    blocks = await reader.read_blocks(reader.index)
+    elapsed = time.perf_counter() - start
+    assert sum(len(b.records) for b in blocks) == record_count
+    return elapsed
+
+
+def _memcpy(data: bytes) -> float:
+    start = time.perf_counter()
+    copy = bytearray(data)
+    elapsed = time.perf_counter() - start
+    assert len(copy) == len(data)
+    return elapsed
+
+
+def _per_record_copy(records: list[StreamRecordBatch], size: int) -> float:
+    buf = bytearray(size)
+    start = time.perf_counter()
+    pos = 0
+    for r in records:
+        end = pos + len(r.payload)
+        buf[pos:end] = r.payload
+        pos = end
+    return time.perf_counter() - start
+
+
+async def run(ctx: Context) -> list[Result]:
+    total_bytes = (8 if ctx.quick else 64) * MiB
+    rounds = 3 if ctx.quick else 7
+    results: list[Result] = []
+    for payload_bytes in (1 * KiB, 16 * KiB, 256 * KiB):
+        records = _records(payload_bytes, total_bytes)
+        encode_s = decode_s = copy_s = loop_s = float("inf")
+        _, data = await _encode(records)
+        source = _BytesSource(data)
+        await _decode(source, len(records))  # warm-up: the source slices its ranges once
+        for _ in range(rounds):
+            elapsed, data = await _encode(records)
+            encode_s = min(encode_s, elapsed)
+            decode_s = min(decode_s, await _decode(source, len(records)))
+            copy_s = min(copy_s, _memcpy(data))
+            loop_s = min(loop_s, _per_record_copy(records, len(data)))
+        mb = len(data) / 1e6
+        extra: dict[str, Any] = {
+            "payload_bytes": payload_bytes,
+            "object_bytes": len(data),
+            "records": len(records),
+            "rounds": rounds,
+            "per_record_copy_mb_s": mb / loop_s,
+        }
+        for metric, seconds in (("encode", encode_s), ("decode", decode_s)):
+            results.append(
+                Result(
+                    workload="format",
+                    metric=f"{metric}_mb_s_{payload_bytes // KiB}k",
+                    value=mb / seconds,
+                    unit="MB/s",
+                    baseline="memory copy of the object bytes",
+                    baseline_value=mb / copy_s,
+                    extra=dict(extra, per_record_copy_ratio=(mb / seconds) / (mb / loop_s)),
+                )
+            )
+    return results

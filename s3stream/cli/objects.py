@@ -1,0 +1,63 @@
+"""``s3stream objects``: the objects of an engine with their kind, stream ranges, sizes and states."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from s3stream._loop import run
+from s3stream.cli.streams import add_engine_args, open_client, print_rows
+from s3stream.ids import NodeId, ObjectId
+from s3stream.metadata.base import MetadataStore
+from s3stream.objectformat import object_key
+
+OBJECT_COLUMNS = ("object_id", "kind", "state", "size_bytes", "ranges", "key")
+_LIMIT = 100_000
+"""The metadata store's largest query limit."""
+
+
+async def object_rows(metadata: MetadataStore, *, node_id: NodeId, namespace: str) -> list[dict[str, Any]]:
+    """One row per object the metadata knows, with the stream ranges it holds (``stream:[start,end)``)."""
+    ranges: dict[ObjectId, list[str]] = {}
+    for sso in await metadata.get_stream_set_objects(node_id):
+        ranges[sso.object_id] = [f"{r.stream_id}:[{r.start_offset},{r.end_offset})" for r in sso.ranges]
+    for stream in await metadata.list_streams():
+        if stream.end_offset <= stream.start_offset:
+            continue
+        for so in await metadata.get_stream_objects(
+            stream_id=stream.stream_id, start_offset=stream.start_offset, end_offset=-1, limit=_LIMIT
+        ):
+            ranges[so.object_id] = [f"{so.stream_id}:[{so.start_offset},{so.end_offset})"]
+    rows = []
+    for obj in sorted(await metadata.list_objects(), key=lambda o: o.object_id):
+        rows.append(
+            {
+                "object_id": obj.object_id,
+                "kind": obj.kind.name if obj.kind is not None else "-",
+                "state": obj.state.name,
+                "size_bytes": obj.size_bytes,
+                "ranges": " ".join(ranges.get(obj.object_id, [])) or "-",
+                "key": object_key(obj.object_id, namespace),
+            }
+        )
+    return rows
+
+
+async def _objects(args: argparse.Namespace) -> int:
+    client = await open_client(args)
+    try:
+        rows = await object_rows(
+            client.engine.metadata, node_id=client.engine.node_id, namespace=client.config.namespace
+        )
+    finally:
+        await client.close()
+    print_rows(rows, OBJECT_COLUMNS, as_json=args.json)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "objects", help="list objects with their kind, stream ranges, sizes and states"
+    )
+    add_engine_args(parser)
+    parser.set_defaults(func=lambda args: run(_objects(args)))

@@ -1,0 +1,113 @@
+"""``s3stream streams``: the streams of an engine with their offsets, epochs and state.
+
+This module also holds what every engine subcommand (produce, fetch, streams, objects, demo)
+shares: the ``--data-dir / --bucket-uri / --config / --json`` options, opening the client, opening
+a stream for this process, and printing a table or JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from s3stream._loop import run
+from s3stream.config import Config
+from s3stream.engine.client import Client, Stream
+from s3stream.ids import StreamId
+from s3stream.metadata.base import StreamMetadata, StreamState
+
+DATA_DIR_ENV = "S3STREAM_DATA_DIR"
+DATA_DIR_DEFAULT = "s3stream-data"
+
+
+def add_engine_args(parser: argparse.ArgumentParser, *, tabular: bool = True) -> None:
+    """The options every engine subcommand takes."""
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get(DATA_DIR_ENV, DATA_DIR_DEFAULT),
+        help=f"engine directory: WAL, metadata, local objects (default ${DATA_DIR_ENV} or ./{DATA_DIR_DEFAULT})",
+    )
+    parser.add_argument(
+        "--bucket-uri",
+        default=None,
+        help='put objects there instead of <data-dir>/objects, e.g. "0@s3://bucket?endpoint=...&pathStyle=true"',
+    )
+    parser.add_argument(
+        "--config", default=None, metavar="FILE.toml", help="configuration file (AutoMQ key names)"
+    )
+    if tabular:
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+async def open_client(args: argparse.Namespace) -> Client:
+    """The client of ``--data-dir``; config from ``--config`` and the ``S3STREAM_*`` environment."""
+    config = Config.from_sources(args.config)
+    return await Client.open(args.data_dir, bucket_uri=args.bucket_uri, config=config)
+
+
+def next_epoch(meta: StreamMetadata) -> int:
+    """The epoch a new owner opens with: the current one if the stream was left open by this node's
+    previous process (reopening recovers it), the next one if it was closed."""
+    if meta.epoch < 0:
+        return 0
+    return meta.epoch if meta.state == StreamState.OPENED else meta.epoch + 1
+
+
+async def open_existing(client: Client, stream_id: StreamId) -> Stream:
+    """Open an existing stream (NotFoundError if there is none) for this process."""
+    meta = await client.engine.metadata.describe_stream(stream_id)
+    return await client.streams.open_stream(stream_id, epoch=next_epoch(meta))
+
+
+def print_rows(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, as_json: bool, out: TextIO | None = None
+) -> None:
+    """Rows as an aligned table (columns in order) or as one JSON array."""
+    out = out or sys.stdout
+    if as_json:
+        json.dump([dict(row) for row in rows], out, indent=None, default=str)
+        out.write("\n")
+        return
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip() + "\n")
+    for r in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def stream_rows(streams: Sequence[StreamMetadata]) -> list[dict[str, Any]]:
+    return [
+        {
+            "stream_id": m.stream_id,
+            "epoch": m.epoch,
+            "state": m.state.name,
+            "start_offset": m.start_offset,
+            "end_offset": m.end_offset,
+            "ranges": len(m.ranges),
+            "tags": ",".join(f"{k}={v}" for k, v in sorted(m.tags.items())),
+        }
+        for m in sorted(streams, key=lambda m: m.stream_id)
+    ]
+
+
+STREAM_COLUMNS = ("stream_id", "epoch", "state", "start_offset", "end_offset", "ranges", "tags")
+
+
+async def _streams(args: argparse.Namespace) -> int:
+    client = await open_client(args)
+    try:
+        streams = await client.streams.list_streams()
+    finally:
+        await client.close()
+    print_rows(stream_rows(streams), STREAM_COLUMNS, as_json=args.json)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("streams", help="list streams with their offsets, epochs and state")
+    add_engine_args(parser)
+    parser.set_defaults(func=lambda args: run(_streams(args)))

@@ -85,14 +85,16 @@ def test_objects_lists_committed_objects_with_their_ranges(
     committed = [r for r in rows if r["state"] == "COMMITTED"]
     assert committed, rows
     ranges = " ".join(str(r["ranges"]) for r in committed)
-    assert "0:[0,5)" in ranges and "1:[0,5)" in ranges
+    assert "0:[0,5)" in ranges
+    assert "1:[0,5)" in ranges
     assert all(int(str(r["size_bytes"])) > 0 for r in committed)
 
 
 def test_errors_print_one_line_and_exit_2(engine_args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fetch", *engine_args, "--stream", "42"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("s3stream fetch: error:") and "Traceback" not in err
+    assert err.startswith("s3stream fetch: error:")
+    assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert main(["produce", *engine_args, "--streams", "0"]) == 2
     assert "--streams" in capsys.readouterr().err
@@ -116,4 +118,5 @@ def test_demo_round_trips_through_object_storage(
     out = capsys.readouterr().out
     assert "demo OK" in out
     assert out.count("200/200 match") == 3
-    assert "s3stream inspect object" in out and "footer: index position" in out
+    assert "s3stream inspect object" in out
+    assert "footer: index position" in out

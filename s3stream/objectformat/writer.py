@@ -238,6 +238,7 @@ class ObjectWriter:
         buf = self._buf
         pack = RECORD_HEADER.pack
         threshold = self._block_size_bytes
+        part_size = self._part_size_bytes
         stream = self._open_stream
         open_at = self._open_at
         start_offset = self._open_start_offset
@@ -262,6 +263,9 @@ class ObjectWriter:
                 if stream is not None:
                     self._open_count, self._last_end = record_count, last_end
                     self._cut_block()
+                    if len(buf) >= part_size:  # let the caller hand out a part first
+                        self._last_stream = stream
+                        return i - 1
                 stream = b.stream_id
                 open_at = len(buf)
                 start_offset = base_offset

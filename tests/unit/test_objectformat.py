@@ -406,6 +406,21 @@ async def test_writer_streams_parts_of_at_least_part_size_as_blocks_complete() -
     assert [r.base_offset for b in blocks for r in b.records] == list(range(130))
 
 
+async def test_parts_go_out_while_many_small_streams_are_written_in_one_call() -> None:
+    storage = MemoryObjectStorage()
+    upload = _RecordingUpload(storage.upload("o"))
+    writer = ObjectWriter(upload, part_size_bytes=5 << 20)
+    batches = [StreamRecordBatch(s, 0, 0, 1, b"q" * 1024) for s in range(6000)]  # 6000 blocks, 6.2 MiB
+    await writer.write(batches)
+    assert len(upload.writes) == 1
+    assert upload.writes[0] >= 5 << 20
+    written = await writer.close()
+    assert len(written.index) == 6000
+    reader = await ObjectReader.open(storage, "o", written.size_bytes)
+    [block] = await reader.read_blocks(reader.find(5999, 0).entries)
+    assert block.records == (batches[-1],)
+
+
 async def test_closed_writer_refuses_calls_and_abort_publishes_nothing() -> None:
     storage = MemoryObjectStorage()
     writer = ObjectWriter(storage.upload("a"))

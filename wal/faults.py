@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mmap
 import random
+import threading
 from typing import Literal
 
 from wal.errors import WalIOError
@@ -31,8 +32,13 @@ class FaultyDevice:
         self.writes = 0
         self.syncs = 0
         self.closed = False
+        self._lock = threading.Lock()
 
     def write(self, pos: int, data: bytes | bytearray | memoryview | mmap.mmap) -> None:
+        with self._lock:
+            self._write(pos, data)
+
+    def _write(self, pos: int, data: bytes | bytearray | memoryview | mmap.mmap) -> None:
         if self.fail_after_writes is not None:
             if self.fail_after_writes <= 0:
                 raise WalIOError("injected write failure")
@@ -50,6 +56,10 @@ class FaultyDevice:
         return n
 
     def sync(self) -> None:
+        with self._lock:
+            self._sync()
+
+    def _sync(self) -> None:
         for pos, chunk in self.unsynced:
             self.durable[pos : pos + len(chunk)] = chunk
         self.unsynced.clear()
@@ -60,6 +70,10 @@ class FaultyDevice:
 
     def crash(self, rng: random.Random, mode: Literal["drop", "sectors", "tear"] = "sectors") -> bytearray:
         """The device image a power cut would leave now (this device is unchanged)."""
+        with self._lock:
+            return self._crash(rng, mode)
+
+    def _crash(self, rng: random.Random, mode: str) -> bytearray:
         image = bytearray(self.durable)
         if mode == "drop" or not self.unsynced:
             return image

@@ -96,7 +96,7 @@ def encode_wal_header(h: WalHeader) -> bytes:
     return body + _CRC.pack(crc32c(body))
 
 
-def decode_wal_header(data: bytes | memoryview) -> WalHeader | None:
+def decode_wal_header(data: bytes | bytearray | memoryview) -> WalHeader | None:
     """The header in ``data``, or None when the copy is missing, torn or from another format."""
     if len(data) < WAL_HEADER_SIZE:
         return None
@@ -177,7 +177,7 @@ def encode_padding(*, offset: int, length: int, wal_id: int) -> bytes:
     return bytes(buf)
 
 
-def decode_record_header(data: bytes | memoryview, pos: int = 0) -> RecordHeader | None:
+def decode_record_header(data: bytes | bytearray | memoryview, pos: int = 0) -> RecordHeader | None:
     """The record header at ``data[pos:]``, or None when it is absent, torn or not ours."""
     if len(data) - pos < RECORD_HEADER_SIZE:
         return None

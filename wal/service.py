@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import contextlib
 import itertools
 import os
 import random
@@ -33,6 +34,7 @@ from wal.errors import (
     WalArgumentError,
     WalCapacityError,
     WalClosedError,
+    WalCorruptionError,
     WalError,
     WalFencedError,
     WalIOError,
@@ -112,6 +114,7 @@ class BlockWAL:
         self._header_waiters: list[asyncio.Future[None]] = []
         self._wake: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._writing: _Group | None = None
         self._wbuf = aligned_buffer(config.write_max_bytes)
         self._pbuf = aligned_buffer(config.block_size_bytes)
         self._zeros = bytes(config.block_size_bytes)
@@ -157,8 +160,15 @@ class BlockWAL:
         buf = aligned_buffer(2 * block)
         self._device.read_into(0, memoryview(buf)[: 2 * block])
         copies = [decode_wal_header(memoryview(buf)[k * block : k * block + block]) for k in (0, 1)]
+        blank = buf[: 2 * block] == bytes(2 * block)
         buf.close()
         valid = [h for h in copies if h is not None]
+        if not valid and not blank:
+            raise WalCorruptionError(
+                "neither header slot holds a valid WAL header and they are not zero: refusing to treat the "
+                "device as new (zero its first 2 blocks to create a WAL there)",
+                position=0,
+            )
         if not valid:
             self._wal_id = random.getrandbits(32) | 1
             header = WalHeader(
@@ -265,8 +275,9 @@ class BlockWAL:
             await self._loop.run_in_executor(self._pool, self._device.close)
         finally:
             self._pool.shutdown(wait=True)
-            self._wbuf.close()
-            self._pbuf.close()
+            with contextlib.suppress(BufferError):  # a failed write's traceback may still hold a view
+                self._wbuf.close()
+                self._pbuf.close()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -406,7 +417,9 @@ class BlockWAL:
                 if self._pending:
                     group = self._seal()
                     if group is not None:
+                        self._writing = group
                         offsets = await loop.run_in_executor(self._pool, self._write_group, group)
+                        self._writing = None
                         self._complete(group, offsets)
                         continue
                     if self._config.on_full == "error" or self._closing:
@@ -437,6 +450,11 @@ class BlockWAL:
                 req.fut.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
+        if self._writing is not None:
+            for req, _ in self._writing.parts:
+                if not req.fut.done():
+                    req.fut.set_exception(exc)
+            self._writing = None
         self._fail_pending(exc)
         for fut in self._header_waiters:
             if not fut.done():

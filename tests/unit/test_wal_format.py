@@ -1,0 +1,131 @@
+"""WAL codecs: golden bytes, round trips, byte surgery on headers, config limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from wal import InvalidWalConfig, WalConfig
+from wal.format import (
+    DATA_MAGIC,
+    FLAG_FIRST,
+    NO_CLEAN_END,
+    PAD_MAGIC,
+    RECORD_HEADER_SIZE,
+    WAL_HEADER_SIZE,
+    WalHeader,
+    decode_record_header,
+    decode_wal_header,
+    encode_padding,
+    encode_record,
+    encode_wal_header,
+)
+
+WAL_ID = 0x0A0B0C0D
+GOLDEN_RECORD = (
+    bytes.fromhex("57414c52010100000a0b0c0d000000000000000500000000000020009a71bb4c56738516") + b"hello"
+)
+GOLDEN_PADDING = bytes.fromhex("57414c50010100000a0b0c0d0000000000003000000000000000100000000000e3506c7b")
+GOLDEN_HEADER_FIELDS = WalHeader(
+    seq=7,
+    wal_id=WAL_ID,
+    block_size=4096,
+    capacity=1 << 20,
+    node_id=1,
+    node_epoch=5,
+    trim_offset=100,
+    start_offset=0,
+    write_max=69632,
+    clean_end_offset=NO_CLEAN_END,
+)
+GOLDEN_HEADER = bytes.fromhex(
+    "57414c48"
+    "0001"
+    "0000"
+    "0000000000000007"
+    "0a0b0c0d"
+    "00001000"
+    "0000000000100000"
+    "00000001"
+    "00000000"
+    "0000000000000005"
+    "0000000000000064"
+    "0000000000000000"
+    "0000000000011000"
+    "ffffffffffffffff"
+    "4b824640"
+)
+
+
+def test_record_golden_bytes() -> None:
+    assert encode_record(body=b"hello", offset=8192, wal_id=WAL_ID, first=True) == GOLDEN_RECORD
+    h = decode_record_header(GOLDEN_RECORD)
+    assert h is not None
+    assert (h.magic, h.flags, h.wal_id, h.length, h.offset) == (DATA_MAGIC, FLAG_FIRST, WAL_ID, 5, 8192)
+
+
+def test_padding_golden_bytes() -> None:
+    assert encode_padding(offset=4096, length=12288, wal_id=WAL_ID) == GOLDEN_PADDING
+    h = decode_record_header(GOLDEN_PADDING)
+    assert h is not None
+    assert (h.magic, h.length, h.offset, h.body_crc) == (PAD_MAGIC, 12288, 4096, 0)
+
+
+def test_wal_header_golden_bytes_and_round_trip() -> None:
+    assert len(GOLDEN_HEADER) == WAL_HEADER_SIZE
+    assert encode_wal_header(GOLDEN_HEADER_FIELDS) == GOLDEN_HEADER
+    assert decode_wal_header(GOLDEN_HEADER) == GOLDEN_HEADER_FIELDS
+
+
+@pytest.mark.parametrize("index", range(RECORD_HEADER_SIZE))
+def test_record_header_any_flipped_byte_is_rejected(index: int) -> None:
+    damaged = bytearray(GOLDEN_RECORD)
+    damaged[index] ^= 0x40
+    assert decode_record_header(damaged) is None
+
+
+@pytest.mark.parametrize("index", range(WAL_HEADER_SIZE))
+def test_wal_header_any_flipped_byte_is_rejected(index: int) -> None:
+    damaged = bytearray(GOLDEN_HEADER)
+    damaged[index] ^= 0x01
+    assert decode_wal_header(damaged) is None
+
+
+@pytest.mark.parametrize("cut", [0, 1, RECORD_HEADER_SIZE - 1])
+def test_truncated_record_header_is_rejected(cut: int) -> None:
+    assert decode_record_header(GOLDEN_RECORD[:cut]) is None
+
+
+def test_truncated_wal_header_is_rejected() -> None:
+    assert decode_wal_header(GOLDEN_HEADER[:-1]) is None
+
+
+def test_zeroed_bytes_are_no_record() -> None:
+    assert decode_record_header(bytes(64)) is None
+    assert decode_wal_header(bytes(4096)) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"block_size_bytes": 3000},
+        {"capacity_bytes": 1000},
+        {"record_max_bytes": 0},
+        {"capacity_bytes": 1 << 20, "record_max_bytes": 1 << 20},  # two largest writes do not fit
+        {"inflight_max_bytes": 1 << 10},
+        {"io_threads": 0},
+        {"on_full": "drop"},
+        {"direct_io": "yes"},
+        {"node_epoch": -1},
+        {"capacity_bytes": True},
+    ],
+)
+def test_config_rejects_out_of_range_values(kwargs: dict[str, object]) -> None:
+    with pytest.raises(InvalidWalConfig):
+        WalConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_config_rounds_capacity_down_to_blocks() -> None:
+    config = WalConfig(capacity_bytes=(8 << 20) + 1000, record_max_bytes=1 << 20, inflight_max_bytes=4 << 20)
+    assert config.device_bytes == 8 << 20
+    assert config.record_area_bytes == (8 << 20) - 8192
+    assert config.write_max_bytes % 4096 == 0

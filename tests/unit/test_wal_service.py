@@ -1,0 +1,332 @@
+"""The WAL service on in-memory devices: append, order, trim, wrap-around, full, failures, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from wal import (
+    BlockWAL,
+    FaultyDevice,
+    InvalidWalConfig,
+    MemoryDevice,
+    SyncBlockWAL,
+    WalArgumentError,
+    WalCapacityError,
+    WalClosedError,
+    WalConfig,
+    WalCorruptionError,
+    WalFencedError,
+    WalIOError,
+    WalLockedError,
+    WalStateError,
+)
+from wal.format import RECORD_HEADER_SIZE, decode_wal_header
+
+CONFIG = WalConfig(
+    capacity_bytes=256 << 10,
+    record_max_bytes=8 << 10,
+    batch_max_bytes=16 << 10,
+    inflight_max_bytes=64 << 10,
+    direct_io="off",
+)
+AREA = CONFIG.record_area_bytes
+
+
+def body(i: int, size: int = 100) -> bytes:
+    return i.to_bytes(4, "big") * (size // 4) + bytes(size % 4)
+
+
+async def reopen(dev: MemoryDevice, config: WalConfig = CONFIG) -> tuple[BlockWAL, list[tuple[int, bytes]]]:
+    wal = await BlockWAL.open(MemoryDevice(dev.size_bytes, dev.data), config)
+    return wal, [(r.offset, r.data) async for r in wal.recover()]
+
+
+async def test_append_returns_increasing_offsets_and_recover_returns_them() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    assert wal.mode == "memory"
+    offsets = [await wal.append(body(i)) for i in range(20)]
+    assert offsets == sorted(offsets)
+    assert offsets[1] - offsets[0] >= 100 + RECORD_HEADER_SIZE
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert recs == [(o, body(i)) for i, o in enumerate(offsets)]
+    await wal.close()
+
+
+async def test_concurrent_appends_complete_in_offset_order_in_few_groups() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    done: list[int] = []
+
+    async def one(i: int) -> None:
+        done.append(await wal.append(body(i, 50)))
+
+    await asyncio.gather(*(one(i) for i in range(200)))
+    assert done == sorted(done)
+    assert wal.stats["groups"] < 20
+    await wal.close()
+
+
+async def test_append_many_returns_offsets_in_order() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    data = [body(i, 30 + i % 50) for i in range(1000)]
+    offsets = await wal.append_many(data)
+    assert offsets == sorted(offsets)
+    assert await wal.append_many([]) == []
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert recs == list(zip(offsets, data, strict=True))
+    await wal.close()
+
+
+async def test_trim_drops_records_strictly_below_the_offset() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    offsets = [await wal.append(body(i)) for i in range(10)]
+    await wal.trim(offsets[4])
+    assert wal.trim_offset == offsets[4]
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert [o for o, _ in recs] == offsets[4:]
+    await wal.trim(wal.next_offset)
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert recs == []
+    await wal.close()
+
+
+async def test_trim_beyond_the_end_is_an_argument_error() -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+    await wal.append(b"x")
+    with pytest.raises(WalArgumentError):
+        await wal.trim(wal.next_offset + 1)
+    await wal.close()
+
+
+async def test_record_above_max_is_an_argument_error() -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+    with pytest.raises(WalArgumentError):
+        await wal.append(bytes(CONFIG.record_max_bytes + 1))
+    assert await wal.append(bytes(CONFIG.record_max_bytes)) == 0
+    await wal.close()
+
+
+async def test_wrap_around_over_many_cycles_keeps_untrimmed_records() -> None:
+    rng = random.Random(7)
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    live: dict[int, bytes] = {}
+    i = 0
+    while wal.next_offset < 12 * AREA:
+        batch = [body(i + k, rng.randrange(1, 6000)) for k in range(rng.randrange(1, 8))]
+        i += len(batch)
+        for o, d in zip(await wal.append_many(batch), batch, strict=True):
+            live[o] = d
+        if wal.used_bytes > AREA // 2:
+            cut = sorted(live)[len(live) // 2]
+            await wal.trim(cut)
+            live = {o: d for o, d in live.items() if o >= cut}
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert dict(recs) == live
+    assert [o for o, _ in recs] == sorted(live)
+    await wal.close()
+
+
+async def test_full_device_raises_capacity_error_and_never_overwrites() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    written: list[int] = []
+
+    async def fill() -> None:
+        for i in range(10_000):
+            written.append(await wal.append(body(i, 4000)))
+
+    with pytest.raises(WalCapacityError):
+        await fill()
+    assert len(written) > 40
+    await wal.trim(written[10])
+    written.append(await wal.append(body(99, 4000)))  # room again after the trim
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert [o for o, _ in recs] == written[10:]
+    await wal.close()
+
+
+async def test_full_device_in_wait_mode_waits_for_a_trim() -> None:
+    config = WalConfig(**{**CONFIG.__dict__, "on_full": "wait"})
+    wal = await BlockWAL.open(MemoryDevice(config.device_bytes), config)
+    written = [await wal.append(body(i, 4000)) for i in range(AREA // 4096)]  # one block each: full
+    blocked = asyncio.ensure_future(wal.append(body(1000, 4000)))
+    await asyncio.sleep(0.05)
+    assert not blocked.done()
+    await wal.trim(written[20])
+    assert await asyncio.wait_for(blocked, 5) > written[-1]
+    await wal.close()
+
+
+async def test_append_before_recover_is_refused() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    await wal.append(b"a")
+    await wal.close()
+    wal = await BlockWAL.open(MemoryDevice(dev.size_bytes, dev.data), CONFIG)
+    with pytest.raises(WalStateError):
+        await wal.append(b"b")
+    assert [r.data async for r in wal.recover()] == [b"a"]
+    await wal.append(b"b")
+    await wal.close()
+    with pytest.raises(WalClosedError):
+        await wal.append(b"c")
+
+
+async def test_device_failure_fails_every_pending_append_and_later_calls() -> None:
+    dev = FaultyDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    await wal.append(b"ok")
+    dev.fail_after_writes = 0
+    results = await asyncio.gather(*(wal.append(body(i)) for i in range(50)), return_exceptions=True)
+    assert all(isinstance(r, WalIOError) for r in results)
+    with pytest.raises(WalClosedError):
+        await wal.append(b"later")
+    await wal.close()
+
+
+async def test_stale_header_copy_is_used_when_the_newest_is_damaged() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    offsets = [await wal.append(body(i)) for i in range(10)]
+    await wal.trim(offsets[3])
+    await wal.trim(offsets[6])  # newest header copy: trim at offsets[6]
+    seqs = [decode_wal_header(dev.data[k * 4096 : (k + 1) * 4096]) for k in (0, 1)]
+    await wal.close()
+    # damage the copy written by close() and the trim before it: the trim to offsets[3] copy wins
+    newest = max((h.seq, k) for k, h in enumerate(seqs) if h is not None)[1]
+    closing_slot = 1 - newest
+    dev.data[closing_slot * 4096 + 10] ^= 0xFF
+    wal, recs = await reopen(dev)
+    assert [o for o, _ in recs] == offsets[6:]
+    await wal.close()
+
+
+async def test_both_header_copies_damaged_is_corruption_not_a_new_wal() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    await wal.append(b"x")
+    await wal.close()
+    dev.data[10] ^= 1
+    dev.data[4096 + 10] ^= 1
+    with pytest.raises(WalCorruptionError):
+        await BlockWAL.open(MemoryDevice(dev.size_bytes, dev.data), CONFIG)
+
+
+async def test_flipped_byte_in_a_middle_record_raises_corruption_with_position() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    offsets = [await wal.append(body(i, 500)) for i in range(10)]
+    await wal.close()
+    pos = 8192 + offsets[4] + RECORD_HEADER_SIZE + 7
+    dev.data[pos] ^= 0x10
+    with pytest.raises(WalCorruptionError) as info:
+        await reopen(dev)
+    assert info.value.position == 8192 + offsets[4]
+
+
+async def test_flipped_byte_in_last_record_after_clean_close_is_corruption() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    offsets = [await wal.append(body(i, 500)) for i in range(3)]
+    await wal.close()
+    dev.data[8192 + offsets[-1] + 3] ^= 0x10
+    with pytest.raises(WalCorruptionError):
+        await reopen(dev)
+
+
+async def test_torn_last_group_after_a_crash_is_the_end_of_the_log() -> None:
+    rng = random.Random(3)
+    modes: tuple[Literal["drop", "sectors", "tear"], ...] = ("drop", "sectors", "tear")
+    for mode in modes:
+        dev = FaultyDevice(CONFIG.device_bytes)
+        wal = await BlockWAL.open(dev, CONFIG)
+        acked = [await wal.append(body(i, 700)) for i in range(5)]
+        tasks = [asyncio.ensure_future(wal.append(body(100 + i, 700))) for i in range(20)]
+        await asyncio.sleep(0)
+        done_before = {t.result() for t in tasks if t.done()}
+        image = dev.crash(rng, mode)
+        await wal.close()
+        wal, recs = await reopen(MemoryDevice(len(image), image))
+        got = dict(recs)
+        for i, o in enumerate(acked):
+            assert got[o] == body(i, 700)
+        assert done_before <= set(got)
+        for _, d in recs:
+            assert d in {body(i, 700) for i in [*range(5), *range(100, 120)]}
+        await wal.close()
+
+
+async def test_bridge_after_a_crash_keeps_the_torn_tail_out_of_later_recoveries() -> None:
+    dev = FaultyDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    first = [await wal.append(body(i, 300)) for i in range(4)]
+    tasks = [asyncio.ensure_future(wal.append(body(50 + i, 300))) for i in range(30)]
+    await asyncio.sleep(0)
+    image = dev.crash(random.Random(1), "sectors")
+    await wal.close()
+    for t in tasks:
+        await asyncio.gather(t, return_exceptions=True)
+    mem = MemoryDevice(len(image), image)
+    wal, recs1 = await reopen(mem)
+    assert [o for o, _ in recs1][:4] == first
+    later = [await wal.append(body(200 + i, 300)) for i in range(5)]
+    assert later[0] >= recs1[-1][0] + CONFIG.write_max_bytes  # new offsets lie beyond any torn write
+    wal._device.close()  # crash again, without a clean close
+    wal, recs2 = await reopen(mem)
+    assert recs2 == recs1 + [(o, body(200 + i, 300)) for i, o in enumerate(later)]
+    await wal.close()
+
+
+async def test_new_wal_node_epoch_is_fenced_by_a_newer_header() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    newer = WalConfig(**{**CONFIG.__dict__, "node_epoch": 5})
+    wal = await BlockWAL.open(dev, newer)
+    await wal.close()
+    with pytest.raises(WalFencedError):
+        await BlockWAL.open(MemoryDevice(dev.size_bytes, dev.data), CONFIG)
+
+
+async def test_file_wal_is_created_zero_filled_locked_and_size_checked(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    wal = await BlockWAL.open(path, CONFIG)
+    assert os.path.getsize(path) == CONFIG.device_bytes
+    assert wal.mode in ("O_DIRECT+fdatasync", "buffered+fdatasync")
+    with pytest.raises(WalLockedError):
+        await BlockWAL.open(path, CONFIG)
+    o = await wal.append(b"persisted")
+    await wal.close()
+    other = WalConfig(**{**CONFIG.__dict__, "capacity_bytes": 512 << 10})
+    with pytest.raises(InvalidWalConfig):
+        await BlockWAL.open(path, other)
+    wal = await BlockWAL.open(path, CONFIG)
+    assert [(r.offset, r.data) async for r in wal.recover()] == [(o, b"persisted")]
+    await wal.close()
+
+
+def test_sync_facade_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    config = WalConfig(**{**CONFIG.__dict__, "direct_io": "auto"})
+    with SyncBlockWAL(path, config) as wal:
+        assert wal.recover() == []
+        a = wal.append(b"a")
+        b = wal.append_many([b"b", b"c"])
+        wal.trim(b[0])
+    with SyncBlockWAL(path, config) as wal:
+        assert [(r.offset, r.data) for r in wal.recover()] == [(b[0], b"b"), (b[1], b"c")]
+        assert a < b[0]

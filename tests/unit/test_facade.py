@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from s3stream.engine.client import Client
 from s3stream.engine.core import Engine
 from s3stream.engine.walport import MemoryWal
 from s3stream.errors import ClosedError, FencedError, InvalidArgumentError, OffsetOutOfRangeError
-from s3stream.facade import SyncClient, _LoopThread
+from s3stream.facade import SyncClient, _LoopThread, open_sync
 from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
@@ -127,3 +128,23 @@ def test_call_from_the_loop_thread_is_refused() -> None:
         client.loop.call_soon_threadsafe(inside)
         assert stream.next_offset == 0  # runs after `inside` on the loop: nothing was appended
         assert len(failures) == 1
+
+
+def test_open_sync_on_an_embedded_data_dir_survives_a_reopen(tmp_path: Path) -> None:
+    config = Config(
+        wal_capacity_bytes=16 * MiB,
+        wal_record_size_max_bytes=1 * MiB,
+        record_size_max_bytes=512 * 1024,
+        wal_cache_size_bytes=4 * MiB,
+        wal_upload_threshold_bytes=1 * MiB,
+    )
+    with open_sync(tmp_path / "data", config=config) as client:
+        stream = client.streams.create_and_open_stream(tags={"name": "t"})
+        offsets = [stream.append(RecordBatch(f"r{i}".encode())) for i in range(5)]
+        assert offsets == [0, 1, 2, 3, 4]
+        stream_id = stream.stream_id
+    with open_sync(tmp_path / "data", config=config) as client:
+        [meta] = client.streams.list_streams()
+        assert (meta.stream_id, meta.end_offset, dict(meta.tags)) == (stream_id, 5, {"name": "t"})
+        with client.streams.open_stream(stream_id, epoch=meta.epoch + 1) as stream:
+            assert [b.payload for b in stream.fetch(0, 5)] == [f"r{i}".encode() for i in range(5)]

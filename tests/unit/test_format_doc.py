@@ -22,10 +22,12 @@ import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
-DOCUMENTED_MODULES: list[str] = ["s3stream.record", "s3stream.objectformat.codec"]
+DOCUMENTED_MODULES: list[str] = ["s3stream.record", "s3stream.objectformat.codec", "wal.format"]
 EXAMPLES: dict[str, tuple[str, str]] = {
     "automq-object": ("tests.unit.test_objectformat", "AUTOMQ_OBJECT"),
     "s3stream-object": ("tests.unit.test_objectformat", "OBJECT"),
+    "wal-record": ("tests.unit.test_wal_format", "GOLDEN_RECORD"),
+    "wal-header": ("tests.unit.test_wal_format", "GOLDEN_HEADER"),
 }
 
 TYPE_CODES = {"i8": "b", "u8": "B", "i16": "h", "u16": "H", "i32": "i", "u32": "I", "i64": "q", "u64": "Q"}

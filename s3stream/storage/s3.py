@@ -120,7 +120,10 @@ class S3Config:
             raise InvalidArgumentError("S3 bucket name is empty")
         if self.prefix:
             prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
-            validate_prefix(prefix)
+            try:
+                validate_prefix(prefix)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"S3 key prefix {self.prefix!r} is not valid: {exc}") from None
             object.__setattr__(self, "prefix", prefix)
         if self.checksum_mode not in ("when_supported", "when_required"):
             raise InvalidArgumentError(
@@ -171,6 +174,7 @@ def translate_error(exc: Exception, what: str) -> S3StreamError:
         (
             TimeoutError,
             botocore.exceptions.HTTPClientError,
+            botocore.exceptions.ConnectionError,
             botocore.exceptions.ResponseStreamingError,
             botocore.exceptions.IncompleteReadError,
             botocore.exceptions.FlexibleChecksumError,

@@ -30,7 +30,7 @@ from s3stream.storage.retry import RetryPolicy
 from s3stream.storage.s3 import S3Config
 
 _ID_PREFIX = re.compile(r"^(?:(-?\d+)@)?(?P<rest>.*)$", re.DOTALL)
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,254}$", re.IGNORECASE)
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-_]{0,254}$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

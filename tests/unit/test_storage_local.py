@@ -106,7 +106,7 @@ async def test_closed_store_rejects_calls(tmp_path: Path) -> None:
         await store.put("a", b"1")
 
 
-def _race_writer(root: str, index: int, start: multiprocessing.synchronize.Event) -> bool:  # type: ignore[name-defined]
+def _race_writer(root: str, index: int, start: multiprocessing.synchronize.Event) -> bool:
     store = LocalObjectStorage(root)
     start.wait()
 

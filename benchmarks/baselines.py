@@ -207,7 +207,7 @@ async def raw_s3_put_get(
                 object_bytes * object_count,
                 object_count,
             )
-            client.meta.events.unregister("before-send.s3", put.requests._on_before_send)
+            put.requests.detach(client)
             if get:
                 got.requests.attach(client)
                 with ResourceMeter() as meter:
@@ -219,7 +219,7 @@ async def raw_s3_put_get(
                     object_bytes * object_count,
                     object_count,
                 )
-                client.meta.events.unregister("before-send.s3", got.requests._on_before_send)
+                got.requests.detach(client)
         finally:
             if cleanup:
                 for start in range(0, len(keys), 1000):

@@ -267,6 +267,8 @@ async def run_one(
         meter.usage.peak_rss_bytes,
     )
     run.s3_requests = counter.snapshot()
+    moved_bytes = run.s3_requests["bytes_written"] + run.s3_requests["bytes_read"]
+    run.s3_requests["per_gib_moved"] = counter.per_gib(moved_bytes) if moved_bytes else {}
     for result in run.results:
         result.workload = result.workload or name
     return run

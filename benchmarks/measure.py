@@ -285,9 +285,22 @@ class RequestCounter:
             written = 0
         self.count(operation, written=written)
 
+    def _on_after_call(self, **kwargs: Any) -> None:
+        if not kwargs.get("event_name", "").endswith(".GetObject"):
+            return
+        parsed = kwargs.get("parsed") or {}
+        with contextlib.suppress(TypeError, ValueError), self._lock:
+            self.bytes_read += int(parsed.get("ContentLength", 0) or 0)
+
     def attach(self, client: Any) -> None:
-        """Count every request an aiobotocore (or botocore) S3 client sends from now on."""
+        """Count every request an aiobotocore (or botocore) S3 client sends from now on (every HTTP
+        attempt, retries included), the bytes PUT and the bytes of GetObject answers."""
         client.meta.events.register("before-send.s3", self._on_before_send)
+        client.meta.events.register("after-call.s3.GetObject", self._on_after_call)
+
+    def detach(self, client: Any) -> None:
+        client.meta.events.unregister("before-send.s3", self._on_before_send)
+        client.meta.events.unregister("after-call.s3.GetObject", self._on_after_call)
 
     @contextlib.contextmanager
     def count_aiobotocore(self) -> Iterator[RequestCounter]:

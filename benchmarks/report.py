@@ -11,7 +11,8 @@ JSON schema (``schema`` = ``s3stream-bench/1``)::
       "parameters": {workloads, quick, seed, run_id, params, target: {kind, endpoint, bucket, region}},
       "workloads": {name: {status: ok|error|missing, error, duration_s, cpu_s, cpu_util,
                            peak_rss_bytes, s3_requests: {by_class, by_operation, bytes_written,
-                           bytes_read}, result_count}},
+                           bytes_read, per_gib_moved: {class: requests per GiB PUT + GET}},
+                           result_count}},
       "results": [{workload, metric, value, unit, baseline, baseline_value, ratio,
                    higher_is_better, extra}],
       "notes": [str]

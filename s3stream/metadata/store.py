@@ -16,6 +16,7 @@ from typing import TypeVar
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
+from s3stream.metadata import object_ops, queries, stream_ops
 from s3stream.metadata.base import (
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
@@ -51,20 +52,26 @@ class TransactionalStore(abc.ABC):
 
     # -- nodes and streams ------------------------------------------------------------------
     async def register_node(self, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
-        return await self._transact(partial(ctl.register_node, node_id=node_id, node_epoch=node_epoch))
+        return await self._transact(partial(stream_ops.register_node, node_id=node_id, node_epoch=node_epoch))
 
     async def create_stream(
         self, *, node_id: NodeId, node_epoch: int, tags: Mapping[str, str] | None = None
     ) -> StreamId:
         return await self._transact(
-            partial(ctl.create_stream, node_id=node_id, node_epoch=node_epoch, tags=tags)
+            partial(stream_ops.create_stream, node_id=node_id, node_epoch=node_epoch, tags=tags)
         )
 
     async def open_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
     ) -> StreamMetadata:
         return await self._transact(
-            partial(ctl.open_stream, node_id=node_id, node_epoch=node_epoch, stream_id=stream_id, epoch=epoch)
+            partial(
+                stream_ops.open_stream,
+                node_id=node_id,
+                node_epoch=node_epoch,
+                stream_id=stream_id,
+                epoch=epoch,
+            )
         )
 
     async def close_stream(
@@ -72,7 +79,11 @@ class TransactionalStore(abc.ABC):
     ) -> None:
         await self._transact(
             partial(
-                ctl.close_stream, node_id=node_id, node_epoch=node_epoch, stream_id=stream_id, epoch=epoch
+                stream_ops.close_stream,
+                node_id=node_id,
+                node_epoch=node_epoch,
+                stream_id=stream_id,
+                epoch=epoch,
             )
         )
 
@@ -81,7 +92,7 @@ class TransactionalStore(abc.ABC):
     ) -> None:
         await self._transact(
             partial(
-                ctl.trim_stream,
+                stream_ops.trim_stream,
                 node_id=node_id,
                 node_epoch=node_epoch,
                 stream_id=stream_id,
@@ -92,7 +103,9 @@ class TransactionalStore(abc.ABC):
 
     async def delete_stream(self, *, stream_id: StreamId, epoch: int) -> None:
         now_ms = self._clock_ms()
-        await self._transact(partial(ctl.delete_stream, stream_id=stream_id, epoch=epoch, now_ms=now_ms))
+        await self._transact(
+            partial(stream_ops.delete_stream, stream_id=stream_id, epoch=epoch, now_ms=now_ms)
+        )
 
     async def describe_stream(self, stream_id: StreamId) -> StreamMetadata:
         stream = await self._query(lambda view: view.stream(stream_id))
@@ -106,22 +119,24 @@ class TransactionalStore(abc.ABC):
     # -- objects ----------------------------------------------------------------------------
     async def prepare_objects(self, *, count: int, ttl_ms: int) -> ObjectId:
         now_ms = self._clock_ms()
-        return await self._transact(partial(ctl.prepare_objects, count=count, ttl_ms=ttl_ms, now_ms=now_ms))
+        return await self._transact(
+            partial(object_ops.prepare_objects, count=count, ttl_ms=ttl_ms, now_ms=now_ms)
+        )
 
     async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
         now_ms = self._clock_ms()
-        await self._transact(partial(ctl.commit_stream_set_object, req=request, now_ms=now_ms))
+        await self._transact(partial(object_ops.commit_stream_set_object, req=request, now_ms=now_ms))
 
     async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None:
         now_ms = self._clock_ms()
-        await self._transact(partial(ctl.commit_stream_object, req=request, now_ms=now_ms))
+        await self._transact(partial(object_ops.commit_stream_object, req=request, now_ms=now_ms))
 
     async def get_objects(
         self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int
     ) -> list[ObjectSlice]:
         return await self._query(
             partial(
-                ctl.get_objects,
+                queries.get_objects,
                 stream_id=stream_id,
                 start_offset=start_offset,
                 end_offset=end_offset,
@@ -137,7 +152,7 @@ class TransactionalStore(abc.ABC):
     ) -> list[StreamObject]:
         return await self._query(
             partial(
-                ctl.get_stream_objects,
+                queries.get_stream_objects,
                 stream_id=stream_id,
                 start_offset=start_offset,
                 end_offset=end_offset,
@@ -156,10 +171,10 @@ class TransactionalStore(abc.ABC):
         return await self._query(lambda view: view.objects(wanted))
 
     async def expire_prepared(self, *, now_ms: int) -> list[ObjectId]:
-        return await self._transact(partial(ctl.expire_prepared, now_ms=now_ms))
+        return await self._transact(partial(object_ops.expire_prepared, now_ms=now_ms))
 
     async def mark_destroyed(self, object_ids: Sequence[ObjectId], *, now_ms: int) -> None:
-        await self._transact(partial(ctl.mark_destroyed, object_ids=tuple(object_ids), now_ms=now_ms))
+        await self._transact(partial(object_ops.mark_destroyed, object_ids=tuple(object_ids), now_ms=now_ms))
 
     async def destroyable_objects(self, *, marked_before_ms: int, limit: int) -> list[S3ObjectMetadata]:
         if not isinstance(limit, int) or not 1 <= limit <= ctl.GET_LIMIT_MAX:
@@ -167,14 +182,14 @@ class TransactionalStore(abc.ABC):
         return await self._query(lambda view: view.destroyable(marked_before_ms, limit))
 
     async def remove_objects(self, object_ids: Sequence[ObjectId]) -> None:
-        await self._transact(partial(ctl.remove_objects, object_ids=tuple(object_ids)))
+        await self._transact(partial(object_ops.remove_objects, object_ids=tuple(object_ids)))
 
     # -- KV ---------------------------------------------------------------------------------
     async def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bytes:
-        return await self._transact(partial(ctl.kv_put, key=key, value=value, overwrite=overwrite))
+        return await self._transact(partial(stream_ops.kv_put, key=key, value=value, overwrite=overwrite))
 
     async def kv_get(self, key: str) -> bytes | None:
-        return await self._query(partial(ctl.kv_get, key=key))
+        return await self._query(partial(stream_ops.kv_get, key=key))
 
     async def kv_delete(self, key: str) -> bytes | None:
-        return await self._transact(partial(ctl.kv_delete, key=key))
+        return await self._transact(partial(stream_ops.kv_delete, key=key))

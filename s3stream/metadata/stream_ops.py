@@ -1,0 +1,246 @@
+"""Stream and node operations and KV pairs: preconditions in AutoMQ's order, changes written.
+
+Reference sections 1.3, 1.5 and 1.6 (registration, create, open, close, trim, delete; KV).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from s3stream.errors import (
+    ConflictError,
+    ErrorCode,
+    FencedError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+from s3stream.ids import NodeId, StreamId
+from s3stream.metadata.base import (
+    ObjectState,
+    RangeMetadata,
+    StreamMetadata,
+    StreamObject,
+    StreamState,
+)
+from s3stream.metadata.changes import (
+    Counter,
+    PutKv,
+    PutNode,
+    PutObject,
+    PutRange,
+    PutStream,
+    RemoveKv,
+    RemoveRange,
+    RemoveStream,
+    SetCounter,
+)
+from s3stream.metadata.controller import (
+    GET_LIMIT_MAX,
+    KV_KEY_CHARS_MAX,
+    KV_VALUE_BYTES_MAX,
+    StateView,
+    Txn,
+    check_int,
+    check_node,
+    check_tags,
+    marked,
+    node_epoch_check,
+    ownership_check,
+    put_stream,
+)
+
+
+def register_node(txn: Txn, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
+    """AutoMQ getOpeningStreams: (re-)register the node, return the OPENED streams it owns."""
+    check_node(node_id, node_epoch)
+    stored = txn.view.node_epoch(node_id)
+    if stored is not None and node_epoch < stored:
+        raise FencedError(
+            f"node {node_id} epoch {node_epoch} is older than the registered {stored}",
+            code=ErrorCode.NODE_EPOCH_EXPIRED,
+        )
+    if stored != node_epoch:
+        txn.write(PutNode(node_id, node_epoch))
+    return [s for s in txn.view.opened_streams() if s.ranges and s.ranges[-1].node_id == node_id]
+
+
+def create_stream(txn: Txn, *, node_id: NodeId, node_epoch: int, tags: Mapping[str, str] | None) -> StreamId:
+    check_node(node_id, node_epoch)
+    tags = dict(tags or {})
+    check_tags(tags)
+    node_epoch_check(txn.view, node_id, node_epoch)
+    stream_id = StreamId(txn.view.next_id(Counter.STREAM_ID))
+    txn.write(SetCounter(Counter.STREAM_ID, stream_id + 1))
+    txn.write(PutStream(stream_id, -1, StreamState.CLOSED, 0, 0, tags))
+    return stream_id
+
+
+def _removable_ranges(ranges: Sequence[RangeMetadata], stream_objects: Sequence[StreamObject]) -> list[int]:
+    """Indexes of non-last ranges that are empty or inside the first contiguous run of stream objects."""
+    run: tuple[int, int] | None = None
+    for so in stream_objects:
+        if run is None:
+            run = (so.start_offset, so.end_offset)
+        elif so.start_offset <= run[1]:
+            run = (run[0], max(run[1], so.end_offset))
+        else:
+            break
+    removable = []
+    for r in ranges[:-1]:
+        empty = r.start_offset == r.end_offset
+        covered = run is not None and run[0] <= r.start_offset and r.end_offset <= run[1]
+        if empty or covered:
+            removable.append(r.range_index)
+    return removable
+
+
+def open_stream(
+    txn: Txn, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
+) -> StreamMetadata:
+    check_node(node_id, node_epoch)
+    check_int("stream_id", stream_id, low=0)
+    check_int("epoch", epoch, low=0)
+    view = txn.view
+    node_epoch_check(view, node_id, node_epoch)
+    stream = view.stream(stream_id)
+    if stream is None:
+        raise NotFoundError(f"stream {stream_id} does not exist", code=ErrorCode.STREAM_NOT_EXIST)
+    if stream.epoch > epoch:
+        raise FencedError(
+            f"stream {stream_id} epoch {epoch} is fenced by epoch {stream.epoch}",
+            code=ErrorCode.STREAM_FENCED,
+        )
+    if stream.epoch == epoch:  # a retried open, or open -> close -> open with one epoch
+        if not stream.ranges:
+            raise ConflictError(f"stream {stream_id} has no current range", code=ErrorCode.STREAM_INNER_ERROR)
+        owner = stream.ranges[-1].node_id
+        if owner != node_id:
+            raise FencedError(
+                f"stream {stream_id} epoch {epoch} is owned by node {owner}", code=ErrorCode.STREAM_FENCED
+            )
+        if stream.state == StreamState.CLOSED:
+            stream = dataclasses.replace(stream, state=StreamState.OPENED)
+            put_stream(txn, stream)
+        return stream
+    if stream.state == StreamState.OPENED:
+        raise ConflictError(
+            f"stream {stream_id} is still opened with epoch {stream.epoch}", code=ErrorCode.STREAM_NOT_CLOSED
+        )
+    ranges = list(stream.ranges)
+    if ranges and ranges[-1].end_offset != stream.end_offset:
+        ranges[-1] = dataclasses.replace(ranges[-1], end_offset=stream.end_offset)
+        txn.write(PutRange(ranges[-1]))
+    next_index = ranges[-1].range_index + 1 if ranges else 0
+    new_range = RangeMetadata(stream_id, epoch, next_index, stream.end_offset, stream.end_offset, node_id)
+    txn.write(PutRange(new_range))
+    ranges.append(new_range)
+    removable = _removable_ranges(ranges, view.stream_objects_from(stream_id, -1, GET_LIMIT_MAX))
+    for index in removable:
+        txn.write(RemoveRange(stream_id, index))
+    kept = tuple(r for r in ranges if r.range_index not in removable)
+    stream = dataclasses.replace(stream, epoch=epoch, state=StreamState.OPENED, ranges=kept)
+    put_stream(txn, stream)
+    return stream
+
+
+def close_stream(txn: Txn, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int) -> None:
+    check_node(node_id, node_epoch)
+    check_int("stream_id", stream_id, low=0)
+    check_int("epoch", epoch, low=0)
+    node_epoch_check(txn.view, node_id, node_epoch)
+    stream = ownership_check(txn.view, stream_id, epoch, node_id)
+    if stream.state == StreamState.CLOSED:
+        return
+    put_stream(txn, dataclasses.replace(stream, state=StreamState.CLOSED))
+
+
+def trim_stream(
+    txn: Txn, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int, new_start_offset: int
+) -> None:
+    check_node(node_id, node_epoch)
+    check_int("stream_id", stream_id, low=0)
+    check_int("epoch", epoch, low=0)
+    check_int("new_start_offset", new_start_offset, low=0)
+    node_epoch_check(txn.view, node_id, node_epoch)
+    stream = ownership_check(txn.view, stream_id, epoch, node_id)
+    if stream.state != StreamState.OPENED:
+        raise ConflictError(f"stream {stream_id} is not opened", code=ErrorCode.STREAM_NOT_OPENED)
+    if new_start_offset < stream.start_offset:
+        raise ConflictError(
+            f"stream {stream_id} cannot trim back from {stream.start_offset} to {new_start_offset}",
+            code=ErrorCode.OFFSET_NOT_MATCHED,
+        )
+    if new_start_offset == stream.start_offset:
+        return
+    end_offset = max(stream.end_offset, new_start_offset)
+    put_stream(txn, dataclasses.replace(stream, start_offset=new_start_offset, end_offset=end_offset))
+    last = stream.ranges[-1]
+    for r in stream.ranges:
+        if r.start_offset >= new_start_offset:
+            break
+        if r is last:
+            end = max(new_start_offset, r.end_offset)
+            txn.write(PutRange(dataclasses.replace(r, start_offset=new_start_offset, end_offset=end)))
+        elif r.end_offset <= new_start_offset:
+            txn.write(RemoveRange(stream_id, r.range_index))
+        else:
+            txn.write(PutRange(dataclasses.replace(r, start_offset=new_start_offset)))
+
+
+def delete_stream(txn: Txn, *, stream_id: StreamId, epoch: int, now_ms: int) -> None:
+    """No node or epoch check (AutoMQ's topic cleanup passes Long.MAX); a missing stream is a no-op."""
+    check_int("stream_id", stream_id, low=0)
+    check_int("epoch", epoch, low=-1)
+    stream = txn.view.stream(stream_id)
+    if stream is None:
+        return
+    if stream.state != StreamState.CLOSED:
+        raise ConflictError(f"stream {stream_id} is not closed", code=ErrorCode.STREAM_NOT_CLOSED)
+    for so in txn.view.stream_objects_from(stream_id, -1, GET_LIMIT_MAX):
+        obj = txn.view.object(so.object_id)
+        if obj is None or obj.state == ObjectState.MARK_DESTROYED:
+            raise ConflictError(
+                f"stream object {so.object_id} of stream {stream_id} is not live",
+                code=ErrorCode.STREAM_INNER_ERROR,
+            )
+        txn.write(PutObject(marked(obj, now_ms)))
+    txn.write(RemoveStream(stream_id))
+
+
+# -- KV ------------------------------------------------------------------------------------------
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not 1 <= len(key) <= KV_KEY_CHARS_MAX:
+        raise InvalidArgumentError(f"a key is a str of 1..{KV_KEY_CHARS_MAX} chars, got {key!r:.80}")
+
+
+def kv_put(txn: Txn, key: str, value: bytes, *, overwrite: bool) -> bytes:
+    """putKV / putKVIfAbsent: without ``overwrite`` an existing value wins and is returned."""
+    _check_key(key)
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"a value is bytes, got {type(value).__name__}")
+    value = bytes(value)
+    if len(value) > KV_VALUE_BYTES_MAX:
+        raise InvalidArgumentError(f"a value is at most {KV_VALUE_BYTES_MAX} bytes, got {len(value)}")
+    if not overwrite:
+        existing = txn.view.kv(key)
+        if existing is not None:
+            return existing
+    txn.write(PutKv(key, value))
+    return value
+
+
+def kv_get(view: StateView, key: str) -> bytes | None:
+    _check_key(key)
+    return view.kv(key)
+
+
+def kv_delete(txn: Txn, key: str) -> bytes | None:
+    """delKV: the old value, or None when the key was absent (KEY_NOT_EXIST counts as success)."""
+    _check_key(key)
+    existing = txn.view.kv(key)
+    if existing is not None:
+        txn.write(RemoveKv(key))
+    return existing

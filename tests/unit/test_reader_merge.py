@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from s3stream.engine.reader import merge_fetch
 from s3stream.errors import CorruptionError, InvalidArgumentError
@@ -111,3 +113,49 @@ def test_works_on_fetched_batches_too() -> None:
     cached = [FetchedBatch(6, 4, b"c")]
     got = merge_fetch(cached, objects, start_offset=1, end_offset=10, max_bytes=100)
     assert [b.payload for b in got] == [b"a", b"b", b"c"]
+
+
+def reference(
+    all_batches: list[StreamRecordBatch], start: int, end: int, max_bytes: int
+) -> list[StreamRecordBatch]:
+    """The model: scan the whole stream from the batch holding ``start``."""
+    out: list[StreamRecordBatch] = []
+    budget = max_bytes
+    for b in all_batches:
+        if b.end_offset <= start:
+            continue
+        if b.base_offset >= end or (out and budget <= 0):
+            break
+        out.append(b)
+        budget -= len(b.payload)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 4), min_size=1, max_size=30),
+    sizes=st.data(),
+    cut=st.integers(0, 30),
+    start_frac=st.floats(0, 1),
+    end_frac=st.floats(0, 1),
+    max_bytes=st.integers(1, 300),
+)
+def test_merge_equals_a_scan_of_the_whole_stream(
+    counts: list[int], sizes: st.DataObject, cut: int, start_frac: float, end_frac: float, max_bytes: int
+) -> None:
+    base, all_batches = 0, []
+    for count in counts:
+        size = sizes.draw(st.integers(0, 40))
+        all_batches.append(StreamRecordBatch(1, 0, base, count, b"p" * size))
+        base += count
+    total = base
+    start = min(total - 1, int(start_frac * total))
+    end = start + 1 + int(end_frac * (total - start - 1))
+    cached = all_batches[min(cut, len(all_batches)) :]
+    cache_start = cached[0].base_offset if cached else total
+    # what the object reader returns for [start, cache_start) under the same byte hint
+    from_objects = (
+        reference(all_batches, start, min(end, cache_start), max_bytes) if start < cache_start else []
+    )
+    got = merge_fetch(cached, from_objects, start_offset=start, end_offset=end, max_bytes=max_bytes)
+    assert got == reference(all_batches, start, end, max_bytes)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,26 +24,35 @@ NS = "model"
 NODE = NodeId(0)
 
 
+@dataclass(frozen=True)
+class Layout:
+    counts: list[int]
+    sizes: list[int]
+    cuts: list[int]
+    block_size: int
+    cache_bytes: int
+    scan_max_bytes: int
+    reads: list[tuple[float, float, int]]
+
+
 @st.composite
-def layouts(draw: st.DrawFn) -> dict[str, object]:
+def layouts(draw: st.DrawFn) -> Layout:
     counts = draw(st.lists(st.integers(1, 3), min_size=1, max_size=60))
     sizes = draw(st.lists(st.integers(0, 200), min_size=len(counts), max_size=len(counts)))
     cuts = sorted(set(draw(st.lists(st.integers(1, len(counts)), max_size=4))) - {len(counts)})
     reads = draw(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), st.integers(1, 2000)), max_size=6))
-    return {
-        "counts": counts,
-        "sizes": sizes,
-        "cuts": cuts,
-        "block_size": draw(st.integers(1, 600)),
-        "cache_bytes": draw(st.sampled_from([1500, 4000, 1 << 20])),
-        "scan_max_bytes": draw(st.integers(1, 1500)),
-        "reads": reads,
-    }
+    return Layout(
+        counts=counts,
+        sizes=sizes,
+        cuts=cuts,
+        block_size=draw(st.integers(1, 600)),
+        cache_bytes=draw(st.sampled_from([1500, 4000, 1 << 20])),
+        scan_max_bytes=draw(st.integers(1, 1500)),
+        reads=reads,
+    )
 
 
-async def check(layout: dict[str, object]) -> None:
-    counts: list[int] = layout["counts"]  # type: ignore[assignment]
-    sizes: list[int] = layout["sizes"]  # type: ignore[assignment]
+async def check(layout: Layout) -> None:
     storage, metadata = MemoryObjectStorage(), MemoryMetadataStore()
     await metadata.register_node(node_id=NODE, node_epoch=1)
     s = await metadata.create_stream(node_id=NODE, node_epoch=1)
@@ -49,16 +60,16 @@ async def check(layout: dict[str, object]) -> None:
     for stream_id in (s, other):
         await metadata.open_stream(node_id=NODE, node_epoch=1, stream_id=stream_id, epoch=0)
     batches, base = [], 0
-    for count, size in zip(counts, sizes, strict=True):
+    for count, size in zip(layout.counts, layout.sizes, strict=True):
         batches.append(StreamRecordBatch(s, 0, base, count, bytes([base % 256]) * size))
         base += count
-    bounds = [0, *layout["cuts"], len(batches)]  # type: ignore[misc]
-    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    bounds = [0, *layout.cuts, len(batches)]
+    for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         object_id = await metadata.prepare_objects(count=1, ttl_ms=60_000)
         writer = ObjectWriter(
             storage.upload(object_key(object_id, NS)), block_size_bytes=layout["block_size"]
         )  # type: ignore[arg-type]
-        await writer.write(batches[lo:hi] + [StreamRecordBatch(other, 0, i, 1, b"o" * 30)])
+        await writer.write([*batches[lo:hi], StreamRecordBatch(other, 0, i, 1, b"o" * 30)])
         written = await writer.close()
         await metadata.commit_stream_set_object(
             CommitStreamSetObjectRequest(
@@ -74,7 +85,7 @@ async def check(layout: dict[str, object]) -> None:
         metadata,
         storage,
         namespace=NS,
-        block_cache=BlockCache[DataBlock](layout["cache_bytes"]),  # type: ignore[arg-type]
+        block_cache=BlockCache[DataBlock](layout.cache_bytes),
         reader_cache=ObjectReaderCache(storage),
         readahead=ReadaheadSettings(initial_bytes=256, step_bytes=256, max_bytes=4096, free_guard_bytes=0),
     )
@@ -83,13 +94,13 @@ async def check(layout: dict[str, object]) -> None:
         # a sequential consumer, letting readahead run between reads
         offset, scanned = 0, []
         while offset < total:
-            got = await reader.read(s, offset, total, layout["scan_max_bytes"])  # type: ignore[arg-type]
-            assert got == reference(batches, offset, total, layout["scan_max_bytes"])  # type: ignore[arg-type]
+            got = await reader.read(s, offset, total, layout.scan_max_bytes)
+            assert got == reference(batches, offset, total, layout.scan_max_bytes)
             scanned.extend(got)
             offset = got[-1].end_offset
             await asyncio.sleep(0)
         assert scanned == batches
-        for start_frac, end_frac, max_bytes in layout["reads"]:  # type: ignore[attr-defined]
+        for start_frac, end_frac, max_bytes in layout.reads:
             start = min(total - 1, int(start_frac * total))
             end = start + 1 + int(end_frac * (total - start - 1))
             assert await reader.read(s, start, end, max_bytes) == reference(batches, start, end, max_bytes)
@@ -100,5 +111,5 @@ async def check(layout: dict[str, object]) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts())
-def test_reads_equal_the_model(layout: dict[str, object]) -> None:
+def test_reads_equal_the_model(layout: Layout) -> None:
     run(check(layout))

@@ -66,9 +66,7 @@ async def check(layout: Layout) -> None:
     bounds = [0, *layout.cuts, len(batches)]
     for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         object_id = await metadata.prepare_objects(count=1, ttl_ms=60_000)
-        writer = ObjectWriter(
-            storage.upload(object_key(object_id, NS)), block_size_bytes=layout["block_size"]
-        )  # type: ignore[arg-type]
+        writer = ObjectWriter(storage.upload(object_key(object_id, NS)), block_size_bytes=layout.block_size)  # type: ignore[arg-type]
         await writer.write([*batches[lo:hi], StreamRecordBatch(other, 0, i, 1, b"o" * 30)])
         written = await writer.close()
         await metadata.commit_stream_set_object(

@@ -21,14 +21,12 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
-
-from sortedcontainers import SortedDict
+from typing import Any, Protocol, TypeVar
 
 from s3stream.config import Config
 from s3stream.engine.logcache import LogCache, LogCacheBlock
 from s3stream.engine.upload import ObjectUploader, UploadPlan, plan_upload
-from s3stream.engine.walbody import decode_body, encode_group, encode_plain
+from s3stream.engine.walbody import decode_body, encode_group
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.errors import (
     CapacityError,
@@ -118,7 +116,6 @@ class StreamHandle:
     status: Status = Status.OPEN
     error: S3StreamError | None = None
     queue: deque[_Pending] = field(default_factory=deque)
-    pending: set[asyncio.Future[None]] = field(default_factory=set)
 
     def check_writable(self) -> None:
         if self.status is Status.FENCED:
@@ -186,7 +183,10 @@ class Engine:
         self.streams: dict[int, StreamHandle] = {}
         self._seq = 0
         # seq -> [wal offset or None while in flight, records not yet committed, body bytes]
-        self._uncommitted: SortedDict = SortedDict()
+        self._uncommitted: dict[int, list[Any]] = {}
+        """In seq order (dicts keep insertion order and seqs only grow)."""
+        self._wal_room_bytes = int(config.wal_capacity_bytes * 0.9)
+
         self._max_wal_end = 0
         self._wal_pending_bytes = 0
         self._block_seqs: dict[int, list[int]] = {}
@@ -297,8 +297,8 @@ class Engine:
             return
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
-        if handle.pending:
-            await asyncio.gather(*handle.pending, return_exceptions=True)
+        if handle.queue:
+            await asyncio.gather(*(p.future for p in handle.queue), return_exceptions=True)
         try:
             if not was_fenced and self._failed is None:
                 await self.force_upload(handle.stream_id)
@@ -353,33 +353,48 @@ class Engine:
         Returns the base offsets; returns once the record is durable, the KV puts are in metadata and
         every earlier append of the same streams is acknowledged.
         """
-        self._check_alive()
+        if self._failed is not None or self._closed:
+            self._check_alive()
+        size = 0
+        record_max = self.config.record_size_max_bytes
         for handle, payload, _ in appends:
-            handle.check_writable()
-            if len(payload) > self.config.record_size_max_bytes:
+            if handle.status is not Status.OPEN:
+                handle.check_writable()
+            if len(payload) > record_max:
                 raise InvalidArgumentError(
-                    f"record batch of {len(payload)} bytes is above s3.record.size.max "
-                    f"({self.config.record_size_max_bytes})"
+                    f"record batch of {len(payload)} bytes is above s3.record.size.max ({record_max})"
                 )
-        size = sum(len(p) for _, p, _ in appends) + sum(len(k) + len(v) for k, v in kv_puts)
-        await self._admit(size)
+            size += len(payload)
+        for key, value in kv_puts:
+            size += len(key) + len(value)
+        if not self._has_room(size):
+            await self._admit(size)
+            for handle, _, _ in appends:
+                handle.check_writable()
         # No await from here until the WAL write: offsets are assigned in submission order.
-        for handle, _, _ in appends:
-            handle.check_writable()
         by_stream: dict[int, list[StreamRecordBatch]] = {}
-        bases: list[int] = []
         handles: dict[int, StreamHandle] = {}
-        for handle, payload, count in appends:
-            base = handle.next_offset
-            handle.next_offset += count
-            record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, bytes(payload))
-            by_stream.setdefault(handle.stream_id, []).append(record)
-            handles[handle.stream_id] = handle
-            bases.append(base)
         if len(appends) == 1 and not kv_puts:
-            body = encode_plain(by_stream[appends[0][0].stream_id][0])
+            handle, payload, count = appends[0]
+            base = handle.next_offset
+            handle.next_offset = base + count
+            record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, payload)
+            by_stream[handle.stream_id] = [record]
+            handles[handle.stream_id] = handle
+            bases = [base]
+            body = record.encode()
+            record_count = 1
         else:
+            bases = []
+            for handle, payload, count in appends:
+                base = handle.next_offset
+                handle.next_offset += count
+                record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, bytes(payload))
+                by_stream.setdefault(handle.stream_id, []).append(record)
+                handles[handle.stream_id] = handle
+                bases.append(base)
             body = encode_group([r for rs in by_stream.values() for r in rs], kv_puts)
+            record_count = len(appends)
         if len(body) > self.config.wal_record_size_max_bytes:
             for handle, _, count in reversed(appends):
                 handle.next_offset -= count
@@ -388,17 +403,15 @@ class Engine:
                 f"({self.config.wal_record_size_max_bytes})"
             )
         seq = self._seq
-        self._seq += 1
-        record_count = sum(len(rs) for rs in by_stream.values())
+        self._seq = seq + 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pending = _Pending(seq, by_stream, future, remaining=len(by_stream))
+        entry: list[Any] | None = None
         if record_count:
-            self._uncommitted[seq] = [None, record_count, len(body)]
+            entry = self._uncommitted[seq] = [None, record_count, len(body)]
             self._wal_pending_bytes += len(body)
-        for _stream_id, handle in handles.items():
+        for handle in handles.values():
             handle.queue.append(pending)
-            handle.pending.add(future)
-            future.add_done_callback(handle.pending.discard)
         try:
             offset = await self._wal_append(body)
             for key, value in kv_puts:
@@ -409,28 +422,37 @@ class Engine:
         except BaseException as exc:
             self._append_failed(pending, handles.values(), UnavailableError(f"append interrupted: {exc!r}"))
             raise
-        entry = self._uncommitted.get(seq)
         if entry is not None:
             entry[0] = offset
-        self._max_wal_end = max(self._max_wal_end, offset + 1)
+        if offset >= self._max_wal_end:
+            self._max_wal_end = offset + 1
         pending.persisted = True
-        if not pending.by_stream:
+        if not by_stream:
             future.set_result(None)
         for handle in handles.values():
             self._sequence(handle)
-        await future
-        self.stats.appended_records += record_count
-        self.stats.appended_bytes += size
+        if not future.done():
+            await future
+        elif future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+        stats = self.stats
+        stats.appended_records += record_count
+        stats.appended_bytes += size
         return bases
+
+    def _has_room(self, size_bytes: int) -> bool:
+        return (
+            self.cache.size_bytes + size_bytes <= self.cache.capacity_bytes
+            and self._wal_pending_bytes + size_bytes <= self._wal_room_bytes
+        )
 
     async def _admit(self, size_bytes: int) -> None:
         """Wait for room in the LogCache and the WAL; CapacityError after the configured wait."""
         deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
-        wal_room = self.config.wal_capacity_bytes * 0.9
         while True:
             self._check_alive()
             if self.cache.has_room(size_bytes) and (
-                self._wal_pending_bytes + size_bytes <= wal_room or self._wal_pending_bytes == 0
+                self._wal_pending_bytes + size_bytes <= self._wal_room_bytes or self._wal_pending_bytes == 0
             ):
                 return
             self._archive_and_upload()
@@ -447,11 +469,14 @@ class Engine:
 
     async def _wal_append(self, body: bytes) -> int:
         timeout_s = self.config.wal_append_timeout_ms / 1000
-        deadline = self.clock() + max(timeout_s, self.config.append_backpressure_wait_ms / 1000)
+        deadline = -1.0
         while True:
             try:
-                return await asyncio.wait_for(self.wal.append(body), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    return await self.wal.append(body)
             except CapacityError:
+                if deadline < 0:
+                    deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
                 if self.clock() >= deadline:
                     raise
                 self._archive_and_upload()
@@ -622,6 +647,8 @@ class Engine:
 
     def _after_commit(self, task: _UploadTask, request: CommitStreamSetObjectRequest) -> None:
         self.stats.uploads += 1
+        self.stats.uploaded_stream_count += len(task.stream_ids)
+        self.stats.uploaded_bytes += task.block.size_bytes
         self.stats.objects_committed += (1 if request.object_id >= 0 else 0) + len(request.stream_objects)
         for seq in self._block_seqs.pop(task.block.block_id, []):
             entry = self._uncommitted.get(seq)
@@ -643,8 +670,8 @@ class Engine:
         """The WAL offset below which every record is committed (None: not known yet)."""
         if not self._uncommitted:
             return self._max_wal_end if self._max_wal_end > 0 else None
-        offset = self._uncommitted.peekitem(0)[1][0]
-        return offset if offset is not None else None
+        first = self._uncommitted[next(iter(self._uncommitted))]
+        return first[0] if first[0] is not None else None
 
     async def _trim_wal(self, offset: int) -> None:
         try:
@@ -791,6 +818,9 @@ class EngineStats:
     appended_records: int = 0
     appended_bytes: int = 0
     uploads: int = 0
+    uploaded_stream_count: int = 0
+    """Sum over uploads of the streams each held (what a writer with one object per stream would PUT)."""
+    uploaded_bytes: int = 0
     objects_committed: int = 0
     upload_retries: int = 0
     object_reads: int = 0

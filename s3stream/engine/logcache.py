@@ -10,43 +10,46 @@ the cache holds more than 90 % of its capacity. No I/O, no clock: the caller pas
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 
-from sortedcontainers import SortedKeyList
+from sortedcontainers import SortedDict
 
-from s3stream.record import StreamRecordBatch
+from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 
 FREE_THRESHOLD_RATIO = 0.9
 """Free blocks are released once the cache holds more than this share of its capacity (AutoMQ 4.4)."""
 
 
-def _base_offset(record: StreamRecordBatch) -> int:
-    return record.base_offset
-
-
 class StreamCache:
-    """One stream's records within one block: ``[start_offset, end_offset)`` in offset order."""
+    """One stream's records within one block: ``[start_offset, end_offset)`` in offset order.
 
-    __slots__ = ("records", "size_bytes")
+    Records arrive in offset order (the sequencer guarantees it), so plain lists stay sorted and
+    ``bases`` (their base offsets) serves binary search.
+    """
+
+    __slots__ = ("bases", "records", "size_bytes")
 
     def __init__(self) -> None:
-        self.records: SortedKeyList = SortedKeyList(key=_base_offset)
+        self.records: list[StreamRecordBatch] = []
+        self.bases: list[int] = []
         self.size_bytes = 0
 
     @property
     def start_offset(self) -> int:
-        return int(self.records[0].base_offset)
+        return self.bases[0]
 
     @property
     def end_offset(self) -> int:
-        return int(self.records[-1].end_offset)
+        return self.records[-1].end_offset
 
     def add(self, record: StreamRecordBatch) -> None:
         assert not self.records or record.base_offset == self.end_offset, (
             f"stream {record.stream_id}: record at {record.base_offset} after end {self.end_offset}"
         )
-        self.records.add(record)
+        self.records.append(record)
+        self.bases.append(record.base_offset)
         self.size_bytes += record.encoded_size
 
     def overlapping(self, start_offset: int, end_offset: int) -> list[StreamRecordBatch]:
@@ -54,9 +57,9 @@ class StreamCache:
         if not self.records or start_offset >= self.end_offset or end_offset <= self.start_offset:
             return []
         # The record containing start_offset is the last one whose base offset is <= start_offset.
-        index = max(self.records.bisect_key_right(start_offset) - 1, 0)
+        index = max(bisect.bisect_right(self.bases, start_offset) - 1, 0)
         out: list[StreamRecordBatch] = []
-        for record in self.records.islice(index):
+        for record in itertools.islice(self.records, index, None):
             if record.base_offset >= end_offset:
                 break
             if record.end_offset > start_offset:
@@ -70,7 +73,8 @@ class LogCacheBlock:
 
     block_id: int
     created_at_s: float
-    streams: dict[int, StreamCache] = field(default_factory=dict)
+    streams: SortedDict = field(default_factory=SortedDict)
+    """stream id -> StreamCache, in ascending stream id (the StreamSet object's order)."""
     size_bytes: int = 0
     free: bool = False
     archived: bool = False
@@ -80,11 +84,11 @@ class LogCacheBlock:
         if cache is None:
             cache = self.streams[record.stream_id] = StreamCache()
         cache.add(record)
-        self.size_bytes += record.encoded_size
+        self.size_bytes += len(record.payload) + RECORD_HEADER_SIZE
 
     def records_by_stream(self) -> list[tuple[int, list[StreamRecordBatch]]]:
         """Every stream's records, streams in ascending id order (the StreamSet object order)."""
-        return [(stream_id, list(self.streams[stream_id].records)) for stream_id in sorted(self.streams)]
+        return [(stream_id, list(cache.records)) for stream_id, cache in self.streams.items()]
 
     def is_empty(self) -> bool:
         return not self.streams
@@ -191,7 +195,7 @@ class LogCache:
     def stream_end_offset(self, stream_id: int) -> int | None:
         """End offset of the newest cached record of a stream (None if none is cached)."""
         for block in reversed(self.blocks):
-            cache = block.streams.get(stream_id)
+            cache: StreamCache | None = block.streams.get(stream_id)
             if cache is not None:
                 return cache.end_offset
         return None

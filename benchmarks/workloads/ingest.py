@@ -1,0 +1,218 @@
+"""Workload ``ingest``: the engine's write path into 1,000 streams, against the WAL alone and a naive writer.
+
+For 1 KiB and 64 KiB records, ``producers`` concurrent tasks append round-robin over ``streams``
+streams of the embedded engine (block WAL file in the scratch dir, SQLite metadata, the target's
+object store: S3 when given, the local store otherwise; default Config, so uploads start at
+``s3.wal.upload.threshold`` = 32 MiB). Figures, each beside a baseline measured in the same run:
+
+- **ingest MB/s** (acknowledged payload / time) vs the **WAL alone**: the same concurrency appending
+  bodies of the same size straight to a :class:`wal.BlockWAL` (goal ratio >= 0.8).
+- **drain MB/s**: ingest plus the wait until everything is committed to object storage, vs **raw PUT**
+  MB/s of 16 MiB objects to the same store (uploads keep up when the ratio is near or above the
+  ingest ratio: the upload path is not the bottleneck).
+- **PUT requests per GiB** vs a **naive writer** that, on the same schedule (every upload the engine
+  made), writes one object per stream present (goal <= 1/100).
+- **append p99 latency** while uploads run, at half the measured maximum rate (1 KiB records,
+  ``s3.wal.upload.threshold`` 8 MiB so several uploads overlap the run), vs the WAL alone at the
+  same rate (goal <= 3 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from benchmarks.core import Context, Result
+from benchmarks.measure import CountingStorage, LatencyRecorder, RequestCounter, per_gib
+from s3stream.assembly import open_block_wal, open_client
+from s3stream.config import Config
+from s3stream.engine.client import Client, Stream
+from s3stream.model import RecordBatch
+from s3stream.record import RECORD_HEADER_SIZE
+from s3stream.storage.base import ObjectStorage
+
+KiB = 1 << 10
+MiB = 1 << 20
+W = "ingest"
+RAW_PUT_BYTES = 16 * MiB
+
+
+async def _open_engine(ctx: Context, name: str, config: Config) -> tuple[Client, RequestCounter]:
+    counter = RequestCounter()
+    storage: ObjectStorage = CountingStorage(ctx.open_storage(name), counter)
+    client = await open_client(ctx.scratch(name), config=config, storage=storage)
+    return client, counter
+
+
+async def _engine_ingest(
+    ctx: Context, *, record_bytes: int, total_bytes: int, stream_count: int, producers: int
+) -> dict[str, float]:
+    client, counter = await _open_engine(ctx, f"engine-{record_bytes}", Config())
+    try:
+        streams = [await client.streams.create_and_open_stream() for _ in range(stream_count)]
+        appends = total_bytes // record_bytes
+        payload = os.urandom(record_bytes)
+
+        async def producer(index: int) -> None:
+            for n in range(index, appends, producers):
+                await streams[n % stream_count].append(RecordBatch(payload))
+
+        counter.reset()
+        started = time.perf_counter()
+        await asyncio.gather(*(producer(i) for i in range(producers)))
+        ingest_s = time.perf_counter() - started
+        await client.engine.force_upload(None)
+        drain_s = time.perf_counter() - started
+        stats = client.engine.stats
+        return {
+            "ingest_mb_s": appends * record_bytes / 1e6 / ingest_s,
+            "drain_mb_s": appends * record_bytes / 1e6 / drain_s,
+            "payload_bytes": appends * record_bytes,
+            "put_requests": counter.by_class.get("PUT", 0),
+            "naive_puts": stats.uploaded_stream_count,
+            "uploads": stats.uploads,
+            "objects": stats.objects_committed,
+        }
+    finally:
+        await client.close()
+
+
+async def _wal_alone(
+    ctx: Context, name: str, *, record_bytes: int, total_bytes: int, producers: int, rate_per_s: float = 0
+) -> tuple[float, LatencyRecorder]:
+    """MB/s (or latency at ``rate_per_s`` appends/s) of BlockWAL appends of engine-sized bodies."""
+    config = Config()
+    path = ctx.scratch(name) / "wal"
+    wal = await open_block_wal(Path(path), config, node_epoch=1)
+    await wal.recover()
+    body = os.urandom(record_bytes + RECORD_HEADER_SIZE)
+    appends = total_bytes // record_bytes
+    latency = LatencyRecorder()
+    trimmed = 0
+
+    async def one() -> None:
+        nonlocal trimmed
+        t0 = time.perf_counter()
+        offset = await wal.append(body)
+        latency.record(time.perf_counter() - t0)
+        if offset - trimmed > config.wal_capacity_bytes // 2:
+            trimmed = offset
+            await wal.trim(offset)
+
+    try:
+        started = time.perf_counter()
+        if rate_per_s:
+            await _paced(one, appends, rate_per_s)
+        else:
+
+            async def producer(index: int) -> None:
+                for _ in range(index, appends, producers):
+                    await one()
+
+            await asyncio.gather(*(producer(i) for i in range(producers)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await wal.close()
+    return appends * record_bytes / 1e6 / elapsed, latency
+
+
+async def _paced(one: object, count: int, rate_per_s: float) -> None:
+    """Start ``count`` calls of ``one()`` at ``rate_per_s``, each as its own task; wait for all."""
+    assert callable(one)
+    tasks: list[asyncio.Task[None]] = []
+    started = time.perf_counter()
+    for n in range(count):
+        due = started + n / rate_per_s
+        delay = due - time.perf_counter()
+        if delay > 0.0005:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one()))
+    await asyncio.gather(*tasks)
+
+
+async def _engine_latency(
+    ctx: Context, *, record_bytes: int, stream_count: int, rate_per_s: float, duration_s: float
+) -> tuple[LatencyRecorder, int]:
+    config = Config(wal_upload_threshold_bytes=8 * MiB)
+    client, _ = await _open_engine(ctx, "engine-latency", config)
+    latency = LatencyRecorder()
+    try:
+        streams: list[Stream] = [await client.streams.create_and_open_stream() for _ in range(stream_count)]
+        payload = os.urandom(record_bytes)
+        counter = iter(range(1 << 62))
+
+        async def one() -> None:
+            stream = streams[next(counter) % stream_count]
+            t0 = time.perf_counter()
+            await stream.append(RecordBatch(payload))
+            latency.record(time.perf_counter() - t0)
+
+        await _paced(one, int(rate_per_s * duration_s), rate_per_s)
+        uploads = client.engine.stats.uploads
+    finally:
+        await client.close()
+    return latency, uploads
+
+
+async def _raw_put_mb_s(ctx: Context, object_count: int) -> float:
+    storage = ctx.open_storage("raw-put")
+    body = os.urandom(RAW_PUT_BYTES)
+    limit = asyncio.Semaphore(4)
+    keys = [f"raw-{i:05d}" for i in range(object_count)]
+
+    async def put(key: str) -> None:
+        async with limit:
+            await storage.put(key, body)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(put(k) for k in keys))
+        elapsed = time.perf_counter() - started
+        await storage.delete(keys)
+    finally:
+        await storage.close()
+    return object_count * RAW_PUT_BYTES / 1e6 / elapsed
+
+
+async def run(ctx: Context) -> list[Result]:
+    stream_count = ctx.param("streams", 1000)
+    producers = ctx.param("producers", 128)
+    results: list[Result] = []
+    backend = "s3" if ctx.s3 is not None else "local"
+    raw_put = await _raw_put_mb_s(ctx, ctx.scale(quick=4, full=16))
+    max_rate_1k = 0.0
+    for record_bytes, quick_mib, full_mib in ((1 * KiB, 8, 64), (64 * KiB, 96, 1024)):
+        total = ctx.scale(quick=quick_mib, full=full_mib) * MiB
+        label = f"{record_bytes // KiB} KiB records, {stream_count} streams"
+        ctx.status(f"ingest: WAL alone, {label}")
+        wal_mb_s, _ = await _wal_alone(
+            ctx, f"wal-{record_bytes}", record_bytes=record_bytes, total_bytes=total, producers=producers
+        )
+        ctx.status(f"ingest: engine, {label}")
+        eng = await _engine_ingest(
+            ctx, record_bytes=record_bytes, total_bytes=total, stream_count=stream_count, producers=producers
+        )
+        if record_bytes == 1 * KiB:
+            max_rate_1k = eng["ingest_mb_s"] * 1e6 / record_bytes
+        extra = {"backend": backend, "producers": producers, **eng}
+        results.append(Result(W, f"ingest MB/s ({label})", eng["ingest_mb_s"], "MB/s", "WAL alone (BlockWAL, same bodies and concurrency)", wal_mb_s, True, extra))  # fmt: skip
+        results.append(Result(W, f"ingest + upload drain MB/s ({label})", eng["drain_mb_s"], "MB/s", f"raw PUT of 16 MiB objects ({backend})", raw_put, True, extra))  # fmt: skip
+        puts_gib = per_gib(eng["put_requests"], int(eng["payload_bytes"]))
+        naive_gib = per_gib(eng["naive_puts"], int(eng["payload_bytes"]))
+        results.append(Result(W, f"PUT requests per GiB ({label})", puts_gib, "req/GiB", "naive writer: one object per stream per upload", naive_gib, False, extra))  # fmt: skip
+
+    rate = max(max_rate_1k / 2, 100.0)
+    duration = ctx.scale(quick=3.0, full=10.0)
+    ctx.status(f"ingest: append latency at {rate:.0f} appends/s (half of max), WAL alone")
+    _, wal_lat = await _wal_alone(
+        ctx, "wal-latency", record_bytes=1 * KiB, total_bytes=int(rate * duration) * KiB, producers=1,
+        rate_per_s=rate,
+    )  # fmt: skip
+    ctx.status("ingest: append latency, engine with uploads running")
+    eng_lat, uploads = await _engine_latency(
+        ctx, record_bytes=1 * KiB, stream_count=stream_count, rate_per_s=rate, duration_s=duration
+    )
+    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "goal_ms": 3.0}))  # fmt: skip
+    return results

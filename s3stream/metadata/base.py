@@ -11,6 +11,15 @@ STREAM_FENCED, NODE_EPOCH_EXPIRED, NODE_FENCED -> FencedError;
 STREAM_NOT_CLOSED, STREAM_NOT_OPENED, OFFSET_NOT_MATCHED, COMPACTED_OBJECTS_NOT_FOUND,
 OBJECT_NOT_COMMITTED, KEY_EXIST, STREAM_INNER_ERROR -> ConflictError;
 bad arguments -> InvalidArgumentError.
+
+Where we differ from (or pin down) AutoMQ: no failover mode, fast close or historical WAL
+responsibility; the current range's end follows its owner's commits (AutoMQ lets it lag);
+StreamSet ranges are kept in metadata (AutoMQ V2+ reads them from the object index);
+``get_objects`` raises NotFoundError / OffsetOutOfRangeError where AutoMQ answers INVALID;
+``mark_destroyed`` and ``remove_objects`` are idempotent lifecycle calls of ours (AutoMQ's
+controller does both internally). Implementations: ``sqlite.SqliteMetadataStore`` (durable) and
+``memory.MemoryMetadataStore``; both run the same controller (``stream_ops``, ``object_ops``,
+``queries``), so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -175,21 +184,37 @@ class MetadataStore(Protocol):
 
     async def create_stream(
         self, *, node_id: NodeId, node_epoch: int, tags: Mapping[str, str] | None = None
-    ) -> StreamId: ...
+    ) -> StreamId:
+        """A new CLOSED stream (epoch -1, offsets 0); ids count up from 0."""
+        ...
 
     async def open_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
-    ) -> StreamMetadata: ...
+    ) -> StreamMetadata:
+        """Lower epoch -> FencedError(STREAM_FENCED); same epoch: a retry (reopens a CLOSED stream,
+        owner must match); higher epoch while OPENED -> ConflictError(STREAM_NOT_CLOSED), else a new
+        range ``[end, end)`` owned by ``node_id`` and the previous range sealed at the end offset."""
+        ...
 
     async def close_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
-    ) -> None: ...
+    ) -> None:
+        """Ownership checked (reference 1.5); closing a CLOSED stream is a no-op. The caller uploads
+        its data first."""
+        ...
 
     async def trim_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int, new_start_offset: int
-    ) -> None: ...
+    ) -> None:
+        """Move the start offset up (never down: OFFSET_NOT_MATCHED); past the end moves the end too.
+        Objects are not touched: compaction drops the data below the start later."""
+        ...
 
-    async def delete_stream(self, *, stream_id: StreamId, epoch: int) -> None: ...
+    async def delete_stream(self, *, stream_id: StreamId, epoch: int) -> None:
+        """Forget a CLOSED stream (else STREAM_NOT_CLOSED) and mark its stream objects destroyed; its
+        data in StreamSet objects stays for compaction. A missing stream is a no-op; ``epoch`` is
+        not checked (AutoMQ's topic cleanup passes Long.MAX)."""
+        ...
 
     async def describe_stream(self, stream_id: StreamId) -> StreamMetadata: ...
 
@@ -200,15 +225,27 @@ class MetadataStore(Protocol):
         """Allocate ``count`` consecutive PREPARED object ids; returns the first."""
         ...
 
-    async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None: ...
+    async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
+        """Commit a WAL upload (continuity checked, end offsets advanced) or a compaction
+        (``compacted_object_ids``: sources marked destroyed, no continuity check, order id -1 -> the
+        smallest source order id, data time = the smallest source data time). Committing a COMMITTED
+        object again is a no-op; a stream object of a deleted stream is marked destroyed at once.
+        All or nothing."""
+        ...
 
-    async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None: ...
+    async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None:
+        """Stream-object compaction: commit ``object_id`` (unless -1), mark the sources destroyed
+        (missing or already marked -> COMPACTED_OBJECTS_NOT_FOUND); raises the end offset if the new
+        object ends beyond it. All or nothing."""
+        ...
 
     async def get_objects(
         self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int
     ) -> list[ObjectSlice]:
         """Contiguous slices covering the stream from the object containing ``start_offset``
-        (``end_offset == -1``: unbounded), at most ``limit`` of them."""
+        (``end_offset == -1``: unbounded), at most ``limit`` of them; each slice carries the whole
+        object's size. Stops early at a gap. Missing stream -> NotFoundError; ``start_offset`` below
+        the stream start -> OffsetOutOfRangeError."""
         ...
 
     async def get_stream_set_objects(self, node_id: NodeId) -> list[StreamSetObject]:
@@ -227,14 +264,18 @@ class MetadataStore(Protocol):
         """Mark PREPARED objects past their deadline MARK_DESTROYED; returns their ids."""
         ...
 
-    async def mark_destroyed(self, object_ids: Sequence[ObjectId], *, now_ms: int) -> None: ...
+    async def mark_destroyed(self, object_ids: Sequence[ObjectId], *, now_ms: int) -> None:
+        """Mark objects destroyed and drop them from the StreamSet / stream-object indexes. Every id
+        must exist (else NotFoundError, nothing written); already marked ones stay unchanged."""
+        ...
 
     async def destroyable_objects(self, *, marked_before_ms: int, limit: int) -> list[S3ObjectMetadata]:
         """MARK_DESTROYED objects marked before the cutoff (ready for physical delete)."""
         ...
 
     async def remove_objects(self, object_ids: Sequence[ObjectId]) -> None:
-        """Forget objects whose bytes were deleted from the bucket."""
+        """Forget objects whose bytes were deleted from the bucket. Ids already gone are skipped; a
+        live (not MARK_DESTROYED) object -> ConflictError, nothing written."""
         ...
 
     # -- KV ---------------------------------------------------------------------------------

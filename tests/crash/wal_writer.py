@@ -1,0 +1,80 @@
+"""Crash-test writer: recover a WAL, log what came back, then append and trim until SIGKILLed.
+
+Usage: python -m tests.crash.wal_writer WAL_PATH LOG_DIR ITERATION SEED
+
+Writes ``LOG_DIR/recovered.<ITERATION>`` (one ``offset crc length`` line per recovered record, renamed
+into place when complete), prints ``READY`` and then logs, to ``LOG_DIR/log.<ITERATION>``:
+``I crc length`` before each append (intent), ``A offset crc length`` after it is acknowledged,
+``t offset`` before a trim and ``T offset`` after it returned. Lines are written with one
+``os.write`` each: a SIGKILL loses nothing already written (the page cache outlives the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+import random
+import sys
+
+from crc32c import crc32c
+
+from wal import BlockWAL, WalConfig
+
+CONFIG = WalConfig(
+    capacity_bytes=4 << 20,
+    record_max_bytes=32 << 10,
+    batch_max_bytes=64 << 10,
+    inflight_max_bytes=512 << 10,
+    on_full="wait",
+)
+PRODUCERS = 32
+
+
+async def main(wal_path: str, log_dir: str, iteration: int, seed: int) -> None:
+    rng = random.Random(seed)
+    wal = await BlockWAL.open(wal_path, CONFIG)
+    lines = [f"{r.offset} {crc32c(r.data)} {len(r.data)}\n" async for r in wal.recover()]
+    tmp = os.path.join(log_dir, f"recovered.{iteration}.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(lines)
+    os.rename(tmp, os.path.join(log_dir, f"recovered.{iteration}"))
+    log = os.open(os.path.join(log_dir, f"log.{iteration}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    acked: list[int] = []
+    print("READY", wal.next_offset, flush=True)
+
+    async def producer(p: int) -> None:
+        n = 0
+        while True:
+            count = 1 if rng.random() < 0.8 else rng.randrange(2, 20)
+            batch = []
+            for _ in range(count):
+                size = rng.choice(
+                    (rng.randrange(1, 200), rng.randrange(200, 4000), rng.randrange(4000, 32 << 10))
+                )
+                data = f"{iteration}:{p}:{n}:".encode() + rng.randbytes(max(0, size - 16))
+                n += 1
+                batch.append(data)
+                os.write(log, f"I {crc32c(data)} {len(data)}\n".encode())
+            offsets = [await wal.append(batch[0])] if count == 1 else await wal.append_many(batch)
+            out = "".join(f"A {o} {crc32c(d)} {len(d)}\n" for o, d in zip(offsets, batch, strict=True))
+            os.write(log, out.encode())
+            acked.extend(offsets)
+
+    async def trimmer() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            if wal.used_bytes > CONFIG.record_area_bytes // 2 and acked:
+                keep_from = wal.next_offset - CONFIG.record_area_bytes // 4
+                k = bisect.bisect_right(acked, keep_from)
+                target = acked[k - 1] if k else 0
+                if target > wal.trim_offset:
+                    os.write(log, f"t {target}\n".encode())
+                    await wal.trim(target)
+                    os.write(log, f"T {target}\n".encode())
+
+    await asyncio.gather(trimmer(), *(producer(p) for p in range(PRODUCERS)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

@@ -299,6 +299,9 @@ class ObjectStreamReader:
             self._drop_state(state)
             raise
         state.next_offset = batches[-1].end_offset if batches else start_offset
+        if self._closed:  # closed while this read ran: keep nothing
+            self._drop_state(state)
+            return batches
         self._put_state(state)
         self._maybe_readahead(state, miss_count)
         return batches

@@ -29,6 +29,8 @@ class Env:
         self.storage = MemoryObjectStorage("reader-test")
         self.metadata = MemoryMetadataStore()
         self.gets: list[tuple[str, int, int | None]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
         self.readers: list[ObjectStreamReader] = []
 
     async def setup(self) -> Env:
@@ -65,10 +67,12 @@ class Env:
     ) -> ObjectStreamReader:
         storage = self.storage
         gets = self.gets
+        gate = self.gate
 
         class CountingStorage:
             async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
                 gets.append((key, start, end))
+                await gate.wait()
                 return await storage.get(key, start, end)
 
         reader = ObjectStreamReader(
@@ -315,3 +319,18 @@ async def test_gap_between_blocks_is_corruption(env: Env) -> None:
     reader = env.reader()
     with pytest.raises(CorruptionError):
         await reader.read(s, 0, 45, 1 << 20)
+
+
+async def test_close_during_a_read_lets_it_finish_and_keeps_nothing(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader(readahead=ReadaheadSettings(free_guard_bytes=0))
+    env.gate.clear()
+    task = asyncio.create_task(reader.read(s, 0, 180, 100))
+    await asyncio.sleep(0.01)  # blocked in its first GET
+    await reader.close()
+    env.gate.set()
+    assert await task == data[:3]
+    assert reader._states == {}
+    assert reader.stats().readahead_count == 0
+    with pytest.raises(ClosedError):
+        await reader.read(s, 0, 180, 100)

@@ -527,9 +527,15 @@ def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> Non
     from rich.table import Table
 
     table = Table(title="s3stream benchmark results (ratio = value / baseline, same run)")
+    widths = {"metric": 34, "baseline": 44}
     for column in ("workload", "metric", "value", "unit", "baseline", "baseline value", "ratio"):
         table.add_column(
-            column, justify="right" if column in ("value", "baseline value", "ratio") else "left"
+            column,
+            justify="right" if column in ("value", "baseline value", "ratio") else "left",
+            min_width=min(widths.get(column, 0), 24),
+            max_width=widths.get(column),
+            no_wrap=column not in widths,
+            overflow="fold",
         )
     for result in report.results:
         table.add_row(

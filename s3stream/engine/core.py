@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from s3stream.config import Config
 from s3stream.engine.logcache import LogCache, LogCacheBlock
+from s3stream.engine.reader import merge_fetch
 from s3stream.engine.upload import ObjectUploader, UploadPlan, plan_upload
 from s3stream.engine.walbody import decode_body, encode_group
 from s3stream.engine.walport import WriteAheadLog
@@ -557,18 +558,16 @@ class Engine:
         else:
             head_end = cached[0].base_offset if cached else end_offset
             head = await self._read_objects(handle.stream_id, start_offset, head_end, max_bytes)
-            records = head
-            budget = max_bytes - sum(len(r.payload) for r in head)
-            if cached and head and head[-1].end_offset == cached[0].base_offset and budget > 0:
-                for record in cached:
-                    if budget <= 0:
-                        break
-                    records.append(record)
-                    budget -= len(record.payload)
+            records = merge_fetch(
+                cached,
+                head,
+                start_offset=start_offset,
+                end_offset=end_offset,
+                max_bytes=max_bytes,
+                source=f"stream {handle.stream_id}",
+            )
         handle.check_readable()
-        return [
-            FetchedBatch(r.base_offset, r.count, r.payload) for r in records if r.end_offset > start_offset
-        ]
+        return [FetchedBatch(r.base_offset, r.count, r.payload) for r in records]
 
     async def _read_objects(
         self, stream_id: StreamId, start_offset: int, end_offset: int, max_bytes: int

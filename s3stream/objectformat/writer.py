@@ -66,7 +66,11 @@ def stream_ranges_of(index: Iterable[IndexEntry]) -> tuple[StreamOffsetRange, ..
 
 
 class ObjectWriter:
-    """Writes one object. Calls must not overlap; batches arrive in (stream id, offset) order."""
+    """Writes one object. Calls must not overlap; batches arrive in (stream id, offset) order.
+
+    A failed upload write or ``close`` leaves the writer closed (``ClosedError`` afterwards); the
+    caller then calls ``abort``.
+    """
 
     def __init__(
         self,
@@ -148,8 +152,8 @@ class ObjectWriter:
             index_position = self._flushed_bytes + len(self._buf)
             self._buf += encode_tail(self._entries, self._crcs, index_position=index_position)
             expected_size = self._flushed_bytes + len(self._buf)
+            self._closed = True  # one attempt: after a failure here the caller aborts
             await self._flush_part()
-            self._closed = True
             size_bytes = await self._upload.complete()
         finally:
             self._busy = False
@@ -162,7 +166,7 @@ class ObjectWriter:
         return WrittenObject(self._upload.key, size_bytes, index, stream_ranges_of(index))
 
     async def abort(self) -> None:
-        """Give up: nothing of the object becomes visible."""
+        """Give up: nothing of the object becomes visible. Allowed at any time, also after a failure."""
         self._closed = True
         self._buf = bytearray()
         await self._upload.abort()
@@ -321,7 +325,11 @@ class ObjectWriter:
             return
         self._flushed_bytes += len(part)
         self._buf = bytearray()
-        await self._upload.write(part)
+        try:
+            await self._upload.write(part)
+        except BaseException:
+            self._closed = True  # the object is incomplete: only abort() is left
+            raise
 
 
 def _describe(b: StreamRecordBatch) -> str:

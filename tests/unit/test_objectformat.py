@@ -7,7 +7,13 @@ import asyncio
 import pytest
 from crc32c import crc32c
 
-from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError, NotFoundError
+from s3stream.errors import (
+    ClosedError,
+    CorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from s3stream.ids import StreamId
 from s3stream.metadata.base import StreamOffsetRange
 from s3stream.objectformat import (
@@ -434,6 +440,24 @@ async def test_closed_writer_refuses_calls_and_abort_publishes_nothing() -> None
     await writer.close()
     with pytest.raises(ClosedError):
         await writer.close()
+
+
+class _FailingUpload(_RecordingUpload):
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        raise UnavailableError("injected upload failure")
+
+
+async def test_failed_upload_write_closes_the_writer_and_abort_still_works() -> None:
+    storage = MemoryObjectStorage()
+    writer = ObjectWriter(_FailingUpload(storage.upload("f")))
+    await writer.write([_batch(1, 0, 10)])
+    with pytest.raises(UnavailableError):
+        await writer.close()
+    with pytest.raises(ClosedError):
+        await writer.close()
+    await writer.abort()
+    with pytest.raises(NotFoundError):
+        await storage.head("f")
 
 
 async def test_empty_object_has_an_empty_index() -> None:

@@ -382,3 +382,64 @@ async def test_restart_replays_the_wal_and_uploads_it() -> None:
     assert [b.payload for b in got] == [f"r{i}".encode() for i in range(40)] + [b"atomic"]
     assert await s.append(RecordBatch(b"next")) == 41
     await again.close()
+
+
+async def test_interval_trigger_uploads_an_old_active_block() -> None:
+    node = Node(SMALL.replace(wal_upload_interval_ms=100))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"tick"))
+    assert client.engine.stats.uploads == 0
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if client.engine.stats.uploads:
+            break
+    assert client.engine.stats.uploads == 1
+    assert node.wal.records == {}
+    await client.close()
+
+
+async def test_a_dead_background_task_fails_pending_work_instead_of_hanging() -> None:
+    node = Node()
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"x"))
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("bug in the uploader")
+
+    client.engine.uploader.prepare = broken  # type: ignore[assignment,method-assign]
+    with pytest.raises(UnavailableError, match="died"):
+        await asyncio.wait_for(client.engine.force_upload(None), timeout=5)
+    with pytest.raises(UnavailableError):
+        await stream.append(RecordBatch(b"y"))
+    assert node.wal.records, "nothing acknowledged was trimmed: it replays on restart"
+    client.engine.abandon()
+    again = await node.open()
+    s = await again.streams.open_stream(stream.stream_id, epoch=0)
+    assert [b.payload for b in await s.fetch(0, 1)] == [b"x"]
+    await again.close()
+
+
+async def test_commit_drops_a_stream_taken_over_meanwhile_and_commits_the_others() -> None:
+    node = Node()
+    client = await node.open()
+    keep = await client.streams.create_and_open_stream()
+    lost = await client.streams.create_and_open_stream()
+    await keep.append(RecordBatch(b"keep"))
+    await lost.append(RecordBatch(b"lost"))
+    # Another node takes the stream over (as after a failover closed it for us).
+    await node.metadata.close_stream(
+        node_id=NodeId(0), node_epoch=node.epoch, stream_id=lost.stream_id, epoch=0
+    )
+    other = await Node(metadata=node.metadata, storage=node.storage, node_id=7).open()
+    taken = await other.streams.open_stream(lost.stream_id, epoch=1)
+    await client.engine.force_upload(None)
+    (meta,) = [m for m in await client.streams.list_streams() if m.stream_id == keep.stream_id]
+    assert meta.end_offset == 1
+    with pytest.raises(FencedError):
+        await lost.append(RecordBatch(b"more"))
+    assert await keep.append(RecordBatch(b"more")) == 1
+    assert taken.confirm_offset == 0  # the old owner's uncommitted batch is not the new owner's data
+    await other.close()
+    await client.close()

@@ -850,6 +850,21 @@ class MetadataContract:
         assert await store.get_objects(stream_id=sid, start_offset=12, end_offset=-1, limit=10) == []
         assert late > third
 
+    async def test_get_objects_walks_many_stream_set_objects(self, store: MetadataStore) -> None:
+        await node(store, N1, N2)
+        sid = await opened(store, N1)
+        ids = [await upload(store, N1, [(sid, i * 10, i * 10 + 10)]) for i in range(40)]
+        await store.close_stream(node_id=N1, node_epoch=EPOCH, stream_id=sid, epoch=0)
+        await store.open_stream(node_id=N2, node_epoch=EPOCH, stream_id=sid, epoch=1)
+        ids += [await upload(store, N2, [(sid, 400 + i * 10, 410 + i * 10)]) for i in range(20)]
+        got = await store.get_objects(stream_id=sid, start_offset=5, end_offset=-1, limit=1000)
+        assert [s.object_id for s in got] == ids
+        assert [s.start_offset for s in got] == list(range(0, 600, 10))
+        got = await store.get_objects(stream_id=sid, start_offset=123, end_offset=471, limit=1000)
+        assert [s.start_offset for s in got] == list(range(120, 480, 10))
+        got = await store.get_objects(stream_id=sid, start_offset=0, end_offset=-1, limit=17)
+        assert [s.object_id for s in got] == ids[:17]
+
     async def test_get_stream_objects_lists_overlapping_ones(self, store: MetadataStore) -> None:
         await node(store)
         sid = await opened(store)

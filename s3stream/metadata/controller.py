@@ -57,6 +57,7 @@ class StreamSetRange(NamedTuple):
     """One StreamSet object's range of one stream, as the read path scans them."""
 
     object_id: ObjectId
+    order_id: int
     object_size_bytes: int
     range: StreamOffsetRange
 
@@ -99,9 +100,10 @@ class StateView(Protocol):
         ...
 
     def stream_set_ranges_from(
-        self, node_id: NodeId, stream_id: StreamId, offset: int
+        self, node_id: NodeId, stream_id: StreamId, offset: int, *, after: tuple[int, int] | None, limit: int
     ) -> list[StreamSetRange]:
-        """The node's StreamSet-object ranges of the stream ending after ``offset``, by order id (then id)."""
+        """The node's StreamSet-object ranges of the stream ending after ``offset``, by (order id, id),
+        starting after the key ``after`` (None: from the first), at most ``limit``."""
         ...
 
     def expired_prepared(self, now_ms: int) -> list[S3ObjectMetadata]:

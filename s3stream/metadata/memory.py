@@ -127,13 +127,16 @@ class _State:
         return out
 
     def stream_set_ranges_from(
-        self, node_id: NodeId, stream_id: StreamId, offset: int
+        self, node_id: NodeId, stream_id: StreamId, offset: int, *, after: tuple[int, int] | None, limit: int
     ) -> list[ctl.StreamSetRange]:
-        return [
-            ctl.StreamSetRange(object_id, self.ssos[object_id].size_bytes, r)
-            for _, object_id, r in self.node_stream_ssos.get((node_id, stream_id), ())
-            if r.end_offset > offset
-        ]
+        out: list[ctl.StreamSetRange] = []
+        for order_id, object_id, r in self.node_stream_ssos.get((node_id, stream_id), ()):
+            if r.end_offset <= offset or (after is not None and (order_id, object_id) <= after):
+                continue
+            out.append(ctl.StreamSetRange(object_id, order_id, self.ssos[object_id].size_bytes, r))
+            if len(out) >= limit:
+                break
+        return out
 
     def expired_prepared(self, now_ms: int) -> list[S3ObjectMetadata]:
         expired = self.prepared.irange(maximum=(now_ms - 1, 1 << 63))

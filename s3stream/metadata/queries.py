@@ -27,6 +27,9 @@ from s3stream.metadata.controller import (
     check_int,
 )
 
+SCAN_PAGE_MIN = 16
+"""StreamSet ranges fetched per step of the getObjects scan, at least."""
+
 
 def _check_query(start_offset: int, end_offset: int, limit: int) -> None:
     check_int("start_offset", start_offset, low=0)
@@ -71,22 +74,26 @@ def get_objects(
             if take(so.object_id, ObjectKind.STREAM, so.size_bytes, so.start_offset, so.end_offset):
                 return out
         owner = _range_holding(stream.ranges, next_offset)
-        if owner is not None:
-            for item in view.stream_set_ranges_from(owner.node_id, stream_id, next_offset):
+        after: tuple[int, int] | None = None
+        while owner is not None:  # the owner's StreamSet objects in order-id order, a page at a time
+            page_size = min(max(limit - len(out) + 1, SCAN_PAGE_MIN), GET_LIMIT_MAX)
+            page = view.stream_set_ranges_from(
+                owner.node_id, stream_id, next_offset, after=after, limit=page_size
+            )
+            for item in page:
                 r = item.range
                 if r.end_offset <= next_offset:
                     continue
                 if fits(r.start_offset):
-                    if take(
-                        item.object_id,
-                        ObjectKind.STREAM_SET,
-                        item.object_size_bytes,
-                        r.start_offset,
-                        r.end_offset,
-                    ):
+                    size = item.object_size_bytes
+                    if take(item.object_id, ObjectKind.STREAM_SET, size, r.start_offset, r.end_offset):
                         return out
                 elif r.start_offset > next_offset:
+                    owner = None
                     break
+            if len(page) < page_size:
+                break
+            after = (page[-1].order_id, page[-1].object_id)
         if next_offset == round_start:
             return out
 

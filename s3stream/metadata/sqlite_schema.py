@@ -322,18 +322,22 @@ class SqlView:
         return [_stream_object(row) for row in rows]
 
     def stream_set_ranges_from(
-        self, node_id: NodeId, stream_id: StreamId, offset: int
+        self, node_id: NodeId, stream_id: StreamId, offset: int, *, after: tuple[int, int] | None, limit: int
     ) -> list[StreamSetRange]:
+        after_order, after_id = after if after is not None else (-(1 << 63), -(1 << 63))
         rows = self._c.execute(
-            "SELECT s.object_id, s.size_bytes, r.start_offset, r.end_offset, r.size_bytes "
+            "SELECT s.object_id, s.order_id, s.size_bytes, r.start_offset, r.end_offset, r.size_bytes "
             "FROM stream_set_ranges AS r JOIN stream_set_objects AS s ON s.object_id = r.object_id "
-            "WHERE r.stream_id = ? AND r.end_offset > ? AND s.node_id = ? ORDER BY s.order_id, s.object_id",
-            (stream_id, offset, node_id),
+            "WHERE r.stream_id = ? AND r.end_offset > ? AND s.node_id = ? "
+            "AND (s.order_id, s.object_id) > (?, ?) ORDER BY s.order_id, s.object_id LIMIT ?",
+            (stream_id, offset, node_id, after_order, after_id, limit),
         )
         out = []
         for row in rows:
             v = [_int(x, f"stream_set_ranges row {row[0]!r}") for x in row]
-            out.append(StreamSetRange(ObjectId(v[0]), v[1], StreamOffsetRange(stream_id, v[2], v[3], v[4])))
+            out.append(
+                StreamSetRange(ObjectId(v[0]), v[1], v[2], StreamOffsetRange(stream_id, v[3], v[4], v[5]))
+            )
         return out
 
     def expired_prepared(self, now_ms: int) -> list[S3ObjectMetadata]:

@@ -369,6 +369,7 @@ async def run_benchmarks(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
+        allow_abbrev=False,
         description="Run s3stream benchmark workloads against an S3 endpoint (default: the local Ceph RGW) "
         "or the local filesystem store; every figure comes with a baseline measured in the same run.",
     )
@@ -403,6 +404,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
     return parser
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with the value of ``--secret-key`` hidden (it goes into result files)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg == "--secret-key":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--secret-key="):
+            out.append("--secret-key=***")
+        else:
+            out.append(arg)
+    return out
 
 
 def resolve_target(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[str, S3Target | None]:
@@ -512,7 +531,7 @@ def main(
                 "run_id": run_id,
                 "params": params,
                 "target": {"kind": kind, **(target.public() if target else {})},
-                "argv": list(argv) if argv is not None else sys.argv[1:],
+                "argv": redact_argv(list(argv) if argv is not None else sys.argv[1:]),
             },
             runs=runs,
             notes=notes,

@@ -11,11 +11,18 @@ from pathlib import Path
 import pytest
 
 from benchmarks import harness
-from benchmarks.baselines import DurableWriteSpec, naive_writer, odirect_write_sync
-from benchmarks.core import Context, Result
+from benchmarks.baselines import (
+    DurableWriteSpec,
+    naive_writer,
+    odirect_write_sync,
+    raw_s3_put_get,
+    slatedb_writer,
+)
+from benchmarks.core import Context, Result, S3Target
 from benchmarks.measure import MIB, CountingStorage, LatencyRecorder, RequestCounter, ResourceMeter, per_gib
 from benchmarks.report import SCHEMA
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.conftest import S3TestServer
 
 RESULT_KEYS = {
     "workload",
@@ -313,3 +320,96 @@ async def test_naive_writer_puts_one_object_per_stream_per_flush() -> None:
         assert size % spec.record_bytes == 0
         assert size <= 2 * spec.record_bytes
     assert measured.latency.summary_ms()["p50"] >= 0
+
+
+# --- against a real S3 server (the baselines and the harness's request hook) -----------------------
+# Marked integration: they run only with S3STREAM_TEST_S3_* set (CI: the project's Ceph RGW).
+
+
+@pytest.mark.integration
+async def test_raw_put_get_and_slatedb_baselines_on_a_real_server(
+    s3_server: S3TestServer, s3_prefix: str
+) -> None:
+    target = S3Target(
+        endpoint=s3_server.endpoint,
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        bucket=s3_server.bucket,
+        region=s3_server.region,
+    )
+    put, got = await raw_s3_put_get(
+        target, prefix=s3_prefix, object_count=3, object_bytes=256 * 1024, concurrency=2
+    )
+    assert got is not None
+    assert put.requests is not None
+    assert got.requests is not None
+    assert put.requests.snapshot()["by_class"]["PUT"] == 3
+    assert got.requests.snapshot()["by_class"]["GET"] == 3
+    assert got.requests.bytes_read == put.requests.bytes_written == 3 * 256 * 1024
+    assert put.latency.count == got.latency.count == 3
+
+    spec = DurableWriteSpec(
+        stream_count=2, producer_count=4, flush_interval_ms=50, warmup_s=0.1, duration_s=0.6
+    )
+    slate = await slatedb_writer(spec, target=target, prefix=s3_prefix + "slate/")
+    assert slate.op_count > 0
+    assert slate.requests is not None
+    assert slate.requests.snapshot()["by_class"]["PUT"] > 0
+
+
+async def s3_workload(ctx: Context) -> list[Result]:
+    storage = ctx.open_storage("s3-fake")
+    try:
+        for index in range(3):
+            await storage.put(f"o{index}", b"y" * 1000)
+        assert len(await storage.get("o1")) == 1000
+        await storage.delete([f"o{index}" for index in range(3)])
+    finally:
+        await storage.close()
+    return [Result(workload="s3fake", metric="m", value=1.0, unit="ops/s", baseline="b", baseline_value=2.0)]
+
+
+@pytest.mark.integration
+def test_harness_counts_the_engine_s3_requests_of_a_workload(s3_server: S3TestServer, tmp_path: Path) -> None:
+    flags = ["--target", "s3", "--endpoint", s3_server.endpoint, "--bucket", s3_server.bucket]
+    flags += ["--access-key", s3_server.access_key, "--secret-key", s3_server.secret_key]
+    status = harness.main(
+        ["s3fake", *flags, "--out", str(tmp_path), "--no-live", "--no-plots"],
+        workloads={"s3fake": s3_workload},
+    )
+    assert status == 0
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["parameters"]["target"]["endpoint"] == s3_server.endpoint
+    assert s3_server.secret_key not in (tmp_path / "results.json").read_text()
+    by_class = document["workloads"]["s3fake"]["s3_requests"]["by_class"]
+    assert by_class["PUT"] >= 3
+    assert by_class["GET"] >= 1
+    assert by_class["DELETE"] >= 1
+    assert document["results"][0]["ratio"] == 0.5
+
+
+def test_a_zero_baseline_gives_a_null_ratio_and_strict_json(tmp_path: Path) -> None:
+    async def zero_baseline(ctx: Context) -> list[Result]:
+        return [
+            Result(
+                workload="z", metric="m | pipe", value=3.0, unit="MiB/s", baseline="none", baseline_value=0.0
+            )
+        ]
+
+    status = harness.main(
+        ["z", "--target", "local", "--out", str(tmp_path), "--no-live"], workloads={"z": zero_baseline}
+    )
+    assert status == 0
+    text = (tmp_path / "results.json").read_text()
+    assert "NaN" not in text
+    assert json.loads(text)["results"][0]["ratio"] is None
+    assert "| z | m \\| pipe | 3.00 | MiB/s | none | - | - |" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_secret_key_never_reaches_the_results() -> None:
+    assert harness.redact_argv(["a", "--secret-key", "s3cr3t", "--secret-key=x"]) == [
+        "a",
+        "--secret-key",
+        "***",
+        "--secret-key=***",
+    ]

@@ -59,6 +59,7 @@ class Config:
     upload_retry_backoff_ms: int = 100
     upload_retry_backoff_max_ms: int = 5_000
     append_backpressure_wait_ms: int = 30_000
+    close_timeout_ms: int = 60_000
     record_size_max_bytes: int = 8 * MiB
     # -- objects -------------------------------------------------------------------------------
     block_cache_size_bytes: int = 64 * MiB
@@ -171,6 +172,8 @@ KEYS: tuple[Key, ...] = (
         "largest retry delay (retries never stop: data is never dropped)"),
     Key("s3.append.backpressure.wait.ms", "append_backpressure_wait_ms", int, 0, 3_600_000,
         "how long an append waits for WAL/cache room before CapacityError; 0 raises at once"),
+    Key("s3.close.timeout.ms", "close_timeout_ms", int, 1, 86_400_000,
+        "how long Client.close waits for uploads; after it the data stays in the WAL for the next open"),
     Key("s3.record.size.max", "record_size_max_bytes", int, 1 * KiB, 1 << 30,
         "largest record batch payload; ours 8 MiB"),
     Key("s3.block.cache.size", "block_cache_size_bytes", int, 1 * MiB, 1 << 40,

@@ -213,11 +213,18 @@ class Engine:
         if self._closed:
             return
         try:
-            for handle in list(self.streams.values()):
-                with contextlib.suppress(S3StreamError):
-                    await self.close_stream(handle)
-            if self._failed is None:
-                await self.force_upload(None)
+            async with asyncio.timeout(self.config.close_timeout_ms / 1000):
+                for handle in list(self.streams.values()):
+                    with contextlib.suppress(S3StreamError):
+                        await self.close_stream(handle)
+                if self._failed is None:
+                    await self.force_upload(None)
+        except TimeoutError:
+            log.warning(
+                "close gave up waiting for uploads after %d ms: the data stays in the WAL and is uploaded "
+                "on the next open",
+                self.config.close_timeout_ms,
+            )
         finally:
             self._closed = True
             if self._ticker is not None:

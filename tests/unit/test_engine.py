@@ -443,3 +443,21 @@ async def test_commit_drops_a_stream_taken_over_meanwhile_and_commits_the_others
     assert taken.confirm_offset == 0  # the old owner's uncommitted batch is not the new owner's data
     await other.close()
     await client.close()
+
+
+async def test_close_with_storage_down_gives_up_after_the_timeout_and_keeps_the_wal() -> None:
+    node = Node(SMALL.replace(close_timeout_ms=300))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"kept"))
+
+    def down(key: str) -> Upload:
+        raise UnavailableError("storage down")
+
+    node.storage.upload = down  # type: ignore[method-assign]
+    await asyncio.wait_for(client.close(), timeout=5)
+    assert node.wal.records, "the WAL still holds the batch"
+    del node.storage.upload
+    again = await node.open()
+    assert again.engine.stats.recovered_records == 1
+    await again.close()

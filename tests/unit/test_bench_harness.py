@@ -403,7 +403,7 @@ def test_a_zero_baseline_gives_a_null_ratio_and_strict_json(tmp_path: Path) -> N
     text = (tmp_path / "results.json").read_text()
     assert "NaN" not in text
     assert json.loads(text)["results"][0]["ratio"] is None
-    assert "| z | m \\| pipe | 3.00 | MiB/s | none | - | - |" in (tmp_path / "summary.md").read_text()
+    assert "| z | m \\| pipe | 3.00 | MiB/s | none | 0 | - |" in (tmp_path / "summary.md").read_text()
 
 
 def test_the_secret_key_never_reaches_the_results() -> None:

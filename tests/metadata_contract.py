@@ -865,6 +865,24 @@ class MetadataContract:
         got = await store.get_objects(stream_id=sid, start_offset=0, end_offset=-1, limit=17)
         assert [s.object_id for s in got] == ids[:17]
 
+    async def test_get_objects_skips_overlapping_stream_set_ranges(self, store: MetadataStore) -> None:
+        await node(store)
+        sid = await opened(store)
+        first = await upload(store, N1, [(sid, 0, 10)])
+
+        async def compacted(start: int, end: int, order_id: int) -> ObjectId:
+            dummy = ObjectId(await store.prepare_objects(count=2, ttl_ms=TTL_MS))
+            object_id = ObjectId(dummy + 1)
+            request = sso_request(N1, object_id, [(sid, start, end)], compacted=[dummy], order_id=order_id)
+            await store.commit_stream_set_object(request)
+            return object_id
+
+        for i in range(40):  # overlapping [5, 15) ranges come first in order-id order: skipped
+            await compacted(5, 15, order_id=1000 + i)
+        last = await compacted(10, 20, order_id=2000)
+        got = await store.get_objects(stream_id=sid, start_offset=0, end_offset=-1, limit=10)
+        assert spans(got) == [(first, ObjectKind.STREAM_SET, 0, 10), (last, ObjectKind.STREAM_SET, 10, 20)]
+
     async def test_get_stream_objects_lists_overlapping_ones(self, store: MetadataStore) -> None:
         await node(store)
         sid = await opened(store)

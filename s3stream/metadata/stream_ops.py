@@ -36,9 +36,9 @@ from s3stream.metadata.changes import (
     SetCounter,
 )
 from s3stream.metadata.controller import (
-    GET_LIMIT_MAX,
     KV_KEY_CHARS_MAX,
     KV_VALUE_BYTES_MAX,
+    OFFSET_MAX,
     StateView,
     Txn,
     check_int,
@@ -135,7 +135,7 @@ def open_stream(
     new_range = RangeMetadata(stream_id, epoch, next_index, stream.end_offset, stream.end_offset, node_id)
     txn.write(PutRange(new_range))
     ranges.append(new_range)
-    removable = _removable_ranges(ranges, view.stream_objects_from(stream_id, -1, GET_LIMIT_MAX))
+    removable = _removable_ranges(ranges, view.stream_objects_from(stream_id, -1, OFFSET_MAX))
     for index in removable:
         txn.write(RemoveRange(stream_id, index))
     kept = tuple(r for r in ranges if r.range_index not in removable)
@@ -197,7 +197,7 @@ def delete_stream(txn: Txn, *, stream_id: StreamId, epoch: int, now_ms: int) -> 
         return
     if stream.state != StreamState.CLOSED:
         raise ConflictError(f"stream {stream_id} is not closed", code=ErrorCode.STREAM_NOT_CLOSED)
-    for so in txn.view.stream_objects_from(stream_id, -1, GET_LIMIT_MAX):
+    for so in txn.view.stream_objects_from(stream_id, -1, OFFSET_MAX):
         obj = txn.view.object(so.object_id)
         if obj is None or obj.state == ObjectState.MARK_DESTROYED:
             raise ConflictError(

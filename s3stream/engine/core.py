@@ -187,6 +187,8 @@ class Engine:
         self._uncommitted: dict[int, list[Any]] = {}
         """In seq order (dicts keep insertion order and seqs only grow)."""
         self._wal_room_bytes = int(config.wal_capacity_bytes * 0.9)
+        self._in_wal: dict[int, float] = {}
+        """seq -> submit time of WAL appends in flight, oldest first (the watchdog's view)."""
 
         self._max_wal_end = 0
         self._wal_pending_bytes = 0
@@ -421,7 +423,7 @@ class Engine:
         for handle in handles.values():
             handle.queue.append(pending)
         try:
-            offset = await self._wal_append(body)
+            offset = await self._wal_append(body, seq)
             for key, value in kv_puts:
                 await self.metadata.kv_put(key, value, overwrite=True)
         except S3StreamError as exc:
@@ -475,24 +477,40 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), timeout=min(remaining, 0.1))
 
-    async def _wal_append(self, body: bytes) -> int:
-        timeout_s = self.config.wal_append_timeout_ms / 1000
-        deadline = -1.0
-        while True:
+    async def _wal_append(self, body: bytes, seq: int) -> int:
+        """The WAL write. No per-append timer (it would cost more than the append): the ticker's
+        watchdog fails the engine and closes the WAL when one stays in flight too long."""
+        in_wal = self._in_wal
+        in_wal[seq] = self.clock()
+        try:
             try:
-                async with asyncio.timeout(timeout_s):
-                    return await self.wal.append(body)
+                return await self.wal.append(body)
             except CapacityError:
-                if deadline < 0:
-                    deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
-                if self.clock() >= deadline:
-                    raise
+                pass
+            deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
+            while True:
                 self._archive_and_upload()
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), timeout=0.1)
-            except TimeoutError as exc:
-                raise UnavailableError(f"WAL append timed out after {timeout_s} s") from exc
+                self._check_alive()
+                try:
+                    return await self.wal.append(body)
+                except CapacityError:
+                    if self.clock() >= deadline:
+                        raise
+        finally:
+            del in_wal[seq]
+
+    def _watchdog(self) -> None:
+        """AutoMQ's WAL append timeout: an append in flight for longer fails the engine."""
+        if not self._in_wal:
+            return
+        started = self._in_wal[next(iter(self._in_wal))]
+        timeout_s = self.config.wal_append_timeout_ms / 1000
+        if self.clock() - started > timeout_s:
+            self._fail_all(UnavailableError(f"a WAL append did not complete within {timeout_s} s"))
+            self._spawn(self.wal.close(), name="s3stream-wal-close-after-timeout")
 
     def _append_failed(
         self, pending: _Pending, handles: Iterable[StreamHandle], error: S3StreamError
@@ -762,6 +780,7 @@ class Engine:
         interval_s = self.config.wal_upload_interval_ms / 1000
         while True:
             await asyncio.sleep(min(TICK_S, interval_s))
+            self._watchdog()
             active = self.cache.active
             if not active.is_empty() and self.clock() - active.created_at_s >= interval_s:
                 self._archive_and_upload()

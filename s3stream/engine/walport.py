@@ -79,6 +79,8 @@ class MemoryWal:
         self.append_count += 1
         if self.gate is not None:
             await self.gate.wait()
+            if self.closed:
+                raise ClosedError("WAL closed while the append was in flight")
         else:
             await asyncio.sleep(0)
         return offset
@@ -98,6 +100,8 @@ class MemoryWal:
 
     async def close(self) -> None:
         self.closed = True
+        if self.gate is not None:
+            self.gate.set()
 
     def reopen(self) -> MemoryWal:
         """The same log after a restart."""

@@ -461,3 +461,15 @@ async def test_close_with_storage_down_gives_up_after_the_timeout_and_keeps_the_
     again = await node.open()
     assert again.engine.stats.recovered_records == 1
     await again.close()
+
+
+async def test_a_wal_append_stuck_past_the_timeout_fails_the_engine() -> None:
+    node = Node(SMALL.replace(wal_append_timeout_ms=200))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    node.wal.gate = asyncio.Event()  # the device hangs
+    with pytest.raises(ClosedError):
+        await asyncio.wait_for(stream.append(RecordBatch(b"stuck")), timeout=5)
+    with pytest.raises(UnavailableError, match="did not complete"):
+        await stream.append(RecordBatch(b"after"))
+    await client.close()

@@ -68,12 +68,15 @@ class ObjectReader:
     size_bytes: int
     index: tuple[IndexEntry, ...]
     has_checksums: bool
+    footer: Footer
+    block_crcs: tuple[int, ...] | None
+    """CRC32C of each block in index order; None for an object without checksum section (AutoMQ's)."""
 
     def __init__(self, storage: RangeSource, key: str, size_bytes: int, tail: ObjectTail) -> None:
         self._storage = storage
         self.key = key
         self.size_bytes = size_bytes
-        self.footer: Footer = tail.footer
+        self.footer = tail.footer
         self.index = tail.index
         self.has_checksums = tail.block_crcs is not None
         self.block_crcs = tail.block_crcs

@@ -232,6 +232,9 @@ class SqliteMetadataStore(TransactionalStore):
         path_text = os.fspath(path)
         if not path_text or path_text == ":memory:" or path_text.startswith("file:"):
             raise InvalidArgumentError(f"the metadata store needs a file path, got {path_text!r}")
+        parent = os.path.dirname(os.path.abspath(path_text))
+        if not os.path.isdir(parent):
+            raise InvalidArgumentError(f"the directory of the metadata store {path_text!r} does not exist")
         if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
             raise InvalidArgumentError(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -228,7 +228,7 @@ async def test_concurrent_operations_commit_or_fail_one_by_one(tmp_path: Path) -
 
 
 async def test_open_needs_a_file_path(tmp_path: Path) -> None:
-    for bad in (":memory:", "", "file:x?mode=memory"):
+    for bad in (":memory:", "", "file:x?mode=memory", str(tmp_path / "missing" / "m.db")):
         with pytest.raises(InvalidArgumentError):
             await SqliteMetadataStore.open(bad)
 

@@ -115,6 +115,22 @@ def test_any_flipped_byte_of_an_object_is_detected(
 # -- fuzz contract: any bytes give a value or CorruptionError ---------------------------------------
 
 
+@given(
+    st.builds(
+        StreamRecordBatch,
+        st.integers(0, 2**63 - 1),
+        st.integers(-(2**63), 2**63 - 1),
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**31 - 1),
+        st.binary(max_size=100),
+    )
+)
+def test_record_encode_decode_identity(record: StreamRecordBatch) -> None:
+    encoded = record.encode()
+    assert len(encoded) == record.encoded_size
+    assert decode_record(b"xx" + encoded, 2) == (record, len(encoded) + 2)
+
+
 @given(st.binary(max_size=200), st.integers(0, 10))
 def test_decode_record_fuzz(data: bytes, pos: int) -> None:
     with contextlib.suppress(CorruptionError):

@@ -141,6 +141,10 @@ class _Worker:
     def _open(self) -> BaseException | None:
         """Connect and run the setup (settings, integrity check, migrations) before any job."""
         try:
+            if not os.path.isdir(os.path.dirname(os.path.abspath(self._path))):
+                raise InvalidArgumentError(
+                    f"the directory of the metadata store {self._path!r} does not exist"
+                )
             self._conn = sqlite3.connect(
                 self._path, timeout=self._busy_timeout_ms / 1000, isolation_level=None, check_same_thread=True
             )
@@ -232,9 +236,6 @@ class SqliteMetadataStore(TransactionalStore):
         path_text = os.fspath(path)
         if not path_text or path_text == ":memory:" or path_text.startswith("file:"):
             raise InvalidArgumentError(f"the metadata store needs a file path, got {path_text!r}")
-        parent = os.path.dirname(os.path.abspath(path_text))
-        if not os.path.isdir(parent):
-            raise InvalidArgumentError(f"the directory of the metadata store {path_text!r} does not exist")
         if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
             raise InvalidArgumentError(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -27,6 +27,8 @@ from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
 StreamRecords = tuple[int, Sequence[StreamRecordBatch]]
+WRITE_SLICE_RECORDS = 64
+"""Batches handed to the object writer per call; the event loop runs other work between slices."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,10 @@ class ObjectUploader:
             upload, block_size_bytes=self.block_size_bytes, part_size_bytes=self.part_size_bytes
         )
         try:
-            await writer.write(batches)
+            # Encoding is CPU work on the event loop: hand it over in slices so appends keep flowing.
+            for start in range(0, len(batches), WRITE_SLICE_RECORDS):
+                await writer.write(batches[start : start + WRITE_SLICE_RECORDS])
+                await asyncio.sleep(0)
             written = await writer.close()
         except BaseException:
             await asyncio.shield(_abort_quietly(upload))

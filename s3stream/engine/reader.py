@@ -47,7 +47,7 @@ from s3stream.errors import (
 )
 from s3stream.ids import ObjectId, StreamId
 from s3stream.metadata.base import MetadataStore, ObjectSlice
-from s3stream.objectformat import DataBlock, IndexEntry, ObjectReaderCache, object_key
+from s3stream.objectformat import DataBlock, IndexEntry, ObjectReader, ObjectReaderCache, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
@@ -214,6 +214,7 @@ class _ReadState:
     evicted_seen: int = 0
     last_used_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dropped: bool = False
     """Serializes window extension between the read and its readahead."""
 
     @property
@@ -430,20 +431,29 @@ class ObjectStreamReader:
             end_offset=-1 if end_offset >= _UNBOUNDED else end_offset,
             limit=GET_OBJECTS_STEP,
         )
+        wanted = [sl for sl in slices if not (state.window and sl.end_offset <= state.window_end)]
+        opened = await asyncio.gather(*(self._open(sl) for sl in wanted), return_exceptions=True)
+        for result in opened:  # every open finished: report the first failure, in slice order
+            if isinstance(result, BaseException):
+                raise result
         before = len(state.window)
-        for object_slice in slices:
-            if object_slice.end_offset <= state.window_end and state.window:
-                continue
-            await self._append_object(state, object_slice, window_start)
+        for object_slice, reader in zip(wanted, opened, strict=True):
+            assert isinstance(reader, ObjectReader)
+            self._append_object(state, object_slice, reader, window_start)
         return len(state.window) > before
 
-    async def _append_object(self, state: _ReadState, object_slice: ObjectSlice, window_start: int) -> None:
+    async def _open(self, object_slice: ObjectSlice) -> ObjectReader:
         key = object_key(object_slice.object_id, self._namespace)
         try:
-            reader = await self._readers.get(key, object_slice.size_bytes)
+            return await self._readers.get(key, object_slice.size_bytes)
         except NotFoundError as exc:
             self._readers.invalidate(key)
             raise _ObjectGoneError(f"object {key} is gone") from exc
+
+    def _append_object(
+        self, state: _ReadState, object_slice: ObjectSlice, reader: ObjectReader, window_start: int
+    ) -> None:
+        key = reader.key
         start = max(object_slice.start_offset, state.window_end if state.window else window_start)
         found = reader.find(state.stream_id, start, object_slice.end_offset, _UNBOUNDED)
         for entry in found.entries:
@@ -547,20 +557,20 @@ class ObjectStreamReader:
         state.readahead_tasks = {t for t in state.readahead_tasks if not t.done()}
         if len(state.readahead_tasks) >= READAHEAD_TASKS_MAX:
             return
-        if self._cache.free_bytes < state.readahead_bytes + settings.free_guard_bytes:
-            return
         ahead = sum(
             r.entry.size_bytes
             for r in state.window
             if r.entry.start_offset >= state.next_offset and r.entry.end_offset <= state.readahead_end_offset
         )
-        if ahead >= state.readahead_bytes // 2:
+        if ahead > state.readahead_bytes * 3 // 4:  # refill in chunks of at least a quarter window
+            return
+        # what the free-space guard allows: the cache keeps free_guard_bytes free of readahead
+        size_bytes = min(state.readahead_bytes - ahead, self._cache.free_bytes - settings.free_guard_bytes)
+        if size_bytes < min(settings.initial_bytes, state.readahead_bytes - ahead):
             return
         self._readahead_count += 1
         state.readahead_tasks.add(
-            asyncio.create_task(
-                self._run_readahead(state, state.readahead_bytes - ahead), name=f"readahead-{state.stream_id}"
-            )
+            asyncio.create_task(self._run_readahead(state, size_bytes), name=f"readahead-{state.stream_id}")
         )
 
     async def _run_readahead(self, state: _ReadState, size_bytes: int) -> None:
@@ -575,6 +585,8 @@ class ObjectStreamReader:
                     state.readahead_end_offset = refs[-1].entry.end_offset
             if refs:
                 await self._get_blocks(state, refs)
+                if not state.dropped:
+                    self._maybe_readahead(state, 0)  # keep the pipeline full while the consumer works
 
     # -- reader states ----------------------------------------------------------------------
     def _take_state(self, stream_id: StreamId, start_offset: int) -> _ReadState:
@@ -599,6 +611,7 @@ class ObjectStreamReader:
             self._drop_state(oldest)
 
     def _drop_state(self, state: _ReadState) -> None:
+        state.dropped = True
         self._active.discard(state)
         for task in state.readahead_tasks:
             task.cancel()

@@ -39,6 +39,8 @@ WORKLOAD_ORDER = ("format", "storage", "wal", "ingest", "read", "compaction", "s
 """``all`` runs the workloads that exist in this order (then any others, by name)."""
 WORKLOAD_TIMEOUT_S_DEFAULT = 1800.0
 ENV_PREFIXES = ("S3STREAM_BENCH_S3_", "S3STREAM_TEST_S3_")
+PIPE_WIDTH = 180
+"""Console width when the output is not a terminal (log files, CI)."""
 
 WorkloadFn = Callable[[Context], Awaitable[list[Result]]]
 
@@ -281,7 +283,7 @@ class _Display:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
         self.progress = Progress(
             SpinnerColumn(finished_text="[green]done[/]"),
             TextColumn("[bold]{task.fields[workload]:<12}"),
@@ -330,6 +332,7 @@ class _Display:
                 f"  {result.workload}: {result.metric} = {report_mod.fmt(result.value)} {result.unit} "
                 f"vs {result.baseline} {report_mod.fmt(result.baseline_value)} -> {report_mod.ratio_text(result)}",
                 markup=False,
+                soft_wrap=True,
                 highlight=False,
             )
 
@@ -566,7 +569,7 @@ def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> Non
             report_mod.fmt(result.baseline_value),
             report_mod.ratio_text(result),
         )
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     console.print(table)
     for run in report.runs:
         if run.status != "ok":

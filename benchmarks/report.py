@@ -131,7 +131,7 @@ def ratio_text(result: Result) -> str:
     ratio = result.ratio
     if not math.isfinite(ratio):
         return "-"
-    return f"{ratio:.2f}x" + ("" if result.higher_is_better else " (lower is better)")
+    return f"{fmt(ratio)}x" + ("" if result.higher_is_better else " (lower is better)")
 
 
 def _bytes_text(size: float) -> str:

@@ -22,6 +22,7 @@ from s3stream.metadata.base import (
     CommitStreamSetObjectRequest,
     ObjectKind,
     ObjectState,
+    RangeMetadata,
     S3ObjectMetadata,
     StreamMetadata,
     StreamObject,
@@ -32,6 +33,7 @@ from s3stream.metadata.changes import (
     Counter,
     PutObject,
     PutRange,
+    PutStream,
     PutStreamObject,
     PutStreamSetObject,
     RemoveObject,
@@ -238,10 +240,11 @@ def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:
                 code=ErrorCode.OFFSET_NOT_MATCHED,
             )
         ends[stream_id] = end
-    for stream_id, end in ends.items():
-        stream = streams[stream_id]
-        put_stream(txn, dataclasses.replace(stream, end_offset=end))
-        txn.write(PutRange(dataclasses.replace(stream.ranges[-1], end_offset=end)))
+    for stream_id, end in ends.items():  # hot path of every upload: plain constructors, no replace()
+        s = streams[stream_id]
+        txn.write(PutStream(stream_id, s.epoch, s.state, s.start_offset, end, s.tags))
+        r = s.ranges[-1]
+        txn.write(PutRange(RangeMetadata(stream_id, r.epoch, r.range_index, r.start_offset, end, r.node_id)))
 
 
 def commit_stream_object(txn: Txn, req: CommitStreamObjectRequest, *, now_ms: int) -> None:

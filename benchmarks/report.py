@@ -266,7 +266,7 @@ def _panels(
 
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    figure, axes_grid = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.8 * rows), squeeze=False)
+    figure, axes_grid = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.4 * rows), squeeze=False)
     try:
         for slot, axes in enumerate(axes_grid.flat):
             if slot >= len(panels):
@@ -285,7 +285,7 @@ def _panels(
             axes.set_title(_short(metric, 60), fontsize=9)
             axes.set_ylabel(ylabel, fontsize=8)
             axes.margins(y=0.15)
-            axes.legend(fontsize=7, loc="upper left")
+            axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
         figure.suptitle(title)
         figure.tight_layout()
         figure.savefig(path, dpi=90)

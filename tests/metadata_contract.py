@@ -605,6 +605,8 @@ class MetadataContract:
             obj = await store.get_object(source)
             assert (obj.state, obj.marked_at_ms) == (ObjectState.MARK_DESTROYED, clock.now_ms)
         assert (await store.describe_stream(a)).end_offset == 20
+        (split,) = await store.get_stream_objects(stream_id=a, start_offset=0, end_offset=-1, limit=10)
+        assert split.data_time_ms == data_time_s1
         assert spans(await store.get_objects(stream_id=a, start_offset=0, end_offset=-1, limit=10)) == [
             (compacted + 1, ObjectKind.STREAM, 0, 20)
         ]

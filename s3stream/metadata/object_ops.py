@@ -169,6 +169,7 @@ def commit_stream_set_object(txn: Txn, req: CommitStreamSetObjectRequest, *, now
             data_times.append(sso.data_time_ms)
             order_ids.append(sso.order_id)
         _destroy(txn, obj, now_ms)
+    data_time_ms = min(data_times) if data_times else now_ms  # a compaction keeps its data's age
     if new_object is not None:
         order_id = req.order_id
         if order_id == -1:
@@ -184,7 +185,7 @@ def commit_stream_set_object(txn: Txn, req: CommitStreamSetObjectRequest, *, now
             object_id=req.object_id,
             node_id=req.node_id,
             order_id=order_id,
-            data_time_ms=min(data_times) if data_times else now_ms,
+            data_time_ms=data_time_ms,
             size_bytes=req.object_size_bytes,
             ranges=tuple(req.stream_ranges),
         )
@@ -200,7 +201,7 @@ def commit_stream_set_object(txn: Txn, req: CommitStreamSetObjectRequest, *, now
             continue
         txn.write(PutObject(committed))
         so = StreamObject(
-            nso.object_id, nso.stream_id, nso.start_offset, nso.end_offset, nso.size_bytes, now_ms
+            nso.object_id, nso.stream_id, nso.start_offset, nso.end_offset, nso.size_bytes, data_time_ms
         )
         txn.write(PutStreamObject(so))
     if not compaction:

@@ -204,18 +204,24 @@ def markdown(report: Report, plot_files: Sequence[Path] = (), relative_to: Path 
         "CPU, peak RSS and raw S3 requests (botocore hook; SlateDB's own requests are not seen there) "
         "over each whole workload, baselines included.",
         "",
-        "| workload | status | time s | CPU s | CPU util | peak RSS | PUT | GET | COPY | DELETE | LIST | HEAD |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | status | time s | CPU s | CPU util | peak RSS | PUT | GET | COPY | DELETE | LIST | HEAD "
+        "| S3 GiB moved | requests / GiB moved |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for run in report.runs:
         by_class = run.s3_requests.get("by_class", {})
+        moved_bytes = run.s3_requests.get("bytes_written", 0) + run.s3_requests.get("bytes_read", 0)
+        per_gib_moved = run.s3_requests.get("per_gib_moved") or {}
+        per_gib_text = (
+            ", ".join(f"{name} {fmt(value)}" for name, value in per_gib_moved.items() if value) or "-"
+        )
         lines.append(
             f"| {run.name} | {run.status} | {fmt(run.duration_s)} | {fmt(run.cpu_s)} | {fmt(run.cpu_util)} | "
             f"{_bytes_text(run.peak_rss_bytes)} | "
             + " | ".join(
                 str(by_class.get(name, 0)) for name in ("PUT", "GET", "COPY", "DELETE", "LIST", "HEAD")
             )
-            + " |"
+            + f" | {fmt(moved_bytes / (1 << 30))} | {per_gib_text} |"
         )
     errors = [run for run in report.runs if run.status != "ok"]
     if errors:

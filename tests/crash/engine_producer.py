@@ -90,7 +90,23 @@ async def main(argv: list[str]) -> None:
             sys.stdout.write(f"ACK {stream.stream_id} {base} {count}\n")
             sys.stdout.flush()
 
-    await asyncio.gather(*(producer(i) for i in range(len(streams))))
+    async def atomic_producer() -> None:
+        """Atomic pairs across the first two streams with a KV put: all or nothing after a crash."""
+        n = int((await client.kv.get("crash/atomic") or b"0").decode())
+        while True:
+            n += 1
+            a, b = streams[0], streams[1]
+            base_a, base_b = a.next_offset, b.next_offset
+            got = await client.append_atomic(
+                [(a, RecordBatch(payload(a.stream_id, base_a, 1, 500))),
+                 (b, RecordBatch(payload(b.stream_id, base_b, 1, 500)))],
+                kv={"crash/atomic": str(n).encode()},
+            )  # fmt: skip
+            assert got == [base_a, base_b]
+            sys.stdout.write(f"ACK {a.stream_id} {base_a} 1\nACK {b.stream_id} {base_b} 1\nKV {n}\n")
+            sys.stdout.flush()
+
+    await asyncio.gather(*(producer(i) for i in range(len(streams))), atomic_producer())
 
 
 if __name__ == "__main__":

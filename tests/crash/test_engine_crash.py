@@ -32,7 +32,7 @@ MODES = ["append", "before_upload", "before_commit", "after_commit"]
 
 
 def run_producer(
-    data_dir: Path, run: int, seed: int, mode: str, rng: random.Random
+    data_dir: Path, run: int, seed: int, mode: str, rng: random.Random, kv_acks: list[int]
 ) -> list[tuple[int, int, int]]:
     """Start the producer, let it be killed (by itself at a hook, or by us mid-append); return its acks."""
     args = [
@@ -52,6 +52,8 @@ def run_producer(
     deadline = time.monotonic() + 30
     ack_target = rng.randint(20, 400) if mode == "append" else None
     for line in proc.stdout:
+        if line.startswith("KV "):
+            kv_acks.append(int(line.split()[1]))
         if line.startswith("ACK "):
             _, sid, base, count = line.split()
             acks.append((int(sid), int(base), int(count)))
@@ -66,15 +68,19 @@ def run_producer(
         if line.startswith("ACK "):
             _, sid, base, count = line.split()
             acks.append((int(sid), int(base), int(count)))
+        elif line.startswith("KV "):
+            kv_acks.append(int(line.split()[1]))
     proc.wait(timeout=30)
     stderr = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == -signal.SIGKILL, f"producer exited with {proc.returncode}: {stderr[-3000:]}"
     return acks
 
 
-async def verify(data_dir: Path, acked: dict[int, dict[int, int]], epoch: int) -> None:
+async def verify(data_dir: Path, acked: dict[int, dict[int, int]], epoch: int, kv_acked: int) -> None:
     client = await open_client(data_dir, config=CONFIG)
     try:
+        stored = int((await client.kv.get("crash/atomic") or b"0").decode())
+        assert stored >= kv_acked, f"acknowledged atomic KV put {kv_acked} lost (stored {stored})"
         for sid, by_base in acked.items():
             stream = await client.streams.open_stream(sid, epoch=epoch)  # type: ignore[arg-type]
             end = stream.confirm_offset
@@ -118,12 +124,13 @@ def test_kill_during_appends_and_uploads_loses_nothing(tmp_path: Path, rng_seed:
     rng = random.Random(seed)
     iterations = int(os.environ.get("S3STREAM_CRASH_ITERATIONS", "10"))
     acked: dict[int, dict[int, int]] = {}
+    kv_acks: list[int] = [0]
     for run in range(iterations):
         mode = MODES[(run + chain) % len(MODES)]
-        acks = run_producer(tmp_path, run, seed * 1000 + run, mode, rng)
+        acks = run_producer(tmp_path, run, seed * 1000 + run, mode, rng, kv_acks)
         for sid, base, count in acks:
             assert base not in acked.setdefault(sid, {}), f"offset {base} of stream {sid} acknowledged twice"
             acked[sid][base] = count
         print(f"chain {chain} run {run} mode {mode}: {len(acks)} acks")
-        asyncio.run(verify(tmp_path, acked, epoch=2 * run + 1))
+        asyncio.run(verify(tmp_path, acked, epoch=2 * run + 1, kv_acked=max(kv_acks)))
     asyncio.run(assert_no_leaked_objects(tmp_path))

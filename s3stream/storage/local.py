@@ -9,7 +9,9 @@ Atomic publish: data goes to a temporary file in the target directory (``.<name>
 is never in a key, so listings skip it), is fsynced, then renamed over the key (``put``) or
 hard-linked to it (``put(if_absent=True)``: ``link`` fails if the key exists, which makes the
 conditional create exact under races, also between processes), and the directory is fsynced. A crash
-leaves either the old state or the new object, plus at worst a stray temporary file.
+leaves either the old state or the new object, plus at worst a stray temporary file
+(:meth:`LocalObjectStorage.remove_stale_temp_files` reclaims those). The layout is also described in
+``docs/format.md`` section 6.
 
 All disk I/O runs on a dedicated thread pool, one hop per operation (open+write+fsync+rename+fsync
 is one hop), so the event loop never blocks. Errors from the OS become NotFoundError (missing key),
@@ -24,6 +26,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -262,6 +265,28 @@ class LocalObjectStorage:
                 found.append(ObjectInfo(key, st.st_size, st.st_mtime, f"{st.st_ino:x}-{st.st_mtime_ns:x}"))
         found.sort(key=lambda info: info.key)
         return found
+
+    def _sweep_sync(self, older_than_s: float) -> int:
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            for name in filenames:
+                if TEMP_MARKER not in name:
+                    continue
+                path = os.path.join(dirpath, name)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+        return removed
+
+    async def remove_stale_temp_files(self, older_than_s: float = 3600.0) -> int:
+        """Delete temporary files a crashed writer left behind (untouched for ``older_than_s``).
+
+        Temporary files never show in listings; this only reclaims their space. Returns how many
+        were removed. Run it at startup, when no upload can be that old.
+        """
+        return await self._run(self._sweep_sync, older_than_s)
 
     # -- ObjectStorage -----------------------------------------------------------------------
 

@@ -50,6 +50,17 @@ async def test_no_temporary_files_remain_after_writes_and_aborts(storage: LocalO
     assert all_files(storage.root) == ["a", "a/b"]
 
 
+async def test_stale_temporary_files_are_swept(storage: LocalObjectStorage) -> None:
+    await storage.put("dir/obj", b"1")
+    stale = storage.root / "dir" / ".obj~0123"
+    fresh = storage.root / "dir" / ".obj~4567"
+    stale.write_bytes(b"old")
+    fresh.write_bytes(b"new")
+    os.utime(stale, (0, 0))
+    assert await storage.remove_stale_temp_files(older_than_s=60) == 1
+    assert all_files(storage.root) == ["dir", "dir/.obj~4567", "dir/obj"]
+
+
 async def test_deleting_the_last_object_removes_empty_directories(storage: LocalObjectStorage) -> None:
     await storage.put("x/y/z", b"1")
     await storage.put("x/w", b"1")

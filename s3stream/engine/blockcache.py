@@ -170,8 +170,9 @@ class BlockCache(Generic[V]):
                 waits.append((i, self._inflight[request.key]))
             else:
                 missing.append(i)
-                self._inflight[request.key] = loop.create_future()
-                self._reserve(request.size_bytes)
+        for i in missing:  # after the hits, so making room never evicts a block this call uses
+            self._inflight[requests[i].key] = loop.create_future()
+            self._reserve(requests[i].size_bytes)
         self._hit_count += hit_count
         self._miss_count += len(waits) + len(missing)
         if missing:

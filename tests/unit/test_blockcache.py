@@ -6,7 +6,10 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from s3stream._loop import run
 from s3stream.engine.blockcache import BlockCache, BlockKey, BlockRequest
 from s3stream.errors import InvalidArgumentError, UnavailableError
 from s3stream.ids import ObjectId
@@ -199,3 +202,44 @@ async def test_idle_blocks_expire_after_the_ttl() -> None:
     assert key(2) in cache
     assert cache.evicted_unread_count == 1
     assert cache.stats().block_count == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacity=st.integers(50, 600),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["get", "get", "release_read", "release_unread", "tick"]),
+            st.lists(st.integers(0, 12), min_size=1, max_size=4, unique=True),
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+)
+def test_random_operations_keep_the_invariants(capacity: int, ops: list[tuple[str, list[int], bool]]) -> None:
+    """Values are always right, the byte limit holds, and a stored block is never loaded again."""
+    sizes = {i: 10 + 7 * i for i in range(13)}  # every block fits in the smallest cache
+
+    async def scenario() -> None:
+        clock = Clock()
+        cache = BlockCache[str](capacity, ttl_s=5, clock=clock)
+        load = Loader()
+        for op, objs, flag in ops:
+            keys = [key(o) for o in objs]
+            if op == "get":
+                live = {k for k, e in cache._entries.items() if e.last_access_s > clock.now - 5}
+                stored = {k for k in keys if k in live}
+                got = await cache.get_many(
+                    [BlockRequest(k, sizes[k.object_id], hold=flag) for k in keys], load
+                )
+                assert got.values == [f"{k.object_id}:0" for k in keys]
+                assert got.hit_count == len(stored)
+                assert not stored & set(load.calls[-1] if got.miss_count else [])
+            elif op == "tick":
+                clock.now += 3 if flag else 1
+            else:
+                cache.release(keys, read=op == "release_read")
+            assert cache.used_bytes <= capacity
+            assert cache.used_bytes == sum(sizes[k.object_id] for k in cache._entries)
+
+    run(scenario())

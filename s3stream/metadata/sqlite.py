@@ -95,6 +95,7 @@ class _Worker:
         self._busy_timeout_ms = busy_timeout_ms
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
+        self._dead = False
         self._setup = setup
         self._ready = ready
         self._ready_loop = ready.get_loop()
@@ -102,6 +103,8 @@ class _Worker:
         self._thread.start()
 
     def submit(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> asyncio.Future[T]:
+        if self._dead:
+            raise ClosedError(f"the metadata store {self._path} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put(_Job(fn, write, loop, future))
@@ -117,7 +120,26 @@ class _Worker:
         error = self._open()
         self._ready_loop.call_soon_threadsafe(_settle, self._ready, None, error)
         if error is not None:
+            self._dead = True
             return
+        try:
+            self._serve()
+        finally:  # stopped, or died of a bug: nobody may wait forever on a job
+            self._dead = True
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    error = ClosedError(f"the metadata store {self._path} is closed")
+                    with contextlib.suppress(RuntimeError):
+                        job.loop.call_soon_threadsafe(_settle, job.future, None, error)
+
+    def _serve(self) -> None:
         stopping = False
         while not stopping:
             first = self._jobs.get()
@@ -134,9 +156,6 @@ class _Worker:
                     break
                 batch.append(job)
             self._run_batch(batch)
-        if self._conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.close()
 
     def _open(self) -> BaseException | None:
         """Connect and run the setup (settings, integrity check, migrations) before any job."""

@@ -247,3 +247,19 @@ async def test_two_stores_on_one_file_see_each_others_commits(tmp_path: Path) ->
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_bug_in_one_operation_fails_its_batch_only(tmp_path: Path) -> None:
+    store = await SqliteMetadataStore.open(tmp_path / "m.db")
+    try:
+
+        def broken(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO kv (key, value) VALUES ('half', x'00')")
+            raise ZeroDivisionError("a bug")
+
+        with pytest.raises(ZeroDivisionError):
+            await store._worker.submit(broken, write=True)
+        assert await store.kv_get("half") is None  # rolled back
+        assert await store.kv_put("a", b"1") == b"1"  # the thread lives on
+    finally:
+        await store.close()

@@ -1,1 +1,8 @@
-"""Metadata stores: the MetadataStore protocol, SQLite and in-memory implementations."""
+"""Metadata stores: streams, epochs, objects and their lifecycle, KV pairs (AutoMQ's controller).
+
+- ``base``: the MetadataStore protocol and its value types;
+- ``controller``, ``stream_ops``, ``object_ops``, ``queries``: the operations, written once as pure
+  decisions (preconditions in AutoMQ's order -> ``changes``), shared by both stores;
+- ``sqlite`` (+ ``sqlite_schema``): the durable store, schema in docs/format.md section 5;
+- ``memory``: the in-memory twin; ``store``: the async methods over a backend's transact/query.
+"""

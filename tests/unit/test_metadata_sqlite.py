@@ -263,3 +263,45 @@ async def test_a_bug_in_one_operation_fails_its_batch_only(tmp_path: Path) -> No
         assert await store.kv_put("a", b"1") == b"1"  # the thread lives on
     finally:
         await store.close()
+
+
+async def test_a_failing_migration_leaves_the_old_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    sqlite_schema.migrate(conn, target_version=1)
+    conn.close()
+    broken = (*sqlite_schema.MIGRATIONS[1][:1], "CREATE TABLE kv (duplicate)")
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", (sqlite_schema.MIGRATIONS[0], broken))
+    with pytest.raises(UnavailableError):
+        await SqliteMetadataStore.open(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert sqlite_schema.schema_version(conn) == 1
+    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'kv'").fetchone() is None
+    conn.close()
+    monkeypatch.undo()
+    store = await SqliteMetadataStore.open(path)
+    try:
+        assert await store.schema_version() == sqlite_schema.LATEST_VERSION
+    finally:
+        await store.close()
+
+
+async def test_two_stores_writing_one_file_never_lose_an_update(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    a = await SqliteMetadataStore.open(path)
+    b = await SqliteMetadataStore.open(path)
+    try:
+        await node(a)
+        ids = await asyncio.gather(
+            *[(a if i % 2 else b).create_stream(node_id=N1, node_epoch=EPOCH) for i in range(60)]
+        )
+        assert sorted(ids) == list(range(60))
+        firsts = await asyncio.gather(
+            *[(a if i % 2 else b).prepare_objects(count=3, ttl_ms=TTL_MS) for i in range(20)]
+        )
+        assert sorted(firsts) == list(range(0, 60, 3))
+    finally:
+        await a.close()
+        await b.close()

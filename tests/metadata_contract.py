@@ -308,6 +308,8 @@ class MetadataContract:
             store.get_objects(stream_id=stream_id, start_offset=5, end_offset=5, limit=1),
             store.get_objects(stream_id=stream_id, start_offset=0, end_offset=-1, limit=0),
             store.destroyable_objects(marked_before_ms=0, limit=0),
+            store.destroyable_objects(marked_before_ms=-1, limit=1),
+            store.list_objects([7]),  # type: ignore[list-item]
             store.register_node(node_id=N1, node_epoch=True),  # type: ignore[arg-type]
         ]
         for call in bad_calls:

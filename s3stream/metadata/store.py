@@ -167,7 +167,10 @@ class TransactionalStore(abc.ABC):
         return obj
 
     async def list_objects(self, states: Sequence[ObjectState] | None = None) -> list[S3ObjectMetadata]:
-        wanted = None if states is None else frozenset(ObjectState(s) for s in states)
+        try:
+            wanted = None if states is None else frozenset(ObjectState(s) for s in states)
+        except ValueError:
+            raise InvalidArgumentError(f"unknown object state in {list(states or ())!r}") from None
         return await self._query(lambda view: view.objects(wanted))
 
     async def expire_prepared(self, *, now_ms: int) -> list[ObjectId]:
@@ -177,8 +180,8 @@ class TransactionalStore(abc.ABC):
         await self._transact(partial(object_ops.mark_destroyed, object_ids=tuple(object_ids), now_ms=now_ms))
 
     async def destroyable_objects(self, *, marked_before_ms: int, limit: int) -> list[S3ObjectMetadata]:
-        if not isinstance(limit, int) or not 1 <= limit <= ctl.GET_LIMIT_MAX:
-            raise InvalidArgumentError(f"limit must be in [1, {ctl.GET_LIMIT_MAX}], got {limit!r}")
+        ctl.check_int("marked_before_ms", marked_before_ms, low=0)
+        ctl.check_int("limit", limit, low=1, high=ctl.GET_LIMIT_MAX)
         return await self._query(lambda view: view.destroyable(marked_before_ms, limit))
 
     async def remove_objects(self, object_ids: Sequence[ObjectId]) -> None:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.baselines import raw_s3_client
 from benchmarks.core import Context, Result
 from benchmarks.measure import CountingStorage, RequestCounter
 from s3stream.config import Config
@@ -160,11 +161,9 @@ async def _baseline_round(ctx: Context, storage: ObjectStorage, spans: list[Span
         sizes = await asyncio.gather(*(get(*r) for r in ranges))
         elapsed = time.perf_counter() - started
     else:
-        from aiobotocore.session import get_session
-
         prefix = ctx.key_prefix("read")
         bucket = ctx.s3.bucket
-        async with get_session().create_client("s3", **ctx.s3.client_kwargs()) as client:
+        async with raw_s3_client(ctx.s3) as client:
 
             async def get(key: str, start: int, end: int) -> int:
                 async with gate:

@@ -245,10 +245,9 @@ class S3Upload:
         async def run() -> None:
             try:
                 await send(number)
-            except BaseException as exc:
-                if self._failure is None and not isinstance(exc, asyncio.CancelledError):
+            except Exception as exc:  # noqa: BLE001 - task boundary: kept for the next step, which aborts
+                if self._failure is None:
                     self._failure = exc
-                raise
             finally:
                 self._slots.release()
 

@@ -124,6 +124,9 @@ class BlockCache(Generic[V]):
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
+    def stored_or_loading(self, key: BlockKey) -> bool:
+        return key in self._entries or key in self._inflight
+
     def __len__(self) -> int:
         return len(self._entries)
 

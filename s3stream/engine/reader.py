@@ -491,7 +491,9 @@ class ObjectStreamReader:
     async def _get_blocks(self, state: _ReadState, refs: Sequence[_BlockRef]) -> CacheReadOfBlocks:
         by_key = {ref.cache_key: ref for ref in refs}
         requests = [
-            BlockRequest(ref.cache_key, ref.entry.size_bytes, hold=ref.cache_key not in state.held)
+            BlockRequest(
+                ref.cache_key, ref.entry.size_bytes, hold=_needs_hold(state, ref.cache_key, self._cache)
+            )
             for ref in refs
         ]
 
@@ -632,3 +634,8 @@ class ObjectStreamReader:
 class CacheReadOfBlocks:
     values: list[DataBlock]
     miss_count: int
+
+
+def _needs_hold(state: _ReadState, key: BlockKey, cache: BlockCache[DataBlock]) -> bool:
+    """A state holds each block once; a held block that was evicted since is held again when reloaded."""
+    return key not in state.held or not cache.stored_or_loading(key)

@@ -334,3 +334,20 @@ async def test_close_during_a_read_lets_it_finish_and_keeps_nothing(env: Env) ->
     assert reader.stats().readahead_count == 0
     with pytest.raises(ClosedError):
         await reader.read(s, 0, 180, 100)
+
+
+async def test_a_full_scan_with_readahead_frees_every_block_it_read(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader(readahead=ReadaheadSettings(initial_bytes=512, step_bytes=512, free_guard_bytes=0))
+    out: list[StreamRecordBatch] = []
+    offset = 0
+    while offset < 180:
+        got = await reader.read(s, offset, 180, 150)
+        out.extend(got)
+        offset = got[-1].end_offset
+        await asyncio.sleep(0.001)  # let readahead run ahead of the consumer
+    assert out == data
+    assert reader.stats().readahead_count > 1
+    for state in reader._states.values():
+        await asyncio.gather(*state.readahead_tasks)
+    assert reader._cache.used_bytes == 0

@@ -131,7 +131,6 @@ async def test_sequential_catch_up_read_returns_every_batch(world: World, rng_se
         got = await read_all(reader, s, data[-1].end_offset, 256 * KiB)
         assert got == data
         assert reader.stats().readahead_count > 0
-        assert reader.stats().block_hit_count > 0  # readahead served some blocks
     finally:
         await reader.close()
 

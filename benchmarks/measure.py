@@ -129,7 +129,7 @@ class LatencyRecorder:
 class ResourceUsage:
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    """User + system CPU seconds of this process (all threads, native ones included) and reaped children."""
+    """User + system CPU seconds of this process (all threads, native ones included) and its children."""
     peak_rss_bytes: int = 0
     """Largest resident set seen while sampling (this process plus live children)."""
 
@@ -147,13 +147,18 @@ class ResourceUsage:
         }
 
 
-def _cpu_s() -> float:
+def _own_cpu_s() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def _reaped_children_cpu_s() -> float:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return children.ru_utime + children.ru_stime
 
 
-def _rss_bytes() -> int:
+def _sample_process_tree(live_children_cpu_s: dict[int, float]) -> int:
+    """RSS of this process and its live children; records each live child's CPU seconds so far."""
     try:
         import psutil
     except ImportError:  # the bench extra is missing: fall back to the lifetime peak
@@ -163,11 +168,17 @@ def _rss_bytes() -> int:
     for child in process.children(recursive=True):
         with contextlib.suppress(psutil.Error):
             total += int(child.memory_info().rss)
+            times = child.cpu_times()
+            live_children_cpu_s[child.pid] = float(times.user + times.system)
     return total
 
 
 class ResourceMeter:
     """CPU time and peak RSS over a ``with`` block, sampled by a daemon thread every ``interval_s``.
+
+    CPU is this process's (all threads, native ones included) plus its children's: the larger of what
+    the children reaped during the block used (getrusage) and what the live children sampled used
+    (psutil; a JVM that outlives the block is only seen this way). Peak RSS sums the process tree.
 
     >>> with ResourceMeter() as meter:
     ...     work()
@@ -180,16 +191,22 @@ class ResourceMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started_wall = 0.0
-        self._started_cpu = 0.0
+        self._started_own_cpu = 0.0
+        self._started_reaped_cpu = 0.0
+        self._children_cpu_at_start: dict[int, float] = {}
+        self._children_cpu_seen: dict[int, float] = {}
 
     def _sample(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self.usage.peak_rss_bytes = max(self.usage.peak_rss_bytes, _rss_bytes())
+            rss = _sample_process_tree(self._children_cpu_seen)
+            self.usage.peak_rss_bytes = max(self.usage.peak_rss_bytes, rss)
 
     def __enter__(self) -> ResourceMeter:
         self._started_wall = time.perf_counter()
-        self._started_cpu = _cpu_s()
-        self.usage.peak_rss_bytes = _rss_bytes()
+        self._started_own_cpu = _own_cpu_s()
+        self._started_reaped_cpu = _reaped_children_cpu_s()
+        self.usage.peak_rss_bytes = _sample_process_tree(self._children_cpu_at_start)
+        self._children_cpu_seen.update(self._children_cpu_at_start)
         self._thread = threading.Thread(target=self._sample, name="resource-meter", daemon=True)
         self._thread.start()
         return self
@@ -198,9 +215,15 @@ class ResourceMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.usage.peak_rss_bytes = max(self.usage.peak_rss_bytes, _rss_bytes())
+        rss = _sample_process_tree(self._children_cpu_seen)
+        self.usage.peak_rss_bytes = max(self.usage.peak_rss_bytes, rss)
         self.usage.wall_s = time.perf_counter() - self._started_wall
-        self.usage.cpu_s = _cpu_s() - self._started_cpu
+        reaped_cpu_s = _reaped_children_cpu_s() - self._started_reaped_cpu
+        sampled_cpu_s = sum(
+            cpu_s - self._children_cpu_at_start.get(pid, 0.0)
+            for pid, cpu_s in self._children_cpu_seen.items()
+        )
+        self.usage.cpu_s = _own_cpu_s() - self._started_own_cpu + max(reaped_cpu_s, sampled_cpu_s)
 
 
 # --- S3 requests -----------------------------------------------------------------------------------

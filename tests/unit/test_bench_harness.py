@@ -415,3 +415,19 @@ def test_the_secret_key_never_reaches_the_results() -> None:
         "***",
         "--secret-key=***",
     ]
+
+
+def test_resource_meter_counts_the_cpu_of_child_processes() -> None:
+    import subprocess
+    import sys
+
+    with ResourceMeter(interval_s=0.02) as meter:
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass",
+            ],
+            check=True,
+        )
+    assert meter.usage.cpu_s >= 0.35

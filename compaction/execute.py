@@ -1,0 +1,193 @@
+"""The StreamSet compaction executor: carries out a :class:`~compaction.plan.CommitPlan`.
+
+Per plan: one output StreamSet object (prepared once, when the plan has StreamSet blocks), written
+across all steps; per step: read and verify the step's blocks (position-contiguous blocks of a
+source share one GET of at most 16 MiB), write its stream objects (ids prepared per step, written
+concurrently), append its StreamSet blocks, then drop the step's buffers. Then the sanity check
+(every live block of a compacted object is covered by a new range) and one atomic
+``commit_stream_set_object`` naming the compacted objects (order id -1: the metadata store keeps the
+smallest order id of the compacted objects). Blocks are copied verbatim (``write_block``); each new
+object gets a rebuilt index and checksum section. A failure aborts the uploads in progress; objects
+already written stay PREPARED until their TTL and are then deleted by the garbage collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from compaction.blockio import crcs_by_position, read_verified_blocks
+from compaction.plan import CommitPlan, SourceObject, StreamObjectPlan, uncovered_blocks
+from s3stream.errors import CorruptionError
+from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
+from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, NewStreamObject
+from s3stream.objectformat import IndexEntry, ObjectWriter, WrittenObject, object_key
+from s3stream.storage.base import ObjectStorage
+
+log = logging.getLogger(__name__)
+
+WRITE_CONCURRENCY_MAX = 8
+"""Stream objects of one step written at once (AutoMQ's upload pool of 8)."""
+
+
+class CompactionHooks:
+    """Points where crash tests stop the process (no-ops by default)."""
+
+    async def before_commit(self) -> None:
+        """Every new object is written; nothing is committed yet."""
+
+    async def after_commit(self) -> None:
+        """The commit is durable; the compacted objects are marked, not deleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """What one executed plan did."""
+
+    committed: bool
+    compacted_object_ids: tuple[ObjectId, ...]
+    stream_set_object_id: ObjectId
+    stream_object_ids: tuple[ObjectId, ...]
+    bytes_read: int
+    bytes_written: int
+    problem: str = ""
+
+
+class StreamSetCompactionExecutor:
+    """Writes and commits planned StreamSet compactions and force splits."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        storage: ObjectStorage,
+        *,
+        namespace: str,
+        node_id: NodeId,
+        node_epoch: int,
+        prepared_ttl_ms: int,
+        block_size_bytes: int,
+        part_size_bytes: int,
+        hooks: CompactionHooks | None = None,
+    ) -> None:
+        self.metadata = metadata
+        self.storage = storage
+        self.namespace = namespace
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.prepared_ttl_ms = prepared_ttl_ms
+        self.block_size_bytes = block_size_bytes
+        self.part_size_bytes = part_size_bytes
+        self.hooks = hooks or CompactionHooks()
+
+    def _writer(self, object_id: ObjectId) -> ObjectWriter:
+        return ObjectWriter(
+            self.storage.upload(object_key(object_id, self.namespace)),
+            block_size_bytes=self.block_size_bytes,
+            part_size_bytes=self.part_size_bytes,
+        )
+
+    async def execute(
+        self, plan: CommitPlan, sources: Mapping[ObjectId, SourceObject], start_offsets: Mapping[int, int]
+    ) -> CommitOutcome:
+        keys = {oid: object_key(oid, self.namespace) for oid in plan.compacted_object_ids}
+        crcs = {oid: crcs_by_position(sources[oid].index, sources[oid].block_crcs) for oid in keys}
+        sso_id = NOOP_OBJECT_ID
+        sso_writer: ObjectWriter | None = None
+        if plan.has_stream_set_object:
+            sso_id = await self.metadata.prepare_objects(count=1, ttl_ms=self.prepared_ttl_ms)
+            sso_writer = self._writer(sso_id)
+        new_objects: list[NewStreamObject] = []
+        bytes_read = bytes_written = 0
+        try:
+            for step in plan.steps:
+                wanted: dict[ObjectId, list[IndexEntry]] = {}
+                for b in step.blocks():
+                    wanted.setdefault(b.object_id, []).append(b.entry)
+                data = await read_verified_blocks(
+                    self.storage, {keys[oid]: (entries, crcs[oid]) for oid, entries in wanted.items()}
+                )
+                bytes_read += step.read_bytes
+                new_objects += await self._write_stream_objects(step.stream_objects, data, keys)
+                if sso_writer is not None:
+                    for b in step.stream_set_blocks:
+                        await sso_writer.write_block(
+                            b.entry, data.pop((keys[b.object_id], b.entry.start_position))
+                        )
+                del data
+            sso: WrittenObject | None = await sso_writer.close() if sso_writer is not None else None
+        except BaseException:
+            if sso_writer is not None:
+                await sso_writer.abort()
+            raise
+        bytes_written = sum(so.size_bytes for so in new_objects) + (sso.size_bytes if sso else 0)
+        request = CommitStreamSetObjectRequest(
+            node_id=self.node_id,
+            node_epoch=self.node_epoch,
+            object_id=sso_id,
+            order_id=-1,
+            object_size_bytes=sso.size_bytes if sso else 0,
+            stream_ranges=sso.stream_ranges if sso else (),
+            stream_objects=tuple(sorted(new_objects, key=lambda so: (so.stream_id, so.start_offset))),
+            compacted_object_ids=plan.compacted_object_ids,
+        )
+        outcome = CommitOutcome(
+            False,
+            plan.compacted_object_ids,
+            sso_id,
+            tuple(so.object_id for so in request.stream_objects),
+            bytes_read,
+            bytes_written,
+        )
+        new_ranges = [(r.stream_id, r.start_offset, r.end_offset) for r in request.stream_ranges]
+        new_ranges += [(so.stream_id, so.start_offset, so.end_offset) for so in request.stream_objects]
+        missing = uncovered_blocks((sources[oid] for oid in keys), start_offsets, new_ranges)
+        if missing:
+            problem = f"sanity check failed: {len(missing)} live blocks not covered, first {missing[0]}"
+            log.error("compaction of %s not committed: %s", plan.compacted_object_ids, problem)
+            return dataclasses.replace(outcome, problem=problem)
+        await self.hooks.before_commit()
+        await self.metadata.commit_stream_set_object(request)
+        await self.hooks.after_commit()
+        return dataclasses.replace(outcome, committed=True)
+
+    async def _write_stream_objects(
+        self,
+        plans: tuple[StreamObjectPlan, ...],
+        data: dict[tuple[str, int], memoryview],
+        keys: Mapping[ObjectId, str],
+    ) -> list[NewStreamObject]:
+        if not plans:
+            return []
+        first = await self.metadata.prepare_objects(count=len(plans), ttl_ms=self.prepared_ttl_ms)
+        slots = asyncio.Semaphore(WRITE_CONCURRENCY_MAX)
+
+        async def one(i: int, so: StreamObjectPlan) -> NewStreamObject:
+            object_id = ObjectId(first + i)
+            async with slots:
+                writer = self._writer(object_id)
+                try:
+                    for b in so.blocks:
+                        await writer.write_block(
+                            b.entry, data.pop((keys[b.object_id], b.entry.start_position))
+                        )
+                    written = await writer.close()
+                except BaseException:
+                    await writer.abort()
+                    raise
+            if (written.stream_ranges[0].start_offset, written.stream_ranges[-1].end_offset) != (
+                so.start_offset,
+                so.end_offset,
+            ):
+                raise CorruptionError(
+                    f"stream object {object_id} does not hold its planned range", source=writer.key
+                )
+            return NewStreamObject(
+                object_id, StreamId(so.stream_id), so.start_offset, so.end_offset, written.size_bytes
+            )
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(i, so)) for i, so in enumerate(plans)]
+        return [t.result() for t in tasks]

@@ -264,28 +264,28 @@ class StorageContract:
 
     # -- key validation --------------------------------------------------------------------------
 
-    @pytest.mark.parametrize("key", BAD_KEYS)
-    async def test_bad_keys_are_rejected_everywhere(self, storage: ObjectStorage, key: str) -> None:
-        with pytest.raises(InvalidArgumentError):
-            await storage.put(key, b"x")
-        with pytest.raises(InvalidArgumentError):
-            await storage.get(key)
-        with pytest.raises(InvalidArgumentError):
-            await storage.head(key)
-        with pytest.raises(InvalidArgumentError):
-            await storage.delete(["fine", key])
-        with pytest.raises(InvalidArgumentError):
-            storage.upload(key)
+    async def test_bad_keys_are_rejected_everywhere(self, storage: ObjectStorage) -> None:
         await storage.put("fine", b"x")
-        upload = storage.upload("dst")
-        with pytest.raises(InvalidArgumentError):
-            await upload.copy(key, 0, 1)
+        for key in BAD_KEYS:
+            with pytest.raises(InvalidArgumentError):
+                await storage.put(key, b"x")
+            with pytest.raises(InvalidArgumentError):
+                await storage.get(key)
+            with pytest.raises(InvalidArgumentError):
+                await storage.head(key)
+            with pytest.raises(InvalidArgumentError):
+                await storage.delete(["fine", key])
+            with pytest.raises(InvalidArgumentError):
+                storage.upload(key)
+            upload = storage.upload("dst")
+            with pytest.raises(InvalidArgumentError):
+                await upload.copy(key, 0, 1)
         assert await keys_of(storage) == ["fine"]
 
-    @pytest.mark.parametrize("prefix", ["/a", "../", "a//", "a/../", "sp ace", "x\x00"])
-    async def test_bad_prefixes_are_rejected(self, storage: ObjectStorage, prefix: str) -> None:
-        with pytest.raises(InvalidArgumentError):
-            await keys_of(storage, prefix)
+    async def test_bad_prefixes_are_rejected(self, storage: ObjectStorage) -> None:
+        for prefix in ["/a", "../", "a//", "a/../", "sp ace", "x\x00"]:
+            with pytest.raises(InvalidArgumentError):
+                await keys_of(storage, prefix)
 
     async def test_unusual_but_valid_keys_work(self, storage: ObjectStorage) -> None:
         keys = [

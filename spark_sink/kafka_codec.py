@@ -83,6 +83,7 @@ _SMALL_MAX = 1 << 16
 _VARINT_SMALL: list[bytes] = [_zigzag_varint(n) for n in range(_SMALL_MAX)]
 """Encoded varints of 0 .. 65535: lengths and deltas of a typical record are table lookups."""
 _NULL = _zigzag_varint(-1)
+_HEADER_PLACEHOLDER = bytes(BATCH_HEADER_SIZE)
 _ZERO = b"\x00"
 
 
@@ -143,12 +144,13 @@ def encode_batch(
     *,
     base_offset: int = 0,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-) -> bytes:
+) -> bytearray:
     """One RecordBatch v2 of ``len(values)`` records with offset deltas 0, 1, ..., uncompressed.
 
     ``headers`` is one header list (or None for none) per record, or None for no headers at all.
     Producer id, producer epoch and base sequence are -1 (no idempotent producer); attributes are 0
-    (no compression, create time, not transactional).
+    (no compression, create time, not transactional). Returns a new bytearray (one copy of the
+    record bytes), so the caller can still patch the base offset.
     """
     count = len(values)
     if count == 0:
@@ -164,49 +166,50 @@ def encode_batch(
     null = _NULL
     zero = _ZERO
     no_headers = _ZERO  # varint(0)
-    parts: list[bytes | bytearray | memoryview] = []
-    append = parts.append
+    parts: list[bytes | bytearray | memoryview] = [_HEADER_PLACEHOLDER]
+    extend = parts.extend
     for i in range(count):
         key = keys[i]
         value = values[i]
         tsd = timestamps_ms[i] - first_ts
         tsd_v = small[tsd] if 0 <= tsd < small_max else varint(tsd)
         od_v = small[i] if i < small_max else varint(i)
-        if key is None:
-            key_v = null
-            key_len = 0
-        else:
-            key_len = len(key)
-            key_v = small[key_len] if key_len < small_max else varint(key_len)
-        if value is None:
-            value_v = null
-            value_len = 0
-        else:
-            value_len = len(value)
-            value_v = small[value_len] if value_len < small_max else varint(value_len)
         hdrs = None if headers is None else headers[i]
         hdr_bytes = no_headers if not hdrs else _encode_headers(hdrs)
+        if key is None:
+            key_v = null
+            key = b""
+        else:
+            n = len(key)
+            key_v = small[n] if n < small_max else varint(n)
+        if value is None:
+            value_v = null
+            value = b""
+        else:
+            n = len(value)
+            value_v = small[n] if n < small_max else varint(n)
         body_len = (
-            1 + len(tsd_v) + len(od_v) + len(key_v) + key_len + len(value_v) + value_len + len(hdr_bytes)
+            1 + len(tsd_v) + len(od_v) + len(key_v) + len(key) + len(value_v) + len(value) + len(hdr_bytes)
         )
-        append(small[body_len] if body_len < small_max else varint(body_len))
-        append(zero)
-        append(tsd_v)
-        append(od_v)
-        append(key_v)
-        if key is not None:
-            append(key)
-        append(value_v)
-        if value is not None:
-            append(value)
-        append(hdr_bytes)
-    body = b"".join(parts)
-    total = BATCH_HEADER_SIZE + len(body)
+        extend(
+            (
+                small[body_len] if body_len < small_max else varint(body_len),
+                zero,
+                tsd_v,
+                od_v,
+                key_v,
+                key,
+                value_v,
+                value,
+                hdr_bytes,
+            )
+        )
+    out = bytearray().join(parts)
+    total = len(out)
     if total > BATCH_BYTES_MAX:
         raise InvalidArgumentError(f"record batch of {total} bytes exceeds {BATCH_BYTES_MAX}")
-    header = bytearray(BATCH_HEADER_SIZE)
     BATCH_HEADER.pack_into(
-        header,
+        out,
         0,
         base_offset,
         total - LENGTH_FIELD_END,
@@ -222,9 +225,8 @@ def encode_batch(
         NO_SEQUENCE,
         count,
     )
-    crc = crc32c.crc32c(memoryview(header)[ATTRIBUTES_OFFSET:])
-    _CRC.pack_into(header, CRC_OFFSET, crc32c.crc32c(body, crc))
-    return b"".join((header, body))
+    _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return out
 
 
 def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:

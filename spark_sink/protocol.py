@@ -29,7 +29,7 @@ _DIGEST_ENTRY = struct.Struct(
     ">"
     "i"  # target partition
     "i"  # record count
-    "I"  # CRC-32C of the keys and values of the Kafka batch
+    "I"  # CRC-32C of the records area of the Kafka batch (after its header)
 )
 
 

@@ -1,0 +1,159 @@
+"""Workload ``spark``: the Structured Streaming sink vs Spark's built-in parquet file sink.
+
+Both sinks consume the **same micro-batches**: a directory of parquet files (pre-generated, one file
+per micro-batch, ``maxFilesPerTrigger=1``) of rows with a random 1 KiB ``value``, a 16-byte ``key``
+and a ``timestamp``. Local Spark (``local[2]``), the engine on its embedded default (WAL + local
+objects + SQLite under the work dir).
+
+- **rows/s**: rows / summed ``triggerExecution`` time of the measured micro-batches (the first one,
+  with the query's start-up, is excluded), s3stream sink (``foreachBatch(S3StreamSink)``, exactly
+  once, 4 partitions by key hash) vs ``writeStream.format("parquet")`` (Spark's file sink with its
+  own exactly-once manifest). Goal ratio >= 1.0.
+- **fixed cost per micro-batch**: mean ``triggerExecution`` of micro-batches of 10 rows, same two
+  sinks (lower is better).
+
+The extras break the sink's time down into executor encoding + collection (``encode_ms``) and the
+engine appends (``append_ms``) per micro-batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.core import Context, Result
+
+KiB = 1 << 10
+PARTITIONS = 4
+
+
+def _generate(spark: Any, path: Path, *, files: int, rows_per_file: int, value_bytes: int) -> None:
+    from pyspark.sql import functions as F
+
+    hex_chars = value_bytes * 2
+    digests = (hex_chars + 127) // 128
+    value_hex = F.concat(
+        *[F.sha2(F.concat(F.col("id").cast("string"), F.lit(f"/{i}")), 512) for i in range(digests)]
+    )
+    df = spark.range(0, files * rows_per_file, numPartitions=files).select(
+        F.substring(F.sha2(F.col("id").cast("string"), 256), 1, 16).alias("key"),
+        F.unhex(F.substring(value_hex, 1, hex_chars)).alias("value"),
+        F.timestamp_millis(F.lit(1_700_000_000_000) + F.col("id")).alias("timestamp"),
+    )
+    df.write.mode("overwrite").parquet(str(path))
+
+
+def _source(spark: Any, path: Path) -> Any:
+    return (
+        spark.readStream.schema("key string, value binary, timestamp timestamp")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(path))
+    )
+
+
+def _trigger_ms(query: Any) -> list[float]:
+    return [float(p["durationMs"]["triggerExecution"]) for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def _run_s3stream(spark: Any, src: Path, work: Path) -> tuple[list[float], list[int], Any]:
+    from spark_sink.sink import S3StreamSink
+
+    with S3StreamSink(work / "engine", topic="bench", partitions=PARTITIONS) as sink:
+        query = (
+            _source(spark, src)
+            .writeStream.foreachBatch(sink)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(work / "ckpt-s3stream"))
+            .start()
+        )
+        query.awaitTermination()
+        history = list(sink.history)
+        rows = [int(p["numInputRows"]) for p in query.recentProgress if p["numInputRows"] > 0]
+        return _trigger_ms(query), rows, history
+
+
+def _run_parquet(spark: Any, src: Path, work: Path) -> tuple[list[float], list[int]]:
+    query = (
+        _source(spark, src)
+        .writeStream.format("parquet")
+        .option("path", str(work / "parquet-out"))
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(work / "ckpt-parquet"))
+        .start()
+    )
+    query.awaitTermination()
+    rows = [int(p["numInputRows"]) for p in query.recentProgress if p["numInputRows"] > 0]
+    return _trigger_ms(query), rows
+
+
+def _measure(ctx: Context) -> list[Result]:
+    from spark_sink.session import local_session
+
+    files = 4 if ctx.quick else 6
+    rows_per_file = 20_000 if ctx.quick else 100_000
+    small_files = 5 if ctx.quick else 10
+    work = ctx.work_dir / "spark"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    spark = local_session("s3stream-bench")
+    try:
+        t0 = time.perf_counter()
+        _generate(spark, work / "in", files=files, rows_per_file=rows_per_file, value_bytes=KiB)
+        _generate(spark, work / "small", files=small_files, rows_per_file=10, value_bytes=KiB)
+        ctx.notes.append(f"spark: generated inputs in {time.perf_counter() - t0:.1f} s")
+
+        # order: parquet first warms the JVM's file source for both; each sink gets its own checkpoint
+        pq_ms, pq_rows = _run_parquet(spark, work / "in", work / "big")
+        s3_ms, s3_rows, history = _run_s3stream(spark, work / "in", work / "big")
+        pq_small_ms, _ = _run_parquet(spark, work / "small", work / "small-run")
+        s3_small_ms, _, _ = _run_s3stream(spark, work / "small", work / "small-run")
+    finally:
+        spark.stop()
+
+    def rate(ms: list[float], rows: list[int]) -> float:
+        return sum(rows[1:]) / (sum(ms[1:]) / 1000) if len(ms) > 1 else float("nan")
+
+    s3_rate = rate(s3_ms, s3_rows)
+    pq_rate = rate(pq_ms, pq_rows)
+    measured = history[1:]
+    extra: dict[str, Any] = {
+        "rows_per_microbatch": rows_per_file,
+        "microbatches_measured": len(s3_ms) - 1,
+        "value_bytes": KiB,
+        "partitions": PARTITIONS,
+        "s3stream_trigger_ms": s3_ms,
+        "parquet_trigger_ms": pq_ms,
+        "encode_ms_mean": 1000 * statistics.fmean(h.encode_s for h in measured) if measured else None,
+        "append_ms_mean": 1000 * statistics.fmean(h.append_s for h in measured) if measured else None,
+        "chunks_per_microbatch": [h.chunks for h in measured],
+        "payload_mib_per_microbatch": [round(h.bytes_written / (1 << 20), 1) for h in measured],
+    }
+    return [
+        Result(
+            workload="spark",
+            metric="rows_per_s_1KiB",
+            value=s3_rate,
+            unit="rows/s",
+            baseline="Spark parquet file sink, same micro-batches",
+            baseline_value=pq_rate,
+            extra=extra,
+        ),
+        Result(
+            workload="spark",
+            metric="fixed_ms_per_microbatch",
+            value=statistics.fmean(s3_small_ms[1:]),
+            unit="ms",
+            baseline="Spark parquet file sink, 10-row micro-batches",
+            baseline_value=statistics.fmean(pq_small_ms[1:]),
+            higher_is_better=False,
+            extra={"s3stream_ms": s3_small_ms, "parquet_ms": pq_small_ms},
+        ),
+    ]
+
+
+async def run(ctx: Context) -> list[Result]:
+    return await asyncio.to_thread(_measure, ctx)

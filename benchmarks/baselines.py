@@ -165,13 +165,20 @@ async def raw_s3_put_get(
     concurrency: int,
     get: bool = True,
     cleanup: bool = True,
+    warmup_count: int | None = None,
 ) -> tuple[Measured, Measured | None]:
     """PUT ``object_count`` objects of ``object_bytes`` under ``prefix`` with ``concurrency`` in flight,
-    then (``get``) GET them all back the same way. Returns (put, get)."""
+    then (``get``) GET them all back the same way. Returns (put, get).
+
+    A warm-up first PUTs and GETs ``warmup_count`` objects (default: ``concurrency``, at most 8) that
+    are not measured, so connection set-up stays out of the figures."""
     if min(object_count, object_bytes, concurrency) <= 0:
         raise ValueError("object_count, object_bytes and concurrency must be positive")
     body = os.urandom(object_bytes)
     keys = [f"{prefix}raw-{i:06d}" for i in range(object_count)]
+    warm_keys = [
+        f"{prefix}warm-{i:06d}" for i in range(min(concurrency, 8) if warmup_count is None else warmup_count)
+    ]
     size = _size_label(object_bytes)
     put = Measured(name=f"raw aiobotocore PUT {size} c={concurrency}", requests=RequestCounter())
     got = Measured(name=f"raw aiobotocore GET {size} c={concurrency}", requests=RequestCounter())
@@ -194,7 +201,16 @@ async def raw_s3_put_get(
                 if len(data) != object_bytes:
                     raise RuntimeError(f"GET {key}: {len(data)} bytes, expected {object_bytes}")
 
+        async def warm_one(key: str) -> None:
+            async with limit:
+                await client.put_object(Bucket=target.bucket, Key=key, Body=body)
+                if get:
+                    response = await client.get_object(Bucket=target.bucket, Key=key)
+                    async with response["Body"] as stream:
+                        await stream.read()
+
         try:
+            await asyncio.gather(*(warm_one(key) for key in warm_keys))
             assert put.requests is not None
             assert got.requests is not None
             put.requests.attach(client)
@@ -222,8 +238,9 @@ async def raw_s3_put_get(
                 got.requests.detach(client)
         finally:
             if cleanup:
-                for start in range(0, len(keys), 1000):
-                    batch = keys[start : start + 1000]
+                written = warm_keys + keys
+                for start in range(0, len(written), 1000):
+                    batch = written[start : start + 1000]
                     await client.delete_objects(
                         Bucket=target.bucket,
                         Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},

@@ -227,7 +227,7 @@ class S3ObjectStorage:
         )
 
     async def client(self) -> Any:
-        """The aiobotocore client, created on first use (also used by the benchmark's baseline)."""
+        """The aiobotocore client, created on first use."""
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         if self._client is None:
@@ -237,15 +237,18 @@ class S3ObjectStorage:
                     secret_key = self.config.secret_key or os.environ.get("KAFKA_S3_SECRET_KEY")
                     if (access_key is None) != (secret_key is None):
                         access_key = secret_key = None
-                    creator = get_session().create_client(
-                        "s3",
-                        endpoint_url=self.config.endpoint,
-                        region_name=self.config.region,
-                        aws_access_key_id=access_key,
-                        aws_secret_access_key=secret_key,
-                        config=self._client_config(),
-                    )
-                    self._client = await self._stack.enter_async_context(creator)
+                    try:
+                        creator = get_session().create_client(
+                            "s3",
+                            endpoint_url=self.config.endpoint,
+                            region_name=self.config.region,
+                            aws_access_key_id=access_key,
+                            aws_secret_access_key=secret_key,
+                            config=self._client_config(),
+                        )
+                        self._client = await self._stack.enter_async_context(creator)
+                    except (ValueError, botocore.exceptions.BotoCoreError) as exc:
+                        raise InvalidArgumentError(f"cannot create an S3 client for {self!r}: {exc}") from exc
         return self._client
 
     def full_key(self, key: str) -> str:

@@ -190,3 +190,12 @@ def test_error_translation_table(exc: Exception, kind: type[S3StreamError], retr
 def test_programming_errors_are_not_translated() -> None:
     with pytest.raises(TypeError):
         translate_error(TypeError("bug"), "op")
+
+
+async def test_unusable_client_configuration_is_an_invalid_argument() -> None:
+    from s3stream.storage.s3 import S3Config, S3ObjectStorage
+
+    store = S3ObjectStorage(S3Config(bucket="b", endpoint="http://[bad", access_key="a", secret_key="s"))
+    with pytest.raises(InvalidArgumentError, match="S3 client"):
+        await store.head("k")
+    await store.close()

@@ -55,6 +55,12 @@ class Measured:
     requests: RequestCounter | None = None
     usage: ResourceUsage | None = None
     notes: list[str] = field(default_factory=list)
+    written_bytes: int = 0
+    """Every payload byte written, warm-up included (requests per GiB divide by it); 0: payload_bytes."""
+
+    @property
+    def request_base_bytes(self) -> int:
+        return self.written_bytes or self.payload_bytes
 
     @property
     def mib_per_s(self) -> float:
@@ -78,7 +84,7 @@ class Measured:
             f"{prefix}elapsed_s": self.elapsed_s,
         }
         if self.requests is not None:
-            out[f"{prefix}s3_requests_per_gib"] = self.requests.per_gib(self.payload_bytes)
+            out[f"{prefix}s3_requests_per_gib"] = self.requests.per_gib(self.request_base_bytes)
             out[f"{prefix}s3_requests"] = self.requests.snapshot()["by_class"]
         if self.usage is not None:
             out.update({f"{prefix}{key}": value for key, value in self.usage.to_extra().items()})
@@ -284,8 +290,9 @@ class DurableWriteSpec:
         )
 
 
-class _Window:
-    """Counts records and latencies only between the end of the warm-up and the deadline."""
+class MeasureWindow:
+    """Counts records and latencies only between the end of the warm-up and the deadline; every
+    record (warm-up included) counts in ``result.written_bytes``, the base of requests per GiB."""
 
     def __init__(self, spec: DurableWriteSpec, result: Measured) -> None:
         now = time.perf_counter()
@@ -298,6 +305,7 @@ class _Window:
         return time.perf_counter() >= self.deadline
 
     def record(self, started: float, finished: float) -> None:
+        self.result.written_bytes += self.record_bytes
         if self.measure_from <= started and finished <= self.deadline:
             self.result.latency.record(finished - started)
             self.result.op_count += 1
@@ -312,7 +320,7 @@ async def naive_writer(storage: ObjectStorage, spec: DurableWriteSpec) -> Measur
     result.requests = counter
     payload = os.urandom(spec.record_bytes)
     pending: dict[int, list[tuple[bytes, asyncio.Future[None]]]] = {}
-    window = _Window(spec, result)
+    window = MeasureWindow(spec, result)
     sequence = 0
     stop = asyncio.Event()
 
@@ -432,7 +440,7 @@ async def slatedb_writer(
     builder.with_metrics_recorder(recorder)
     db = await builder.build()
     payload = os.urandom(spec.record_bytes)
-    window = _Window(spec, result)
+    window = MeasureWindow(spec, result)
     requests_before = _slatedb_requests(recorder)
 
     async def producer(index: int) -> None:
@@ -494,7 +502,7 @@ def requests_per_gib(measured: Measured) -> dict[str, float]:
     if measured.requests is None:
         return {}
     return {
-        name: per_gib(count, measured.payload_bytes)
+        name: per_gib(count, measured.request_base_bytes)
         for name, count in measured.requests.snapshot()["by_class"].items()
         if count
     }

@@ -1,10 +1,11 @@
-"""Workload ``peers``: the baselines and peer engines alone, to calibrate the target.
+"""Workload ``peers``: the engine beside its peers on the same durable writes, and the raw ceilings.
 
-Every other workload compares the engine with these; this one puts them side by side so a results
-file shows what the disk and the object store can do in the same run:
-
-- durable 1 KiB writes: SlateDB (put + await_durable) vs the naive writer (one object per stream per
-  flush), same producers, streams and flush interval, on the same object store;
+- durable 1 KiB writes with the same producers and streams on the same object store: s3stream
+  (``Stream.append``, which returns once the record is in the WAL on the local disk, fdatasync'ed;
+  uploads to the object store follow, drained at the end) vs SlateDB (``put`` + ``await_durable``: in
+  the object store) and vs the naive writer (one object per stream per flush: in the object store),
+  and SlateDB vs the naive writer. The durability points differ by design (AutoMQ's WAL on a block
+  device); S3 requests per GiB include the engine's uploads after the drain;
 - raw aiobotocore PUT and GET of 16 MiB objects with 4 in flight vs 1 in flight (S3 target only);
 - raw PUT of 4 KiB objects with 32 in flight vs 1 (request rate; S3 target only);
 - raw O_DIRECT sequential 1 MiB writes vs buffered writes + one fdatasync (the local disk).
@@ -23,6 +24,7 @@ from pathlib import Path
 from benchmarks.baselines import (
     DurableWriteSpec,
     Measured,
+    MeasureWindow,
     naive_writer,
     odirect_write,
     raw_s3_put_get,
@@ -30,7 +32,7 @@ from benchmarks.baselines import (
     slatedb_writer,
 )
 from benchmarks.core import Context, Result
-from benchmarks.measure import MIB, ResourceMeter
+from benchmarks.measure import MIB, CountingStorage, RequestCounter, ResourceMeter
 
 NAME = "peers"
 
@@ -88,6 +90,44 @@ def _buffered_write_sync(path: Path, total_bytes: int, block_bytes: int) -> Meas
     return result
 
 
+async def _engine_writer(ctx: Context, spec: DurableWriteSpec) -> Measured:
+    """``spec``'s producers append to s3stream streams (default Config) until the deadline, then the
+    uploads are drained so every record is in the object store."""
+    from s3stream.assembly import open_client
+    from s3stream.config import Config
+    from s3stream.model import RecordBatch
+
+    counter = RequestCounter()
+    result = Measured(name=f"s3stream append ({spec.label()}, WAL on local disk)", requests=counter)
+    storage = CountingStorage(ctx.open_storage(f"{NAME}-engine"), counter)
+    client = await open_client(ctx.scratch(f"{NAME}-engine"), config=Config(), storage=storage)
+    payload = os.urandom(spec.record_bytes)
+    try:
+        streams = [await client.streams.create_and_open_stream() for _ in range(spec.stream_count)]
+        window = MeasureWindow(spec, result)
+
+        async def producer(index: int) -> None:
+            stream = streams[index % spec.stream_count]
+            while not window.done():
+                started = time.perf_counter()
+                await stream.append(RecordBatch(payload))
+                window.record(started, time.perf_counter())
+
+        with ResourceMeter() as meter:
+            await asyncio.gather(*(producer(i) for i in range(spec.producer_count)))
+            ctx.status("durable writes: s3stream, draining uploads")
+            drain_started = time.perf_counter()
+            await client.engine.force_upload(None)
+            result.notes.append(
+                f"upload drain after the run took {time.perf_counter() - drain_started:.2f} s"
+            )
+        result.usage = meter.usage
+        result.elapsed_s = spec.duration_s
+    finally:
+        await client.close()
+    return result
+
+
 async def run(ctx: Context) -> list[Result]:
     results: list[Result] = []
     scratch = ctx.scratch(NAME)
@@ -107,6 +147,8 @@ async def run(ctx: Context) -> list[Result]:
         warmup_s=ctx.scale(quick=0.5, full=2.0),
         duration_s=ctx.scale(quick=2.0, full=15.0),
     )
+    ctx.status(f"durable writes: s3stream ({spec.label()})")
+    engine = await _engine_writer(ctx, spec)
     ctx.status(f"durable writes: naive writer ({spec.label()})")
     storage = ctx.open_storage(f"{NAME}-naive")
     try:
@@ -118,7 +160,22 @@ async def run(ctx: Context) -> list[Result]:
         spec, target=ctx.s3, prefix=ctx.key_prefix(f"{NAME}-slatedb"), local_dir=scratch / "slatedb"
     )
     ctx.notes.extend(slate.notes)
-    results.append(_compare("SlateDB durable writes", "records/s", slate, naive, per="durable 1 KiB appends"))
+    what = f"durable {spec.record_bytes} B appends"
+    results.append(_compare("s3stream durable appends", "records/s", engine, slate, per=what))
+    results.append(_compare("s3stream durable appends", "records/s", engine, naive, per=what))
+    results.append(_compare("SlateDB durable writes", "records/s", slate, naive, per=what))
+    p99 = Result(
+        workload=NAME,
+        metric="s3stream append p99 latency",
+        value=engine.latency.percentile_s(0.99) * 1000,
+        unit="ms",
+        baseline=slate.name,
+        baseline_value=slate.latency.percentile_s(0.99) * 1000,
+        higher_is_better=False,
+        extra={"subject": engine.name},
+    )
+    results.append(p99)
+    ctx.notes.extend(f"s3stream: {note}" for note in engine.notes)
 
     if ctx.s3 is None:
         ctx.notes.append("peers: raw S3 PUT/GET skipped (target local)")

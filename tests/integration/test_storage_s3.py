@@ -148,3 +148,24 @@ async def test_concurrent_large_uploads(storage: S3ObjectStorage) -> None:
     await asyncio.gather(*(storage.put(f"c/{i}", blob) for i, blob in enumerate(blobs)))
     for i, blob in enumerate(blobs):
         assert await storage.get(f"c/{i}") == blob
+
+
+@pytest.mark.parametrize(
+    ("access_var", "secret_var"),
+    [("KAFKA_S3_ACCESS_KEY", "KAFKA_S3_SECRET_KEY"), ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")],
+)
+async def test_credentials_come_from_the_environment(
+    s3_server: S3TestServer, s3_prefix: str, monkeypatch: pytest.MonkeyPatch, access_var: str, secret_var: str
+) -> None:
+    for name in ("KAFKA_S3_ACCESS_KEY", "KAFKA_S3_SECRET_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(access_var, s3_server.access_key)
+    monkeypatch.setenv(secret_var, s3_server.secret_key)
+    config = replace(contract_config(s3_server, s3_prefix), access_key=None, secret_key=None)
+    store = S3ObjectStorage(config)
+    try:
+        await store.put("env", b"credentials from the environment")
+        assert await store.get("env") == b"credentials from the environment"
+        await store.delete(["env"])
+    finally:
+        await store.close()

@@ -177,3 +177,31 @@ def test_log_append_time_uses_max_timestamp() -> None:
     decoded, _ = kc.decode_batch(_recrc(buf))
     assert decoded.timestamps_ms == [30, 30]
     assert decoded.records()[0] == kc.KafkaRecord(0, 30, None, b"a", ())
+
+
+def test_worked_example_of_docs_spark_sink_md() -> None:
+    """docs/spark-sink.md, "Payload format": the worked example's bytes."""
+    buf = kc.encode_batch([None], [b"v"], [5])
+    assert len(buf) == 69
+    assert bytes(buf[kc.BATCH_HEADER_SIZE :]) == bytes.fromhex("0e 00 00 00 01 02 76 00")
+    assert struct.unpack_from(">i", buf, 8)[0] == 57
+    fields = kc.BATCH_HEADER.unpack_from(buf)
+    assert fields[3] == 2  # magic
+    assert fields[1:3] == (57, -1)  # length, partition leader epoch
+    assert fields[5:] == (0, 0, 5, 5, -1, -1, -1, 1)
+
+
+def test_docs_table_matches_the_header_struct() -> None:
+    """Every offset in the doc's header table is the struct's."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "spark-sink.md").read_text()
+    table = doc[doc.index("| offset | size | field |") :].split("\n\n")[0].splitlines()[2:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    fmt = kc.BATCH_HEADER.format.lstrip(">")
+    offset = 0
+    for row, code in zip(rows, fmt, strict=False):
+        size = struct.calcsize(">" + code)
+        assert (int(row[0]), int(row[1])) == (offset, size), row
+        offset += size
+    assert int(rows[len(fmt)][0]) == kc.BATCH_HEADER_SIZE

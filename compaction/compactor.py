@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from compaction.blockio import open_reader
-from compaction.execute import CompactionHooks, StreamSetCompactionExecutor
+from compaction.execute import StreamSetCompactionExecutor
 from compaction.gc import GarbageCollector, GcReport, wall_clock_ms
+from compaction.hooks import CompactionHooks
 from compaction.plan import (
     CompactionLimits,
     SourceObject,
@@ -131,6 +132,7 @@ class Compactor:
             node_id=node_id,
             node_epoch=node_epoch,
             prepared_ttl_ms=ttl_ms,
+            hooks=hooks,
         )
         self.gc = GarbageCollector(
             metadata,

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from compaction.blockio import crcs_by_position, read_verified_blocks
+from compaction.hooks import CompactionHooks
 from compaction.plan import CommitPlan, SourceObject, StreamObjectPlan, uncovered_blocks
 from s3stream.errors import CorruptionError
 from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
@@ -31,16 +32,6 @@ log = logging.getLogger(__name__)
 
 WRITE_CONCURRENCY_MAX = 8
 """Stream objects of one step written at once (AutoMQ's upload pool of 8)."""
-
-
-class CompactionHooks:
-    """Points where crash tests stop the process (no-ops by default)."""
-
-    async def before_commit(self) -> None:
-        """Every new object is written; nothing is committed yet."""
-
-    async def after_commit(self) -> None:
-        """The commit is durable; the compacted objects are marked, not deleted."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from compaction.blockio import crcs_by_position, read_verified_blocks
+from compaction.hooks import CompactionHooks
 from s3stream.errors import CorruptionError, InvalidArgumentError
 from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
 from s3stream.metadata.base import CommitStreamObjectRequest, MetadataStore, StreamObject
@@ -109,6 +110,7 @@ class StreamObjectCompactor:
         node_epoch: int,
         prepared_ttl_ms: int,
         copy_size_min_bytes: int = COPY_SIZE_MIN_BYTES,
+        hooks: CompactionHooks | None = None,
     ) -> None:
         self.metadata = metadata
         self.storage = storage
@@ -117,6 +119,7 @@ class StreamObjectCompactor:
         self.node_epoch = node_epoch
         self.prepared_ttl_ms = prepared_ttl_ms
         self.copy_size_min_bytes = copy_size_min_bytes
+        self.hooks = hooks or CompactionHooks()
 
     async def execute(self, plan: StreamObjectCompactionPlan) -> StreamObjectOutcome:
         outcome = StreamObjectOutcome()
@@ -214,6 +217,7 @@ class StreamObjectCompactor:
         except BaseException:
             await upload.abort()
             raise
+        await self.hooks.before_commit()
         await self.metadata.commit_stream_object(
             self._request(
                 stream_id,

@@ -251,6 +251,10 @@ def is_latency(unit: str) -> bool:
     return unit.strip() in TIME_UNITS
 
 
+Panel = tuple[str, list[str], list[tuple[str, list[float]]]]
+"""A plot panel: title, group labels on the x axis, and (peer, one value per group) bars."""
+
+
 def subject_of(result: Result) -> str:
     """What ``value`` measured: ``extra["subject"]`` if a workload names it, else ``s3stream``."""
     subject = result.extra.get("subject")
@@ -261,9 +265,7 @@ def _short(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _panels(
-    path: Path, title: str, panels: list[tuple[str, list[str], list[tuple[str, list[float]]]]], ylabel: str
-) -> None:
+def _panels(path: Path, title: str, panels: list[Panel], ylabel: str) -> None:
     """One subplot per metric: groups on the x axis (e.g. p50/p99/p999), one bar per peer in each."""
     import matplotlib
 
@@ -299,50 +301,67 @@ def _panels(
         plt.close(figure)
 
 
+def _merge_peers(panels: dict[tuple[str, str], Panel], key: tuple[str, str], panel: Panel) -> None:
+    """Results of one metric measured once and compared with several baselines share a panel."""
+    if key not in panels:
+        panels[key] = panel
+        return
+    peers = panels[key][2]
+    names = {name for name, _ in peers}
+    peers.extend(peer for peer in panel[2] if peer[0] not in names)
+
+
 def plot(report: Report, plot_dir: Path) -> list[Path]:
-    """Per workload: ``<workload>-throughput.png`` (each throughput result: its subject vs its peer)
-    and ``<workload>-latency.png`` (p50/p99/p999 from the ``latency_ms`` extras, and time-valued
-    results), one panel per metric."""
+    """Per workload: ``<workload>-throughput.png`` (each throughput result: its subject beside its
+    baselines) and ``<workload>-latency.png`` (p50/p99/p999 from the ``latency_ms`` extras, and
+    time-valued results), one panel per metric; a metric compared with several peers shows them all."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for run in report.runs:
-        throughput_panels = [
-            (
-                f"{result.metric} ({result.unit})",
-                [result.unit],
-                [(subject_of(result), [result.value]), (result.baseline, [result.baseline_value])],
-            )
-            for result in run.results
-            if is_throughput(result.unit)
-        ]
+        throughput_panels: dict[tuple[str, str], Panel] = {}
+        for result in run.results:
+            if is_throughput(result.unit):
+                key = (f"{result.metric} ({result.unit})", f"{subject_of(result)}={result.value!r}")
+                panel: Panel = (
+                    key[0],
+                    [result.unit],
+                    [(subject_of(result), [result.value]), (result.baseline, [result.baseline_value])],
+                )
+                _merge_peers(throughput_panels, key, panel)
         if throughput_panels:
             path = plot_dir / f"{run.name}-throughput.png"
-            _panels(path, f"{run.name}: throughput (higher is better)", throughput_panels, "per second")
+            _panels(
+                path,
+                f"{run.name}: throughput (higher is better)",
+                list(throughput_panels.values()),
+                "per second",
+            )
             written.append(path)
-        latency_panels: list[tuple[str, list[str], list[tuple[str, list[float]]]]] = []
+        latency_panels: dict[tuple[str, str], Panel] = {}
         for result in run.results:
             own, base = result.extra.get("latency_ms"), result.extra.get("baseline_latency_ms")
             if is_latency(result.unit):
                 scale = TIME_UNITS[result.unit.strip()]
-                latency_panels.append(
-                    (
-                        result.metric,
-                        ["value"],
-                        [
-                            (subject_of(result), [result.value * scale]),
-                            (result.baseline, [result.baseline_value * scale]),
-                        ],
-                    )
+                key = (result.metric, f"{subject_of(result)}={result.value!r}")
+                panel = (
+                    result.metric,
+                    ["value"],
+                    [
+                        (subject_of(result), [result.value * scale]),
+                        (result.baseline, [result.baseline_value * scale]),
+                    ],
                 )
+                _merge_peers(latency_panels, key, panel)
             elif isinstance(own, dict) and own.get("count"):
                 keys = ("p50", "p99", "p999")
                 peers = [(subject_of(result), [float(own.get(key, math.nan)) for key in keys])]
                 if isinstance(base, dict) and base.get("count"):
                     peers.append((result.baseline, [float(base.get(key, math.nan)) for key in keys]))
-                latency_panels.append((result.metric, list(keys), peers))
+                key = (f"{result.metric} latency", f"{subject_of(result)}={own.get('p50')!r}")
+                _merge_peers(latency_panels, key, (key[0], list(keys), peers))
         if latency_panels:
             path = plot_dir / f"{run.name}-latency.png"
-            _panels(path, f"{run.name}: latency in ms (lower is better)", latency_panels, "ms")
+            _panels(path, f"{run.name}: latency in ms (lower is better)", list(latency_panels.values()), "ms")
             written.append(path)
     return written
 

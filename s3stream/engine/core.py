@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import functools
 import logging
@@ -654,14 +655,27 @@ class Engine:
             await self._upload_slots.acquire()
             try:
                 first_id = await self._retry("prepare", lambda: self.uploader.prepare(plan))
+                order_id = first_id
                 task.prepared.set()
-                await self.hooks.before_upload()
-                request = await self._retry("upload", lambda: self.uploader.write(plan, first_id))
-                await self.hooks.before_commit()
-                if task.prev is not None:
-                    await task.prev.done.wait()
-                self._check_alive()
-                await self._commit(request, plan)
+                while True:
+                    await self.hooks.before_upload()
+                    ids = first_id
+                    request = await self._retry("upload", functools.partial(self.uploader.write, plan, ids))
+                    request = dataclasses.replace(request, order_id=order_id)
+                    await self.hooks.before_commit()
+                    if task.prev is not None:
+                        await task.prev.done.wait()
+                    self._check_alive()
+                    try:
+                        await self._commit(request, plan)
+                        break
+                    except NotFoundError as exc:
+                        if exc.code != ErrorCode.OBJECT_NOT_EXIST:
+                            raise
+                    # The upload outlived the prepared TTL (storage was down that long): new ids, same
+                    # order id (the data's place in the node's StreamSet object order does not change).
+                    log.warning("prepared objects from %d expired before their commit: uploading again", ids)
+                    first_id = await self._retry("prepare", lambda: self.uploader.prepare(plan))
                 await self.hooks.after_commit()
             finally:
                 self._upload_slots.release()
@@ -715,7 +729,7 @@ class Engine:
                 )
                 return
             except (FencedError, ConflictError, NotFoundError) as exc:
-                if exc.code in _NODE_LEVEL_CODES:
+                if exc.code in _NODE_LEVEL_CODES or exc.code == ErrorCode.OBJECT_NOT_EXIST:
                     raise
                 rejections += 1
                 request = await self._drop_lost_streams(request, plan, exc)

@@ -9,7 +9,7 @@ import pytest
 from s3stream.assembly import build_reader
 from s3stream.config import Config
 from s3stream.engine.client import Client
-from s3stream.engine.core import Engine
+from s3stream.engine.core import Engine, TestHooks
 from s3stream.engine.walport import MemoryWal
 from s3stream.errors import (
     CapacityError,
@@ -472,4 +472,36 @@ async def test_a_wal_append_stuck_past_the_timeout_fails_the_engine() -> None:
         await asyncio.wait_for(stream.append(RecordBatch(b"stuck")), timeout=5)
     with pytest.raises(UnavailableError, match="did not complete"):
         await stream.append(RecordBatch(b"after"))
+    await client.close()
+
+
+async def test_an_upload_outliving_its_prepared_ttl_is_uploaded_again_under_new_ids() -> None:
+    node = Node()
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    for i in range(5):
+        await stream.append(RecordBatch(bytes([i])))
+    reached, release = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    class Hold(TestHooks):
+        async def before_commit(self) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                reached.set()
+                await release.wait()
+
+    client.engine.hooks = Hold()
+    upload = asyncio.create_task(client.engine.force_upload(None))
+    await reached.wait()
+    expired = await node.metadata.expire_prepared(now_ms=1 << 60)  # the TTL passed meanwhile
+    assert expired
+    release.set()
+    await upload
+    assert calls == 2
+    client.engine.cache.try_real_free(target_bytes=0)
+    assert [b.payload for b in await stream.fetch(0, 5)] == [bytes([i]) for i in range(5)]
+    committed = await node.metadata.list_objects([ObjectState.COMMITTED])
+    assert {o.object_id for o in committed}.isdisjoint(expired)
     await client.close()

@@ -295,6 +295,8 @@ class ObjectStreamReader:
                             source=f"stream {stream_id}",
                         ) from exc
                     self._retry_count += 1
+                    for task in state.readahead_tasks:  # they may hold plans made from stale metadata
+                        task.cancel()
                     await self._reset_window(state)
         except BaseException:
             self._drop_state(state)

@@ -75,9 +75,10 @@ class Stream:
 
     async def append(self, batch: RecordBatch) -> int:
         """Append a batch; returns its base offset once it is durable in the WAL."""
-        batch = _check_batch(batch)
-        (base,) = await self._engine.append([(self._handle, bytes(batch.payload), batch.count)])
-        return base
+        if type(batch) is not RecordBatch or not batch.payload:
+            batch = _check_batch(batch)
+        payload = batch.payload if type(batch.payload) is bytes else bytes(batch.payload)
+        return await self._engine.append_one(self._handle, payload, batch.count)
 
     async def fetch(self, start_offset: int, end_offset: int, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         """Batches covering ``[start_offset, end_offset)`` in order (whole batches; at least one)."""

@@ -95,15 +95,23 @@ class Status(enum.Enum):
     FENCED = "fenced"
 
 
-@dataclass(eq=False)
 class _Pending:
     """One WAL record (plain append or atomic group) waiting for durability and its turn."""
 
-    seq: int
-    by_stream: dict[int, list[StreamRecordBatch]]
-    future: asyncio.Future[None]
-    remaining: int
-    persisted: bool = False
+    __slots__ = ("by_stream", "future", "persisted", "remaining", "seq")
+
+    def __init__(
+        self,
+        seq: int,
+        by_stream: dict[int, list[StreamRecordBatch]],
+        future: asyncio.Future[None],
+        remaining: int,
+    ) -> None:
+        self.seq = seq
+        self.by_stream = by_stream
+        self.future = future
+        self.remaining = remaining
+        self.persisted = False
 
 
 @dataclass(eq=False)
@@ -450,6 +458,52 @@ class Engine:
         stats.appended_records += record_count
         stats.appended_bytes += size
         return bases
+
+    async def append_one(self, handle: StreamHandle, payload: bytes, count: int) -> int:
+        """One batch to one stream (the common case of :meth:`append`, without its generality)."""
+        if handle.status is not Status.OPEN or self._failed is not None or self._closed:
+            self._check_alive()
+            handle.check_writable()
+        size = len(payload)
+        if size > self.config.record_size_max_bytes:
+            raise InvalidArgumentError(
+                f"record batch of {size} bytes is above s3.record.size.max ({self.config.record_size_max_bytes})"
+            )
+        if not self._has_room(size):
+            await self._admit(size)
+            handle.check_writable()
+        base = handle.next_offset
+        handle.next_offset = base + count
+        record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, payload)
+        body = record.encode()
+        seq = self._seq
+        self._seq = seq + 1
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = _Pending(seq, {handle.stream_id: [record]}, future, 1)
+        entry = self._uncommitted[seq] = [None, 1, len(body)]
+        self._wal_pending_bytes += len(body)
+        handle.queue.append(pending)
+        try:
+            offset = await self._wal_append(body, seq)
+        except S3StreamError as exc:
+            self._append_failed(pending, (handle,), exc)
+            raise
+        except BaseException as exc:
+            self._append_failed(pending, (handle,), UnavailableError(f"append interrupted: {exc!r}"))
+            raise
+        entry[0] = offset
+        if offset >= self._max_wal_end:
+            self._max_wal_end = offset + 1
+        pending.persisted = True
+        self._sequence(handle)
+        if not future.done():
+            await future
+        elif future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+        stats = self.stats
+        stats.appended_records += 1
+        stats.appended_bytes += size
+        return base
 
     def _has_room(self, size_bytes: int) -> bool:
         return (

@@ -344,9 +344,12 @@ async def run_benchmarks(
     *,
     timeout_s: float = WORKLOAD_TIMEOUT_S_DEFAULT,
     live: bool = True,
+    runs: list[report_mod.WorkloadRun] | None = None,
 ) -> list[report_mod.WorkloadRun]:
-    """Run ``names`` in order; ``workloads`` maps a name to its function or its module name."""
-    runs: list[report_mod.WorkloadRun] = []
+    """Run ``names`` in order; ``workloads`` maps a name to its function or its module name.
+
+    Finished runs are appended to ``runs`` (if given) as they end, so an interrupted run keeps them."""
+    runs = runs if runs is not None else []
     with _Display(names, enabled=live) as display:
         for name in names:
             status = display.begin(name)
@@ -511,15 +514,26 @@ def main(
 
         started_at, started = _now(), time.perf_counter()
         machine = machine_info(work_root)
-        runs = run_loop(
-            run_benchmarks(
-                names,
-                available,
-                ctx_factory,
-                timeout_s=args.timeout,
-                live=not args.no_live and sys.stderr.isatty(),
+        runs: list[report_mod.WorkloadRun] = []
+        try:
+            run_loop(
+                run_benchmarks(
+                    names,
+                    available,
+                    ctx_factory,
+                    timeout_s=args.timeout,
+                    live=not args.no_live and sys.stderr.isatty(),
+                    runs=runs,
+                )
             )
-        )
+        except KeyboardInterrupt:
+            done = {run.name for run in runs}
+            runs += [
+                report_mod.WorkloadRun(name=name, status="interrupted", error="interrupted (Ctrl-C)")
+                for name in names
+                if name not in done
+            ]
+            notes.append("the run was interrupted; results of the workloads that finished are kept")
         for name, ctx in notes_by_ctx:
             notes += [f"{name}: {note}" for note in ctx.notes]
         report = report_mod.Report(

@@ -9,7 +9,7 @@ JSON schema (``schema`` = ``s3stream-bench/1``)::
                   event_loop, disk: {path, device, fs_type, total_bytes, free_bytes, rotational},
                   packages: {name: version}, git_commit},
       "parameters": {workloads, quick, seed, run_id, params, target: {kind, endpoint, bucket, region}},
-      "workloads": {name: {status: ok|error|missing, error, duration_s, cpu_s, cpu_util,
+      "workloads": {name: {status: ok|error|missing|interrupted, error, duration_s, cpu_s, cpu_util,
                            peak_rss_bytes, s3_requests: {by_class, by_operation, bytes_written,
                            bytes_read, per_gib_moved: {class: requests per GiB PUT + GET}},
                            result_count}},
@@ -43,7 +43,7 @@ TIME_UNITS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
 class WorkloadRun:
     name: str
     status: str = "ok"
-    """ok, error (raised or timed out) or missing (no such module)."""
+    """ok, error (raised or timed out), missing (no such module) or interrupted (Ctrl-C)."""
     error: str = ""
     duration_s: float = 0.0
     cpu_s: float = 0.0

@@ -89,9 +89,9 @@ def test_plans_keep_every_live_block_once_within_the_budget(
         for step in commit.steps:
             assert 0 < step.read_bytes <= limits.step_bytes_max
             for so in step.stream_objects:
-                for a, b in zip(so.blocks, so.blocks[1:], strict=False):
-                    assert a.stream_id == b.stream_id == so.stream_id
-                    assert a.entry.end_offset == b.entry.start_offset
+                for x, y in itertools.pairwise(so.blocks):
+                    assert x.stream_id == y.stream_id == so.stream_id
+                    assert x.entry.end_offset == y.entry.start_offset
                 ranges.append((so.stream_id, so.start_offset, so.end_offset))
         assert uncovered_blocks(sources, start_offsets, ranges) == []
         split_count = sum(len(s.stream_objects) for s in commit.steps)

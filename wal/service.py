@@ -60,30 +60,39 @@ _H = RECORD_HEADER_SIZE
 
 
 class _Req:
-    """One append or append_many call: its bodies, how many are sealed, and its future."""
+    """One append_many call: its bodies, how many are sealed and completed, and its future.
 
-    __slots__ = ("bodies", "cum", "done", "fut", "many", "nbytes", "offsets", "sealed")
+    (A single append is queued as a plain ``(body, future)`` tuple: the hot path allocates no object.)
+    """
 
-    def __init__(self, bodies: Sequence[bytes], cum: list[int], fut: asyncio.Future[Any], many: bool) -> None:
+    __slots__ = ("bodies", "cum", "done", "fut", "nbytes", "offsets", "sealed")
+
+    def __init__(self, bodies: Sequence[bytes], cum: list[int], fut: asyncio.Future[list[int]]) -> None:
         self.bodies = bodies
-        self.cum = cum  # cum[i] = bytes of records 0..i with headers
+        self.cum = cum  # cum[i] = bytes of records 0..i, headers included
         self.sealed = 0
         self.done = 0
         self.fut = fut
-        self.many = many
-        self.nbytes = cum[-1] if cum else 0
+        self.nbytes = cum[-1]
         self.offsets: list[int] = []
 
 
-class _Group:
-    __slots__ = ("bodies", "first_offset", "nbytes", "pad_len", "parts")
+_Item = tuple[bytes, "asyncio.Future[int]"] | _Req
+_Part = tuple["asyncio.Future[int]", int] | tuple[_Req, list[int]]
 
-    def __init__(self) -> None:
-        self.first_offset = 0
+
+class _Group:
+    """Records sealed into one write: their bodies, and per caller the offsets to complete with."""
+
+    __slots__ = ("bodies", "first_offset", "nbytes", "pad_len", "parts", "single_bytes")
+
+    def __init__(self, first_offset: int, pad_len: int) -> None:
+        self.first_offset = first_offset
+        self.pad_len = pad_len
         self.bodies: list[bytes] = []
-        self.parts: list[tuple[_Req, int]] = []
+        self.parts: list[_Part] = []
         self.nbytes = 0
-        self.pad_len = 0
+        self.single_bytes = 0
 
 
 class BlockWAL:
@@ -108,7 +117,7 @@ class BlockWAL:
         self._flushed_start = 0  # start offset of the last durable header: space below is free
         self._durable_trim = 0
         self._groups: collections.deque[tuple[int, int]] = collections.deque()
-        self._pending: collections.deque[_Req] = collections.deque()
+        self._pending: collections.deque[_Item] = collections.deque()
         self._inflight_bytes = 0
         self._admit_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._header_waiters: list[asyncio.Future[None]] = []
@@ -116,6 +125,7 @@ class BlockWAL:
         self._writer: asyncio.Task[None] | None = None
         self._writing: _Group | None = None
         self._wbuf = aligned_buffer(config.write_max_bytes)
+        self._wview = memoryview(self._wbuf)
         self._pbuf = aligned_buffer(config.block_size_bytes)
         self._zeros = bytes(config.block_size_bytes)
         self.mode = device.mode
@@ -275,6 +285,7 @@ class BlockWAL:
             await self._loop.run_in_executor(self._pool, self._device.close)
         finally:
             self._pool.shutdown(wait=True)
+            self._wview.release()
             with contextlib.suppress(BufferError):  # a failed write's traceback may still hold a view
                 self._wbuf.close()
                 self._pbuf.close()
@@ -324,7 +335,7 @@ class BlockWAL:
         else:
             self._inflight_bytes += size
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._pending.append(_Req((data,), [size], fut, False))
+        self._pending.append((data, fut))
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
@@ -345,7 +356,7 @@ class BlockWAL:
         size = cum[-1]
         await self._admit(size)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
-        self._pending.append(_Req(records, cum, fut, True))
+        self._pending.append(_Req(records, cum, fut))
         self._kick()
         return await fut
 
@@ -418,9 +429,10 @@ class BlockWAL:
                     group = self._seal()
                     if group is not None:
                         self._writing = group
-                        offsets = await loop.run_in_executor(self._pool, self._write_group, group)
+                        end = self._pack(group)
+                        await loop.run_in_executor(self._pool, self._write_group, group, end)
                         self._writing = None
-                        self._complete(group, offsets)
+                        self._complete(group)
                         continue
                     if self._config.on_full == "error" or self._closing:
                         self._fail_pending(
@@ -444,26 +456,31 @@ class BlockWAL:
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:
-            req = self._pending.popleft()
-            self._release_inflight(req.nbytes)
-            if not req.fut.done():
-                req.fut.set_exception(exc)
+            item = self._pending.popleft()
+            if isinstance(item, _Req):
+                self._release_inflight(item.nbytes)
+                fut: asyncio.Future[Any] = item.fut
+            else:
+                self._release_inflight(len(item[0]) + _H)
+                fut = item[1]
+            if not fut.done():
+                fut.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         if self._writing is not None:
-            for req, _ in self._writing.parts:
-                if not req.fut.done():
-                    req.fut.set_exception(exc)
+            for target, _ in self._writing.parts:
+                fut: asyncio.Future[Any] = target.fut if isinstance(target, _Req) else target
+                if not fut.done():
+                    fut.set_exception(exc)
             self._writing = None
         self._fail_pending(exc)
-        for fut in self._header_waiters:
-            if not fut.done():
-                fut.set_exception(exc)
+        waiters: list[asyncio.Future[None]] = self._header_waiters
+        waiters += [f for _, f in self._admit_waiters]
         self._header_waiters = []
-        while self._admit_waiters:
-            _, fut = self._admit_waiters.popleft()
-            if not fut.done():
-                fut.set_exception(exc)
+        self._admit_waiters.clear()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(exc)
 
     def _seal(self) -> _Group | None:
         """Take queued records into one group at the next aligned offset, or None if the ring is full."""
@@ -472,61 +489,67 @@ class BlockWAL:
         start = align_up(self._tail, layout.block)
         room_cycle = area - start % area
         room_ring = self._flushed_start + area - start
-        first_req = self._pending[0]
-        first_size = first_req.cum[first_req.sealed] - (
-            first_req.cum[first_req.sealed - 1] if first_req.sealed else 0
-        )
+        pending = self._pending
+        first = pending[0]
+        if isinstance(first, _Req):
+            k = first.sealed
+            first_size = first.cum[k] - (first.cum[k - 1] if k else 0)
+        else:
+            first_size = len(first[0]) + _H
         pad_len = 0
         if first_size > room_cycle:
             pad_len = room_cycle
             start += room_cycle
             room_cycle = area
             room_ring -= pad_len
-        limit = min(self._config.batch_max_bytes, room_cycle, room_ring)
         if first_size > min(room_cycle, room_ring):
             return None
-        limit = max(limit, first_size)
-        group = _Group()
-        group.first_offset = start
-        group.pad_len = pad_len
-        size = 0
-        pending = self._pending
+        limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring), first_size)
+        group = _Group(start, pad_len)
         bodies = group.bodies
         parts = group.parts
-        while pending and size < limit:
-            req = pending[0]
-            i = req.sealed
-            cum = req.cum
+        off = start
+        single_bytes = 0
+        while pending:
+            item = pending[0]
+            if not isinstance(item, _Req):
+                n = len(item[0]) + _H
+                if off - start + n > limit:
+                    break
+                pending.popleft()
+                bodies.append(item[0])
+                parts.append((item[1], off))
+                off += n
+                single_bytes += n
+                continue
+            i = item.sealed
+            cum = item.cum
             base = cum[i - 1] if i else 0
-            j = bisect.bisect_right(cum, base + limit - size, lo=i)
+            j = bisect.bisect_right(cum, base + limit - (off - start), lo=i)
             if j == i:
                 break
-            if j - i == 1 and len(req.bodies) == 1:
-                bodies.append(req.bodies[0])
-            else:
-                bodies.extend(req.bodies[i:j])
-            parts.append((req, j - i))
-            size += cum[j - 1] - base
-            req.sealed = j
-            if j == len(cum):
-                pending.popleft()
-            else:
+            bodies.extend(item.bodies[i:j])
+            rel = off - base
+            parts.append((item, [off, *(rel + c for c in cum[i : j - 1])]))
+            off = rel + cum[j - 1]
+            item.sealed = j
+            if j < len(cum):
                 break
-        group.nbytes = size
-        self._tail = start + size
-        self._groups.append((start, self._tail))
+            pending.popleft()
+        group.nbytes = off - start
+        group.single_bytes = single_bytes
+        self._tail = off
+        self._groups.append((start, off))
         return group
 
-    def _write_group(self, group: _Group) -> list[int]:
-        """Runs on the I/O thread: pack, checksum, one pwrite, one fdatasync."""
-        layout = self._layout
-        device = self._device
-        if group.pad_len:
-            pad_at = group.first_offset - group.pad_len
-            self._write_padding_sync(
-                pad_at, encode_padding(offset=pad_at, length=group.pad_len, wal_id=self._wal_id)
-            )
+    def _pack(self, group: _Group) -> int:
+        """Headers, CRCs and bodies of ``group`` into the aligned write buffer; returns the aligned length.
+
+        Runs on the event loop: the I/O thread then needs the GIL only around one ``pwrite``, so the
+        two threads do not hand the GIL back and forth while a group is written.
+        """
         buf = self._wbuf
+        view = self._wview
         pack = RECORD_HEADER.pack_into
         pack_crc = _CRC.pack_into
         wal_id = self._wal_id
@@ -534,26 +557,33 @@ class BlockWAL:
         off = group.first_offset
         pos = 0
         flags = FLAG_FIRST
-        offsets = []
-        with memoryview(buf) as view:
-            for body in group.bodies:
-                n = len(body)
-                pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
-                pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
-                buf[pos + _H : pos + _H + n] = body
-                offsets.append(off)
-                pos += _H + n
-                off += _H + n
-                flags = 0
-            end = align_up(pos, layout.block)
-            if end != pos:
-                buf[pos:end] = self._zeros[: end - pos]
-            device.write(layout.phys(group.first_offset), view[:end])
+        for body in group.bodies:
+            n = len(body)
+            pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
+            pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
+            buf[pos + _H : pos + _H + n] = body
+            pos += _H + n
+            off += _H + n
+            flags = 0
+        end = align_up(pos, self._layout.block)
+        if end != pos:
+            buf[pos:end] = self._zeros[: end - pos]
+        return end
+
+    def _write_group(self, group: _Group, end: int) -> None:
+        """Runs on the I/O thread: the padding record if the group wraps, then one write of the group."""
+        layout = self._layout
+        device = self._device
+        if group.pad_len:
+            pad_at = group.first_offset - group.pad_len
+            self._write_padding_sync(
+                pad_at, encode_padding(offset=pad_at, length=group.pad_len, wal_id=self._wal_id)
+            )
+        device.write(layout.phys(group.first_offset), self._wview[:end])
         device.sync()
         self.stats["groups"] += 1
-        self.stats["records"] += len(offsets)
+        self.stats["records"] += len(group.bodies)
         self.stats["bytes_written"] += end
-        return offsets
 
     def _write_padding_sync(self, offset: int, pad: bytes) -> None:
         block = self._layout.block
@@ -564,18 +594,19 @@ class BlockWAL:
             self._device.write(self._layout.phys(offset), view[:block])
         self._device.sync()
 
-    def _complete(self, group: _Group, offsets: list[int]) -> None:
-        k = 0
-        released = 0
-        for req, count in group.parts:
-            if req.many:
-                req.offsets.extend(offsets[k : k + count])
-            k += count
-            req.done += count
-            if req.done == len(req.cum):
-                released += req.nbytes
-                if not req.fut.done():
-                    req.fut.set_result(req.offsets if req.many else offsets[k - 1])
+    def _complete(self, group: _Group) -> None:
+        released = group.single_bytes
+        for target, value in group.parts:
+            if isinstance(target, _Req):
+                assert isinstance(value, list)
+                target.offsets.extend(value)
+                target.done += len(value)
+                if target.done == len(target.cum):
+                    released += target.nbytes
+                    if not target.fut.done():
+                        target.fut.set_result(target.offsets)
+            elif not target.done():
+                target.set_result(value)  # type: ignore[arg-type]
         if released:
             self._release_inflight(released)
 

@@ -34,13 +34,14 @@ PRODUCERS = 32
 async def main(wal_path: str, log_dir: str, iteration: int, seed: int) -> None:
     rng = random.Random(seed)
     wal = await BlockWAL.open(wal_path, CONFIG)
-    lines = [f"{r.offset} {crc32c(r.data)} {len(r.data)}\n" async for r in wal.recover()]
+    recovered = [r async for r in wal.recover()]
+    lines = [f"{r.offset} {crc32c(r.data)} {len(r.data)}\n" for r in recovered]
     tmp = os.path.join(log_dir, f"recovered.{iteration}.tmp")
     with open(tmp, "w") as f:
         f.writelines(lines)
     os.rename(tmp, os.path.join(log_dir, f"recovered.{iteration}"))
     log = os.open(os.path.join(log_dir, f"log.{iteration}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    acked: list[int] = []
+    acked: list[int] = [r.offset for r in recovered]  # trimmable too: a full ring must not stall us
     print("READY", wal.next_offset, flush=True)
 
     async def producer(p: int) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Literal
+from collections.abc import Coroutine
+from typing import Any, Literal, TypeVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -12,8 +13,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from wal import BlockWAL, FaultyDevice, WalCapacityError, WalConfig
 
+T = TypeVar("T")
+
 CONFIG = WalConfig(
-    capacity_bytes=128 << 10, record_max_bytes=2 << 10, batch_max_bytes=4 << 10, inflight_max_bytes=16 << 10,
+    capacity_bytes=128 << 10,
+    record_max_bytes=2 << 10,
+    batch_max_bytes=4 << 10,
+    inflight_max_bytes=16 << 10,
     direct_io="off",
 )
 
@@ -31,7 +37,7 @@ class WalMachine(RuleBasedStateMachine):
         self.counter = 0
         self.cycles = 0
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def new_data(self, size: int) -> bytes:
@@ -58,7 +64,9 @@ class WalMachine(RuleBasedStateMachine):
                 out.append((r, d))
         return out
 
-    @rule(sizes=st.lists(st.integers(0, CONFIG.record_max_bytes), min_size=1, max_size=12), many=st.booleans())
+    @rule(
+        sizes=st.lists(st.integers(0, CONFIG.record_max_bytes), min_size=1, max_size=12), many=st.booleans()
+    )
     def append(self, sizes: list[int], many: bool) -> None:
         for item in self.run(self._appends(sizes, many)):
             if item is not None:
@@ -84,7 +92,9 @@ class WalMachine(RuleBasedStateMachine):
         mode=st.sampled_from(["drop", "sectors", "tear"]),
         seed=st.integers(0, 1 << 16),
     )
-    def crash_reopen(self, sizes: list[int], steps: int, mode: Literal["drop", "sectors", "tear"], seed: int) -> None:
+    def crash_reopen(
+        self, sizes: list[int], steps: int, mode: Literal["drop", "sectors", "tear"], seed: int
+    ) -> None:
         async def go() -> bytearray:
             datas = [self.new_data(s) for s in sizes]
             tasks = [asyncio.ensure_future(self.wal.append(d)) for d in datas]

@@ -134,7 +134,9 @@ def _open_maybe_direct(path: str, flags: int, direct_io: str) -> tuple[int, bool
         try:
             return os.open(path, flags | os.O_DIRECT), True
         except OSError as exc:
-            if exc.errno != errno.EINVAL or direct_io == "on":
+            if exc.errno != errno.EINVAL:
+                raise
+            if direct_io == "on":
                 raise InvalidWalConfig(f"cannot open {path} with O_DIRECT: {exc}") from exc
     return os.open(path, flags), False
 
@@ -149,8 +151,8 @@ class FileDevice(_FdDevice):
             cls._create(path, size)
         try:
             fd, direct = _open_maybe_direct(path, os.O_RDWR | os.O_CLOEXEC | os.O_DSYNC, config.direct_io)
-        except FileNotFoundError as exc:
-            raise InvalidWalConfig(f"WAL file {path} vanished while opening") from exc
+        except OSError as exc:
+            raise InvalidWalConfig(f"cannot open WAL file {path}: {exc}") from exc
         _lock(fd, path)
         actual = os.fstat(fd).st_size
         if actual != size:

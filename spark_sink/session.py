@@ -27,6 +27,9 @@ LOCAL_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
+    # the sink collects its encoded payloads (MiBs per task): send them with the task result
+    # instead of through the block manager (capped by spark.rpc.message.maxSize, 128 MiB)
+    "spark.task.maxDirectResultSize": str(64 << 20),
 }
 
 

@@ -78,7 +78,11 @@ class BatchStats:
     chunks_written: int
     bytes_written: int
     encode_s: float
+    """Spark job: executor encoding and the collection of the payloads."""
+    prepare_s: float
+    """Driver: payload buffer, ordering, chunking, progress read."""
     append_s: float
+    """Engine appends (``append_atomic`` per chunk)."""
 
 
 def normalize(df: DataFrame, *, batch_id: int, stream_column: str | None, partition_count: int) -> DataFrame:
@@ -341,6 +345,7 @@ class S3StreamSink:
             chunks_written=plan.chunk_count - plan.first_chunk,
             bytes_written=written,
             encode_s=encode_s,
+            prepare_s=t1 - t0 - encode_s,
             append_s=time.perf_counter() - t1,
         )
 

@@ -90,6 +90,23 @@ def _run_parquet(spark: Any, src: Path, work: Path) -> tuple[list[float], list[i
     return _trigger_ms(query), rows
 
 
+def _run_foreach_noop(spark: Any, src: Path, work: Path) -> list[float]:
+    """A foreachBatch that writes nothing (``df.write.format("noop")``): Spark + Python callback cost."""
+
+    def write(df: Any, batch_id: int) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    query = (
+        _source(spark, src)
+        .writeStream.foreachBatch(write)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(work / "ckpt-noop"))
+        .start()
+    )
+    query.awaitTermination()
+    return _trigger_ms(query)
+
+
 def _measure(ctx: Context) -> list[Result]:
     from spark_sink.session import local_session
 
@@ -110,7 +127,9 @@ def _measure(ctx: Context) -> list[Result]:
         pq_ms, pq_rows = _run_parquet(spark, work / "in", work / "big")
         s3_ms, s3_rows, history = _run_s3stream(spark, work / "in", work / "big")
         pq_small_ms, _ = _run_parquet(spark, work / "small", work / "small-run")
-        s3_small_ms, _, _ = _run_s3stream(spark, work / "small", work / "small-run")
+        s3_small_ms, _, small_history = _run_s3stream(spark, work / "small", work / "small-run")
+        noop_small_ms = _run_foreach_noop(spark, work / "small", work / "small-run")
+        noop_ms = _run_foreach_noop(spark, work / "in", work / "big")
     finally:
         spark.stop()
 
@@ -126,8 +145,10 @@ def _measure(ctx: Context) -> list[Result]:
         "value_bytes": KiB,
         "partitions": PARTITIONS,
         "s3stream_trigger_ms": s3_ms,
+        "foreachbatch_noop_rows_per_s": rate(noop_ms, pq_rows),
         "parquet_trigger_ms": pq_ms,
         "encode_ms_mean": 1000 * statistics.fmean(h.encode_s for h in measured) if measured else None,
+        "prepare_ms_mean": 1000 * statistics.fmean(h.prepare_s for h in measured) if measured else None,
         "append_ms_mean": 1000 * statistics.fmean(h.append_s for h in measured) if measured else None,
         "chunks_per_microbatch": [h.chunks for h in measured],
         "payload_mib_per_microbatch": [round(h.bytes_written / (1 << 20), 1) for h in measured],
@@ -150,7 +171,13 @@ def _measure(ctx: Context) -> list[Result]:
             baseline="Spark parquet file sink, 10-row micro-batches",
             baseline_value=statistics.fmean(pq_small_ms[1:]),
             higher_is_better=False,
-            extra={"s3stream_ms": s3_small_ms, "parquet_ms": pq_small_ms},
+            extra={
+                "s3stream_ms": s3_small_ms,
+                "parquet_ms": pq_small_ms,
+                "foreachbatch_noop_ms": noop_small_ms,
+                "encode_ms": [round(h.encode_s * 1000, 1) for h in small_history],
+                "append_ms": [round(h.append_s * 1000, 1) for h in small_history],
+            },
         ),
     ]
 

@@ -2,9 +2,9 @@
 
 Write path: ``append`` queues the body and awaits a future. One writer task seals the queued records
 into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the physical end of the
-device), hands it to the dedicated I/O thread, which packs headers and bodies into a reused aligned
-buffer, CRCs them, issues one ``pwrite`` and one ``fdatasync``, and returns the offsets. Meanwhile the
-next group accumulates. Groups complete strictly in order, so futures resolve in offset order, and at
+device) and assigns their offsets, packs headers, CRC32Cs and bodies into a reused aligned buffer, and
+hands one ``pwrite`` to the dedicated I/O thread (the descriptor is O_DSYNC: durable on return, and the
+thread needs the GIL only around that call). Meanwhile the next group accumulates. Groups complete strictly in order, so futures resolve in offset order, and at
 most one group is ever in flight: after a crash only the last group can be torn (the recovery rule in
 docs/format.md section 4.6 and :mod:`wal.recovery` depends on this).
 
@@ -118,6 +118,9 @@ class BlockWAL:
         self._durable_trim = 0
         self._groups: collections.deque[tuple[int, int]] = collections.deque()
         self._pending: collections.deque[_Item] = collections.deque()
+        self._accepting = False  # recovered, writer running, not closing or failed: append's fast path
+        self._record_max_bytes = config.record_max_bytes
+        self._inflight_max_bytes = config.inflight_max_bytes
         self._inflight_bytes = 0
         self._admit_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._header_waiters: list[asyncio.Future[None]] = []
@@ -272,6 +275,7 @@ class BlockWAL:
         if self._closed:
             return
         self._closing = True
+        self._accepting = False
         try:
             if self._writer is not None:
                 self._kick()
@@ -321,15 +325,14 @@ class BlockWAL:
 
     async def append(self, data: bytes) -> int:
         """Append one record; returns its logical offset once it is durable."""
-        self._check_writable()
+        if not self._accepting:
+            self._check_writable()
         n = len(data)
-        if n > self._config.record_max_bytes:
-            raise WalArgumentError(
-                f"record of {n} bytes above record_max_bytes {self._config.record_max_bytes}"
-            )
+        if n > self._record_max_bytes:
+            raise WalArgumentError(f"record of {n} bytes above record_max_bytes {self._record_max_bytes}")
         size = n + _H
         if self._admit_waiters or (
-            self._inflight_bytes + size > self._config.inflight_max_bytes and self._inflight_bytes
+            self._inflight_bytes + size > self._inflight_max_bytes and self._inflight_bytes
         ):
             await self._admit(size)
         else:
@@ -417,6 +420,7 @@ class BlockWAL:
     # ------------------------------------------------------------------ writer task
     def _start_writer(self) -> None:
         self._writer = self._loop.create_task(self._run(), name="wal-writer")
+        self._accepting = True
 
     async def _run(self) -> None:
         loop = self._loop
@@ -450,6 +454,7 @@ class BlockWAL:
         except BaseException as exc:
             failure = exc if isinstance(exc, WalError) else WalIOError(f"WAL writer died: {exc!r}")
             self._failure = failure
+            self._accepting = False
             self._fail_all(failure)
             if not isinstance(exc, (WalError, asyncio.CancelledError)):
                 raise

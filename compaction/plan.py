@@ -146,8 +146,8 @@ class CompactionLimits:
     objects_max: int = 500  # s3.stream.set.object.compaction.max.num
     streams_per_stream_set_object_max: int = 20_000  # s3.max.stream.num.per.stream.set.object
     stream_objects_per_commit_max: int = 10_000  # s3.max.stream.object.num.per.commit
-    writer_reserve_bytes: int = 32 << 20
-    """Part of the budget kept for writer buffers (output part + one in flight); reads get the rest."""
+    writer_reserve_bytes: int = 16 << 20
+    """Part of the budget kept for the output StreamSet object's writer (one part, carried across steps)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -166,8 +166,9 @@ class CompactionLimits:
 
     @property
     def step_bytes_max(self) -> int:
-        """Block bytes one step may read: the budget minus the writers' reserve."""
-        return self.memory_budget_bytes - self.writer_reserve_bytes
+        """Block bytes one step may read. A step's bytes are held at most twice (the GET buffers, and
+        the copies in the output writers' buffers until they go out as parts), plus the reserve."""
+        return (self.memory_budget_bytes - self.writer_reserve_bytes) // 2
 
     @classmethod
     def from_config(cls, config: Config) -> CompactionLimits:

@@ -50,7 +50,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[SourceObject], dict[int, int], Comp
         elif draw(st.booleans()):
             start_offsets[stream] = 0
     limits = CompactionLimits(
-        memory_budget_bytes=draw(st.sampled_from([3000, 5000, 1 << 20])),
+        memory_budget_bytes=draw(st.sampled_from([6000, 10000, 1 << 20])),
         stream_split_size_bytes=draw(st.sampled_from([1, 2000, 1 << 20])),
         force_split_age_ms=5000,
         objects_max=draw(st.integers(1, 8)),

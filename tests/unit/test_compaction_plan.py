@@ -124,12 +124,13 @@ def test_objects_sharing_no_stream_with_another_candidate_are_left_alone() -> No
 
 def test_the_memory_budget_cuts_the_work_into_several_steps() -> None:
     limits = CompactionLimits(
-        memory_budget_bytes=10 * MiB, stream_split_size_bytes=64 * MiB, writer_reserve_bytes=0
+        memory_budget_bytes=20 * MiB, stream_split_size_bytes=64 * MiB, writer_reserve_bytes=0
     )
     objects = [obj(i, [(s, 10 * i, 10 * i + 10, 1 * MiB) for s in range(4)]) for i in range(10)]
     plan = plan_stream_set_compaction(objects, dict.fromkeys(range(4), 0), limits, now_ms=NOW)
     assert plan.compaction is not None
     steps = plan.compaction.steps
+    assert limits.step_bytes_max == 10 * MiB  # half the budget: read buffers + writer copies
     assert len(steps) == 4  # 40 MiB of blocks, at most 10 MiB per step
     assert all(s.read_bytes <= limits.step_bytes_max for s in steps)
     assert shape(plan.compaction) == ([], [(s, 0, 100) for s in range(4)])
@@ -138,7 +139,7 @@ def test_the_memory_budget_cuts_the_work_into_several_steps() -> None:
 
 
 def test_a_stream_object_crossing_a_step_boundary_becomes_two() -> None:
-    limits = CompactionLimits(memory_budget_bytes=4 * MiB, stream_split_size_bytes=1, writer_reserve_bytes=0)
+    limits = CompactionLimits(memory_budget_bytes=8 * MiB, stream_split_size_bytes=1, writer_reserve_bytes=0)
     a = obj(1, [(1, 0, 1, 3 * MiB)])
     b = obj(2, [(1, 1, 2, 3 * MiB)])
     plan = plan_stream_set_compaction([a, b], {1: 0}, limits, now_ms=NOW)
@@ -150,7 +151,7 @@ def test_a_stream_object_crossing_a_step_boundary_becomes_two() -> None:
 
 
 def test_an_object_with_a_block_larger_than_the_budget_is_skipped() -> None:
-    limits = CompactionLimits(memory_budget_bytes=2 * MiB, writer_reserve_bytes=0)
+    limits = CompactionLimits(memory_budget_bytes=4 * MiB, writer_reserve_bytes=0)
     a = obj(1, [(1, 0, 1, 3 * MiB)])
     b = obj(2, [(1, 1, 2, 100)])
     c = obj(3, [(1, 2, 3, 100)])
@@ -224,7 +225,7 @@ def test_limits_come_from_config_and_are_validated() -> None:
     assert limits.stream_split_size_bytes == 8 * MiB
     assert limits.force_split_age_ms == 120 * 60_000
     assert limits.objects_max == 500
-    assert limits.step_bytes_max == 200 * MiB - 32 * MiB
+    assert limits.step_bytes_max == (200 * MiB - 32 * MiB) // 2
     with pytest.raises(InvalidArgumentError):
         CompactionLimits(memory_budget_bytes=0)
     with pytest.raises(InvalidArgumentError):

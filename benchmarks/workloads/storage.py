@@ -82,7 +82,7 @@ async def _s3(ctx: Context) -> list[Result]:
         )
     )
     raw_prefix = ctx.key_prefix(f"{WORKLOAD}-raw")
-    rounds = ctx.scale(quick=1, full=3)
+    rounds = ctx.scale(quick=1, full=2)
     count_16 = ctx.scale(quick=4, full=8)
     count_64 = ctx.scale(quick=2, full=4)
     cases: list[tuple[str, int, int, int, S3ObjectStorage]] = [

@@ -126,7 +126,7 @@ async def test_stream_set_compaction_keeps_fetch_results_and_shrinks_object_coun
 
 
 async def test_fetch_results_stay_identical_while_appends_reads_and_compactions_interleave() -> None:
-    env = Env()
+    env = Env(CONFIG.replace(object_delete_retention_minutes=10))  # reads in flight keep their objects
     client = await env.open()
     rng = random.Random(7)
     streams = [await client.streams.create_and_open_stream() for _ in range(4)]
@@ -176,7 +176,12 @@ async def test_fetch_results_stay_identical_while_appends_reads_and_compactions_
     await client.engine.force_upload(None)
     await compactor.run_once(stream_objects=True)
     assert await snapshot(streams) == expected
+    gc = GarbageCollector(
+        env.metadata, env.storage, namespace=env.config.namespace, retention_ms=0, orphan_ttl_ms=0
+    )
+    assert (await gc.collect(scan_orphans=True)).orphan_deleted_count == 0
     assert await env.keys() == await env.committed_keys()
+    assert await snapshot(streams) == expected
     await client.close()
 
 

@@ -39,6 +39,9 @@ from benchmarks.measure import (
 )
 from s3stream.storage.base import ObjectStorage
 
+SLATEDB_STEP_TIMEOUT_S = 120.0
+"""Opening SlateDB, closing it, and its writes past the deadline each get this long (a stuck object
+store must fail the workload, not hang it)."""
 ALIGN_BYTES = 4096
 """O_DIRECT buffer, offset and length alignment (the logical block size of every disk we run on)."""
 
@@ -254,6 +257,23 @@ async def raw_s3_put_get(
     return put, (got if get else None)
 
 
+async def delete_prefix(target: S3Target, prefix: str) -> int:
+    """Delete every object under ``prefix`` (ListObjectsV2 pages, DeleteObjects batches); returns the count."""
+    if not prefix or not prefix.endswith("/"):
+        raise ValueError(f"refusing to delete under a prefix that is empty or not a directory: {prefix!r}")
+    deleted = 0
+    async with raw_s3_client(target) as client:
+        paginator = client.get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=target.bucket, Prefix=prefix):
+            keys = [item["Key"] for item in page.get("Contents", [])]
+            if keys:
+                await client.delete_objects(
+                    Bucket=target.bucket, Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True}
+                )
+                deleted += len(keys)
+    return deleted
+
+
 def _size_label(size_bytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size_bytes >= scale and size_bytes % scale == 0:
@@ -438,7 +458,7 @@ async def slatedb_writer(
     builder.with_settings(settings)
     recorder = DefaultMetricsRecorder()
     builder.with_metrics_recorder(recorder)
-    db = await builder.build()
+    db = await asyncio.wait_for(builder.build(), SLATEDB_STEP_TIMEOUT_S)
     payload = os.urandom(spec.record_bytes)
     window = MeasureWindow(spec, result)
     requests_before = _slatedb_requests(recorder)
@@ -455,9 +475,12 @@ async def slatedb_writer(
 
     try:
         with ResourceMeter() as meter:
-            await asyncio.gather(*(producer(i) for i in range(spec.producer_count)))
+            await asyncio.wait_for(
+                asyncio.gather(*(producer(i) for i in range(spec.producer_count))),
+                spec.warmup_s + spec.duration_s + SLATEDB_STEP_TIMEOUT_S,
+            )
     finally:
-        await db.shutdown()
+        await asyncio.wait_for(db.shutdown(), SLATEDB_STEP_TIMEOUT_S)
     result.usage = meter.usage
     result.elapsed_s = spec.duration_s
     counter = RequestCounter()

@@ -409,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
+    parser.add_argument(
+        "--keep-objects", action="store_true", help="keep the objects the run wrote under bench/<run id>/"
+    )
     return parser
 
 
@@ -536,6 +539,8 @@ def main(
             notes.append("the run was interrupted; results of the workloads that finished are kept")
         for name, ctx in notes_by_ctx:
             notes += [f"{name}: {note}" for note in ctx.notes]
+        if target is not None and not args.keep_objects:
+            notes.append(_clean_up(target, f"bench/{run_id}/", log))
         report = report_mod.Report(
             started_at=started_at,
             finished_at=_now(),
@@ -556,6 +561,18 @@ def main(
         written = report_mod.write_all(report, out_dir=out_dir, json_path=args.json, plots=not args.no_plots)
     _print_summary(report, written)
     return 0 if all(run.status == "ok" for run in runs) else 1
+
+
+def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:
+    from benchmarks.baselines import delete_prefix
+    from s3stream._loop import run as run_loop
+
+    try:
+        deleted = run_loop(delete_prefix(target, prefix))
+    except Exception as exc:
+        log(f"could not delete the run's objects under {prefix}: {exc}")
+        return f"objects under {prefix} were not deleted: {exc}"
+    return f"deleted the run's {deleted} objects under {prefix} (--keep-objects keeps them)"
 
 
 def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> None:

@@ -13,8 +13,11 @@ driver turns into an :class:`~s3stream.errors.InvalidArgumentError` naming the c
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import crc32c
 import numpy as np
@@ -38,13 +41,16 @@ OUTPUT_SCHEMA = pa.schema(
         pa.field("seq", pa.int32(), nullable=False),  # order of the payload within the task
         pa.field("record_count", pa.int32(), nullable=False),
         pa.field("content_crc", pa.int64(), nullable=False),  # CRC-32C of the records area
-        pa.field("payload", pa.binary(), nullable=True),  # one Kafka RecordBatch v2
+        pa.field("size_bytes", pa.int64(), nullable=False),  # bytes of the Kafka batch
+        pa.field("payload", pa.binary(), nullable=True),  # one Kafka RecordBatch v2 (null when spilled)
+        pa.field("spill_file", pa.string(), nullable=True),  # or: the file holding it ...
+        pa.field("spill_offset", pa.int64(), nullable=False),  # ... at this byte offset
         pa.field("error", pa.string(), nullable=True),  # set on the single error row
     ]
 )
 OUTPUT_DDL = (
-    "partition int, task_partition int, seq int, record_count int, content_crc bigint, payload binary, "
-    "error string"
+    "partition int, task_partition int, seq int, record_count int, content_crc bigint, size_bytes bigint, "
+    "payload binary, spill_file string, spill_offset bigint, error string"
 )
 
 
@@ -58,6 +64,8 @@ class EncodeOptions:
     record_bytes_max: int
     partition_column: str
     """The user's column name, for error messages."""
+    spill_dir: str | None = None
+    """Local mode: write payloads to files here (the driver maps them) instead of returning them."""
 
 
 @dataclass(slots=True)
@@ -72,12 +80,23 @@ class _Pending:
 class _Encoder:
     """Per-task state: one pending batch per target partition."""
 
-    def __init__(self, options: EncodeOptions, task_partition: int) -> None:
+    def __init__(self, options: EncodeOptions, task_partition: int, attempt: int = 0) -> None:
         self.options = options
         self.task_partition = task_partition
         self.pending: dict[int, _Pending] = {}
         self.seq = 0
         self.out: dict[str, list[object]] = {name: [] for name in OUTPUT_SCHEMA.names}
+        self.spill: BinaryIO | None = None
+        self.spill_path: str | None = None
+        self.spill_offset = 0
+        if options.spill_dir is not None:
+            name = f"b{options.batch_id}-p{task_partition}-a{attempt}-{uuid.uuid4().hex[:12]}.kafka"
+            self.spill_path = os.path.join(options.spill_dir, name)
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
 
     def _emit(self, partition: int, p: _Pending) -> None:
         payload = encode_batch(p.keys, p.values, p.timestamps_ms, p.headers)
@@ -91,13 +110,27 @@ class _Encoder:
         out["seq"].append(self.seq)
         out["record_count"].append(len(p.values))
         out["content_crc"].append(content)
-        out["payload"].append(payload)
+        out["size_bytes"].append(len(payload))
+        if self.spill_path is None:
+            out["payload"].append(payload)
+            out["spill_file"].append(None)
+            out["spill_offset"].append(0)
+        else:
+            if self.spill is None:
+                self.spill = open(self.spill_path, "wb")  # noqa: SIM115 - closed by close()
+            self.spill.write(payload)
+            out["payload"].append(None)
+            out["spill_file"].append(self.spill_path)
+            out["spill_offset"].append(self.spill_offset)
+            self.spill_offset += len(payload)
         out["error"].append(None)
         self.seq += 1
 
     def take_output(self) -> pa.RecordBatch | None:
         if not self.out["seq"]:
             return None
+        if self.spill is not None:
+            self.spill.flush()  # the driver maps the file once the task is done
         batch = pa.RecordBatch.from_pydict(self.out, schema=OUTPUT_SCHEMA)
         self.out = {name: [] for name in OUTPUT_SCHEMA.names}
         return batch
@@ -161,7 +194,10 @@ def _error_batch(message: str, task_partition: int) -> pa.RecordBatch:
             "seq": [-1],
             "record_count": [0],
             "content_crc": [0],
+            "size_bytes": [0],
             "payload": [None],
+            "spill_file": [None],
+            "spill_offset": [0],
             "error": [message],
         },
         schema=OUTPUT_SCHEMA,
@@ -200,10 +236,19 @@ def check_rows(rows: pa.RecordBatch, options: EncodeOptions) -> str | None:
 
 
 def encode_partition(
-    options: EncodeOptions, task_partition: int, batches: Iterator[pa.RecordBatch]
+    options: EncodeOptions, task_partition: int, batches: Iterator[pa.RecordBatch], attempt: int = 0
 ) -> Iterator[pa.RecordBatch]:
     """The body of the ``mapInArrow`` function for one task (Spark partition)."""
-    encoder = _Encoder(options, task_partition)
+    encoder = _Encoder(options, task_partition, attempt)
+    try:
+        yield from _encode_rows(encoder, options, task_partition, batches)
+    finally:
+        encoder.close()
+
+
+def _encode_rows(
+    encoder: _Encoder, options: EncodeOptions, task_partition: int, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     for rows in batches:
         message = check_rows(rows, options)
         if message is not None:
@@ -239,4 +284,5 @@ class _MapFunction:
 
         ctx = TaskContext.get()
         task_partition = ctx.partitionId() if ctx is not None else 0
-        return encode_partition(self.options, task_partition, batches)
+        attempt = ctx.attemptNumber() if ctx is not None else 0
+        return encode_partition(self.options, task_partition, batches, attempt)

@@ -19,12 +19,17 @@ The engine is opened once per sink (lazily, in the driver) and kept until :meth:
 
 from __future__ import annotations
 
+import mmap
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -32,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from s3stream.config import Config
-from s3stream.errors import ConflictError, InvalidArgumentError
+from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError, UnavailableError
 from s3stream.facade import SyncClient, SyncStream, open_sync
 from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
@@ -197,6 +202,8 @@ class S3StreamSink:
         record_bytes_max: int = RECORD_BYTES_MAX_DEFAULT,
         chunk_bytes_max: int | None = None,
         query_id: str | None = None,
+        spill: bool | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if (data_dir is None) == (client is None):
             raise InvalidArgumentError("give exactly one of data_dir and client")
@@ -213,6 +220,15 @@ class S3StreamSink:
         wal_max = self._config.wal_record_size_max_bytes
         self.chunk_bytes_max = wal_max if chunk_bytes_max is None else chunk_bytes_max
         self._query_id = query_id
+        self.spill = spill
+        """True: executors hand payloads over in files (same machine only); None: in local mode."""
+        if spill_dir is not None:
+            self._spill_root = Path(spill_dir)
+        elif data_dir is not None:
+            self._spill_root = Path(data_dir) / "spark-spill"
+        else:
+            self._spill_root = Path(tempfile.gettempdir()) / f"s3stream-spark-spill-{os.getpid()}"
+        self._spill_cleaned = False
         self._check_limits()
         self._topic: Topic | None = None
         self._streams: list[SyncStream] = []
@@ -288,12 +304,37 @@ class S3StreamSink:
     def _write_batch(self, df: DataFrame, batch_id: int) -> BatchStats:
         query_id = self._query_id_of(df)
         t0 = time.perf_counter()
+        spill_dir = self._spill_dir_for(df, batch_id)
+        try:
+            return self._write_encoded(df, batch_id, query_id, spill_dir, t0)
+        finally:
+            if spill_dir is not None:
+                shutil.rmtree(spill_dir, ignore_errors=True)
+
+    def _spill_dir_for(self, df: DataFrame, batch_id: int) -> Path | None:
+        """A fresh directory for the executors' payload files, or None to return payloads inline."""
+        spill = self.spill
+        if spill is None:
+            spill = str(df.sparkSession.sparkContext.master).startswith("local")
+        if not spill:
+            return None
+        if not self._spill_cleaned:
+            shutil.rmtree(self._spill_root, ignore_errors=True)  # files of a crashed earlier run
+            self._spill_cleaned = True
+        path = self._spill_root / f"b{batch_id}-{uuid.uuid4().hex[:12]}"
+        path.mkdir(parents=True)
+        return path
+
+    def _write_encoded(
+        self, df: DataFrame, batch_id: int, query_id: str, spill_dir: Path | None, t0: float
+    ) -> BatchStats:
         options = EncodeOptions(
             batch_id=batch_id,
             partition_count=self.partition_count,
             batch_bytes_target=self.batch_bytes_target,
             record_bytes_max=self.record_bytes_max,
             partition_column=self.stream_column or "key hash",
+            spill_dir=None if spill_dir is None else str(spill_dir),
         )
         rows = normalize(
             df, batch_id=batch_id, stream_column=self.stream_column, partition_count=self.partition_count
@@ -304,6 +345,14 @@ class S3StreamSink:
         if len(errors):
             raise InvalidArgumentError(str(errors[0]))
         payloads = _PayloadTable(table)
+        try:
+            return self._append_payloads(batch_id, query_id, payloads, t0, encode_s)
+        finally:
+            payloads.close()
+
+    def _append_payloads(
+        self, batch_id: int, query_id: str, payloads: _PayloadTable, t0: float, encode_s: float
+    ) -> BatchStats:
         refs = payloads.refs()
         chunks = chunk_payloads(refs, self.chunk_bytes_max)
         streams = self._ensure_streams()
@@ -351,7 +400,12 @@ class S3StreamSink:
 
 
 class _PayloadTable:
-    """The collected payloads: ordered refs and writable views (for the base offset patch)."""
+    """The collected payloads: ordered refs and writable views (for the base offset patch).
+
+    Inline payloads are copied once into a bytearray; spilled payloads are mapped copy-on-write
+    (``ACCESS_COPY``) from the executors' files, so only the pages whose base offset is patched are
+    copied before the engine's own copy.
+    """
 
     def __init__(self, table: pa.Table) -> None:
         order = pc.sort_indices(
@@ -361,6 +415,7 @@ class _PayloadTable:
         self._order = order
         self._table = table
         self._views: list[memoryview] = []
+        self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
         payload = table.column("payload")
         for arr in payload.chunks:
             if len(arr) == 0:
@@ -370,6 +425,29 @@ class _PayloadTable:
             data = memoryview(bytearray(buffers[2])) if buffers[2] is not None else memoryview(bytearray())
             for i in range(len(arr)):
                 self._views.append(data[int(offsets[i]) : int(offsets[i + 1])])
+        files = table.column("spill_file").to_pylist()
+        spill_offsets = table.column("spill_offset").to_pylist()
+        sizes = table.column("size_bytes").to_pylist()
+        for i, path in enumerate(files):
+            if path is not None:
+                self._views[i] = self._map(path, spill_offsets[i], sizes[i])
+
+    def _map(self, path: str, offset: int, size: int) -> memoryview:
+        if path not in self._maps:
+            try:
+                with open(path, "rb") as f:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as exc:
+                raise UnavailableError(
+                    f"cannot map the executor's spill file {path} ({exc}); outside local mode use spill=False"
+                ) from exc
+            self._maps[path] = (mm, memoryview(mm))
+        mm, view = self._maps[path]
+        if offset + size > len(mm):
+            raise CorruptionError(
+                f"spill file is {len(mm)} bytes, payload ends at {offset + size}", source=path
+            )
+        return view[offset : offset + size]
 
     def refs(self) -> list[PayloadRef]:
         t = self._table
@@ -382,3 +460,13 @@ class _PayloadTable:
 
     def view(self, index: int) -> memoryview:
         return self._views[index]
+
+    def close(self) -> None:
+        """Release the views and unmap the spill files."""
+        for v in self._views:
+            v.release()
+        self._views.clear()
+        for mm, view in self._maps.values():
+            view.release()
+            mm.close()
+        self._maps.clear()

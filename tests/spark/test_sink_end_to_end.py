@@ -162,3 +162,27 @@ def test_topic_partition_count_is_fixed(spark: Any, tmp_path: Path) -> None:
         pytest.raises(InvalidArgumentError, match="exists with 2 partitions"),
     ):
         sink(df, 1)
+
+
+def test_inline_and_spilled_payloads_store_the_same_records(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 3000, numPartitions=2).select(
+        F.col("id").cast("string").alias("key"), F.expr("repeat('z', cast(id % 700 as int))").alias("value")
+    )
+    stored = {}
+    for spill in (False, True):
+        with S3StreamSink(
+            tmp_path / f"engine-{spill}",
+            topic="t",
+            partitions=3,
+            query_id="q",
+            spill=spill,
+            batch_bytes_target=65536,
+        ) as sink:
+            sink(df, 0)
+            records = read_records(sink, "t")
+            stored[spill] = {p: [(r.offset, r.key, r.value) for r in recs] for p, recs in records.items()}
+            assert sum(len(v) for v in stored[spill].values()) == 3000
+        assert not any((tmp_path / f"engine-{spill}" / "spark-spill").glob("*/*")), "spill files are removed"
+    assert stored[False] == stored[True]

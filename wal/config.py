@@ -29,7 +29,7 @@ class WalConfig:
     ``capacity_bytes`` [s3.wal.capacity] is rounded down to ``block_size_bytes``; it includes the two
     header slots. ``batch_max_bytes`` is the soft size of one group write (a larger single record still
     gets its own write). ``inflight_max_bytes`` bounds bytes accepted but not yet durable: appends wait
-    beyond it. ``io_threads`` [s3.wal.thread] sizes the read pool used by recovery; writes go through one
+    beyond it (a single larger append or batch is admitted once nothing else is in flight). ``io_threads`` [s3.wal.thread] sizes the read pool used by recovery; writes go through one
     dedicated thread so that at most one group is ever in flight (the recovery rule relies on it).
     """
 
@@ -73,9 +73,10 @@ class WalConfig:
             raise bad(
                 f"batch_max_bytes {self.batch_max_bytes} not in [{self.block_size_bytes}, {RECORD_MAX_LIMIT_BYTES}]"
             )
-        if self.inflight_max_bytes < self.write_max_bytes:
+        if not self.block_size_bytes <= self.inflight_max_bytes <= CAPACITY_MAX_BYTES:
+            # (a record or batch above the bound is still admitted once nothing else is in flight)
             raise bad(
-                f"inflight_max_bytes {self.inflight_max_bytes} below one write ({self.write_max_bytes})"
+                f"inflight_max_bytes {self.inflight_max_bytes} not in [{self.block_size_bytes}, {CAPACITY_MAX_BYTES}]"
             )
         if self.write_max_bytes * 2 > self.record_area_bytes:
             raise bad(

@@ -111,7 +111,7 @@ def test_zeroed_bytes_are_no_record() -> None:
         {"capacity_bytes": 1000},
         {"record_max_bytes": 0},
         {"capacity_bytes": 1 << 20, "record_max_bytes": 1 << 20},  # two largest writes do not fit
-        {"inflight_max_bytes": 1 << 10},
+        {"inflight_max_bytes": 1 << 10},  # below one block
         {"io_threads": 0},
         {"on_full": "drop"},
         {"direct_io": "yes"},

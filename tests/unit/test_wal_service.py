@@ -330,3 +330,14 @@ def test_sync_facade_round_trip(tmp_path: Path) -> None:
     with SyncBlockWAL(path, config) as wal:
         assert [(r.offset, r.data) for r in wal.recover()] == [(b[0], b"b"), (b[1], b"c")]
         assert a < b[0]
+
+
+async def test_bounded_inflight_bytes_admit_a_larger_record_when_alone() -> None:
+    config = WalConfig(**{**CONFIG.__dict__, "inflight_max_bytes": 4096})
+    wal = await BlockWAL.open(MemoryDevice(config.device_bytes), config)
+    big = await wal.append(bytes(6000))  # above the bound: admitted because nothing else is in flight
+    results = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(30)))
+    assert results == sorted(results)
+    assert results[0] > big
+    assert wal.stats["groups"] >= 8  # at most ~3 records of 1 KiB in flight at once
+    await wal.close()

@@ -5,7 +5,8 @@
 ``<data_dir>/metadata.db`` (SQLite). A ``bucket_uri`` (``0@s3://bucket?endpoint=..``, ``file:///path``,
 ``mem://name``) puts objects there instead. Components start in dependency order and close in
 reverse; the :class:`PreparedObjectReaper` (expiry of prepared objects left by crashed uploads and
-deletion of their bytes) is a background component of the client. Nothing else imports this module
+deletion of their bytes) and the :class:`~compaction.compactor.Compactor` are background components of
+the client. Nothing else imports this module
 except ``Client.open``.
 """
 
@@ -19,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+from compaction.compactor import Compactor
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
@@ -237,12 +239,17 @@ async def open_client(
         )
         reaper.start()
         closers.append(reaper.close)
+        compactor = Compactor(config, metadata, storage, node_id=NodeId(config.node_id), node_epoch=epoch)
+        compactor.start()
+        closers.append(compactor.close)
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):
                 await closer()
         raise
-    return Client(engine, metadata, closers=list(reversed(closers)))
+    client = Client(engine, metadata, closers=list(reversed(closers)))
+    client.components.update(reaper=reaper, compactor=compactor, reader=reader)
+    return client
 
 
 async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:

@@ -175,6 +175,8 @@ class Client:
         self._closed = False
         self.streams = StreamClient(engine, metadata)
         self.kv = KVClient(metadata, self._check_open)
+        self.components: dict[str, object] = {}
+        """Background components wired in by the assembly (reaper, compactor, reader), for tools and tests."""
 
     @classmethod
     async def open(

@@ -8,6 +8,7 @@ import pytest
 
 import s3stream
 from s3stream import Config, ConflictError, RecordBatch
+from s3stream.ids import NodeId
 
 CONFIG = Config(wal_capacity_bytes=8 << 20, wal_record_size_max_bytes=1 << 20, record_size_max_bytes=1 << 20)
 
@@ -56,3 +57,24 @@ async def test_wal_capacity_cannot_change_after_creation(tmp_path: Path) -> None
     await (await s3stream.open(tmp_path, config=CONFIG)).close()
     with pytest.raises(s3stream.InvalidArgumentError, match="capacity"):
         await s3stream.open(tmp_path, config=CONFIG.replace(wal_capacity_bytes=16 << 20))
+
+
+async def test_the_embedded_client_runs_the_compactor_and_data_survives_a_compaction(tmp_path: Path) -> None:
+    from compaction.compactor import Compactor
+
+    async with await s3stream.open(tmp_path, config=CONFIG) as client:
+        streams = [await client.streams.create_and_open_stream() for _ in range(3)]
+        for round_ in range(3):  # three uploads -> three StreamSet objects to merge
+            for s in streams:
+                await s.append(RecordBatch(b"%d-%d" % (s.stream_id, round_)))
+            await client.engine.force_upload(None)
+        compactor = client.components["compactor"]
+        assert isinstance(compactor, Compactor)
+        metadata = client.engine.metadata
+        assert len(await metadata.get_stream_set_objects(NodeId(0))) == 3
+        await compactor.run_once()
+        assert len(await metadata.get_stream_set_objects(NodeId(0))) < 3
+        client.engine.cache.try_real_free(target_bytes=0)
+        for s in streams:
+            got = await s.fetch(0, 3)
+            assert [b.payload for b in got] == [b"%d-%d" % (s.stream_id, r) for r in range(3)]

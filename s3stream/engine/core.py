@@ -196,6 +196,8 @@ class Engine:
         self._uncommitted: dict[int, list[Any]] = {}
         """In seq order (dicts keep insertion order and seqs only grow)."""
         self._wal_room_bytes = int(config.wal_capacity_bytes * 0.9)
+        self._uploads_active = 0
+        self._upload_busy_since = 0.0
         self._in_wal: dict[int, float] = {}
         """seq -> submit time of WAL appends in flight, oldest first (the watchdog's view)."""
 
@@ -278,6 +280,7 @@ class Engine:
             for pending in handle.queue:
                 if not pending.future.done():
                     pending.future.set_exception(error)
+                    pending.future.exception()  # retrieved: its appender may have failed on its own
             handle.queue.clear()
         self._room.set()
         for task in self._inflight:
@@ -586,6 +589,7 @@ class Engine:
             for other in list(handle.queue):
                 if not other.future.done():
                     other.future.set_exception(error if other is pending else fence)
+                    other.future.exception()  # retrieved: the failing appender raises its own error
             handle.queue.clear()
         self._room.set()
 
@@ -703,6 +707,9 @@ class Engine:
         plan = plan_upload(
             task.block.records_by_stream(), split_size_bytes=self.config.stream_object_split_size_bytes
         )
+        if self._uploads_active == 0:
+            self._upload_busy_since = self.clock()
+        self._uploads_active += 1
         try:
             if task.prev is not None:
                 await task.prev.prepared.wait()
@@ -736,6 +743,9 @@ class Engine:
             self._after_commit(task, request)
         finally:
             task.prepared.set()
+            self._uploads_active -= 1
+            if self._uploads_active == 0:
+                self.stats.upload_busy_s += self.clock() - self._upload_busy_since
 
     def _after_commit(self, task: _UploadTask, request: CommitStreamSetObjectRequest) -> None:
         self.stats.uploads += 1
@@ -914,6 +924,8 @@ class EngineStats:
     uploaded_stream_count: int = 0
     """Sum over uploads of the streams each held (what a writer with one object per stream would PUT)."""
     uploaded_bytes: int = 0
+    upload_busy_s: float = 0.0
+    """Wall time during which at least one upload was in flight (prepare to commit)."""
     objects_committed: int = 0
     upload_retries: int = 0
     object_reads: int = 0

@@ -37,6 +37,7 @@ import asyncio
 import hashlib
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -439,6 +440,42 @@ class S3ObjectStorage:
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
+
+    async def abort_incomplete_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Abort multipart uploads under our prefix started more than ``older_than_s`` ago.
+
+        A writer that crashed mid-upload leaves its parts invisible but billed; run this at
+        startup (or rely on a bucket lifecycle rule). Returns how many uploads were aborted.
+        """
+        cutoff_s = time.time() - older_than_s
+        aborted = 0
+        markers: dict[str, str] = {}
+        while True:
+
+            async def page_attempt(client: Any, markers: dict[str, str] = markers) -> Any:
+                return await client.list_multipart_uploads(
+                    Bucket=self.config.bucket, Prefix=self.config.prefix, **markers
+                )
+
+            page = await self.call("ListMultipartUploads", repr(self.config.prefix), page_attempt)
+            for item in page.get("Uploads", []):
+                if item["Initiated"].timestamp() >= cutoff_s:
+                    continue
+
+                async def abort_attempt(client: Any, item: Any = item) -> None:
+                    await client.abort_multipart_upload(
+                        Bucket=self.config.bucket, Key=item["Key"], UploadId=item["UploadId"]
+                    )
+
+                try:
+                    await self.call("AbortMultipartUpload", repr(item["Key"]), abort_attempt)
+                except NotFoundError:
+                    continue
+                self.stats.record("abort_multipart")
+                aborted += 1
+            if not page.get("IsTruncated"):
+                return aborted
+            markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
     async def close(self) -> None:
         if not self._closed:

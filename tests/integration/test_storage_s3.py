@@ -169,3 +169,14 @@ async def test_credentials_come_from_the_environment(
         await store.delete(["env"])
     finally:
         await store.close()
+
+
+async def test_incomplete_uploads_are_swept(storage: S3ObjectStorage) -> None:
+    client = await storage.client()
+    bucket, prefix = storage.config.bucket, storage.config.prefix
+    for name in ("orphan-1", "orphan-2"):
+        await client.create_multipart_upload(Bucket=bucket, Key=prefix + name)
+    assert await storage.abort_incomplete_uploads(older_than_s=3600) == 0  # too young
+    assert await storage.abort_incomplete_uploads(older_than_s=-60) == 2
+    pending = await client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
+    assert pending.get("Uploads", []) == []

@@ -24,6 +24,7 @@ import asyncio
 import os
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.core import Context, Result
@@ -135,6 +136,14 @@ async def _setup(ctx: Context, name: str, config: Config, **kw: int) -> tuple[Me
     return metadata, storage
 
 
+def _lean_s3(storage: ObjectStorage, part_size_bytes: int) -> ObjectStorage:
+    """The same S3 bucket and prefix with multipart parts of ``part_size_bytes``, one in flight."""
+    from s3stream.storage.s3 import S3ObjectStorage
+
+    assert isinstance(storage, S3ObjectStorage)
+    return S3ObjectStorage(replace(storage.config, part_size_bytes=part_size_bytes, part_concurrency_max=1))
+
+
 async def run(ctx: Context) -> list[Result]:
     budget = ctx.param("budget_mib", ctx.scale(quick=32, full=64)) * MiB
     objects = ctx.param("objects", ctx.scale(quick=10, full=20))
@@ -194,33 +203,61 @@ async def run(ctx: Context) -> list[Result]:
         await metadata.close()
         await storage.close()
 
-    ctx.status("peak memory: second input, compaction under tracemalloc")
-    metadata, storage = await _setup(
-        ctx, "memory", config, objects=objects, streams=streams, total_bytes=total
-    )
-    try:
-        compactor = Compactor(config, metadata, storage, node_id=NODE, node_epoch=1)
-        tracemalloc.start()
-        try:
-            floor, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            report = await compactor.run_once(stream_objects=False)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        results.append(
-            Result(
-                WORKLOAD,
-                f"peak memory compacting {total // MiB} MiB (10x budget)",
-                (peak - floor) / MiB,
-                "MiB",
-                "memory budget (s3.stream.set.object.compaction.cache.size)",
-                budget / MiB,
-                higher_is_better=False,
-                extra={"goal_ratio_max": 1.1, "bytes_read": report.bytes_read, "summary": report.summary()},
-            )
+    cases: list[tuple[str, bool]] = [("storage defaults", False)]
+    if ctx.s3 is not None:
+        cases.append((f"S3 multipart parts of {config.object_part_size_bytes // MiB} MiB, 1 in flight", True))
+    for label, lean in cases:
+        ctx.status(f"peak memory ({label}): fresh input, compaction under tracemalloc")
+        metadata, storage = await _setup(
+            ctx,
+            "memory-lean" if lean else "memory",
+            config,
+            objects=objects,
+            streams=streams,
+            total_bytes=total,
         )
-    finally:
-        await metadata.close()
-        await storage.close()
+        if lean:
+            writer_side, storage = storage, _lean_s3(storage, config.object_part_size_bytes)
+            await writer_side.close()
+        try:
+            compactor = Compactor(config, metadata, storage, node_id=NODE, node_epoch=1)
+            async for _ in storage.list(
+                ""
+            ):  # the client's one-time setup (botocore models) is not compaction's
+                break
+            tracemalloc.start()
+            try:
+                floor, _ = tracemalloc.get_traced_memory()
+                tracemalloc.reset_peak()
+                report = await compactor.run_once(stream_objects=False)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            results.append(
+                Result(
+                    WORKLOAD,
+                    f"peak memory compacting {total // MiB} MiB (10x budget), {label}",
+                    (peak - floor) / MiB,
+                    "MiB",
+                    "memory budget (s3.stream.set.object.compaction.cache.size)",
+                    budget / MiB,
+                    higher_is_better=False,
+                    extra={
+                        "goal_ratio_max": 1.1,
+                        "bytes_read": report.bytes_read,
+                        "summary": report.summary(),
+                    },
+                )
+            )
+        finally:
+            await metadata.close()
+            await storage.close()
+    if ctx.s3 is not None:
+        ctx.notes.append(
+            "compaction peak memory on S3 is dominated by the multipart upload layer (per upload: the part "
+            "buffer, its joined body and aiohttp's payload copy, times parts in flight), not by compaction's "
+            "own read/write buffers: an upload of up to 32 MiB (the single-PUT threshold) is staged whole, and "
+            "each part is copied twice more (joined body, aiohttp payload); the second memory figure bounds "
+            "that layer to one small part in flight; botocore's one-time model loading is excluded"
+        )
     return results

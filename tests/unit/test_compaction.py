@@ -322,3 +322,42 @@ async def test_compactor_runs_in_the_background_and_close_stops_it() -> None:
     assert compactor.last_report.stream_set_objects_compacted == 4
     assert "StreamSet objects compacted" in compactor.last_report.summary()
     await client.close()
+
+
+async def test_gc_deletes_in_batches_of_at_most_1000_keys() -> None:
+    metadata = MemoryMetadataStore()
+    storage = MemoryObjectStorage()
+    first = await metadata.prepare_objects(count=2500, ttl_ms=1)
+    for i in range(first, first + 2500, 7):
+        await storage.put(object_key(i, CONFIG.namespace), b"x")
+    later = int(time.time() * 1000) + 10_000
+    gc = GarbageCollector(metadata, storage, namespace=CONFIG.namespace, retention_ms=0, orphan_ttl_ms=0,
+                          clock_ms=lambda: later)  # fmt: skip
+    report = await gc.collect()
+    assert report.prepared_expired_count == 2500
+    assert report.deleted_count == 2500
+    assert report.delete_request_count == 3
+    assert storage.stats.counts["delete"] == 3
+    assert await metadata.list_objects() == []
+    assert [info async for info in storage.list("")] == []
+
+
+async def test_a_corrupted_source_block_stops_the_commit_and_is_reported() -> None:
+    env = Env()
+    client = await env.open()
+    streams = [await client.streams.create_and_open_stream() for _ in range(2)]
+    await fill(client, streams, 3, random.Random(17))
+    before = await snapshot(streams)
+    victim = (await env.metadata.get_stream_set_objects(NodeId(0)))[1]
+    key = object_key(victim.object_id, env.config.namespace)
+    data = bytearray(await env.storage.get(key))
+    data[40] ^= 0xFF  # inside the first data block
+    await env.storage.put(key, bytes(data))
+    report = await env.compactor().run_once()
+    assert report.commit_count == 0
+    assert any("CRC32C mismatch" in p for p in report.problems), report.problems
+    assert len(await env.metadata.get_stream_set_objects(NodeId(0))) == 3  # nothing replaced
+    data[40] ^= 0xFF
+    await env.storage.put(key, bytes(data))
+    assert await snapshot(streams) == before
+    await client.close()

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from s3stream.config import Config
 from s3stream.engine.logcache import LogCache, LogCacheBlock
@@ -30,6 +30,7 @@ from s3stream.engine.reader import merge_fetch
 from s3stream.engine.upload import ObjectUploader, UploadPlan, plan_upload
 from s3stream.engine.walbody import decode_body, encode_group
 from s3stream.engine.walport import WriteAheadLog
+from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
     CapacityError,
     ClosedError,
@@ -193,16 +194,13 @@ class Engine:
         self.streams: dict[int, StreamHandle] = {}
         self._seq = 0
         # seq -> [wal offset or None while in flight, records not yet committed, body bytes]
-        self._uncommitted: dict[int, list[Any]] = {}
-        """In seq order (dicts keep insertion order and seqs only grow)."""
+        self._live = WalTrimTracker()
         self._wal_room_bytes = int(config.wal_capacity_bytes * 0.9)
         self._uploads_active = 0
         self._upload_busy_since = 0.0
         self._in_wal: dict[int, float] = {}
         """seq -> submit time of WAL appends in flight, oldest first (the watchdog's view)."""
 
-        self._max_wal_end = 0
-        self._wal_pending_bytes = 0
         self._block_seqs: dict[int, list[int]] = {}
         self._last_task: _UploadTask | None = None
         self._inflight: list[_UploadTask] = []
@@ -428,10 +426,9 @@ class Engine:
         self._seq = seq + 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pending = _Pending(seq, by_stream, future, remaining=len(by_stream))
-        entry: list[Any] | None = None
+        entry: list[int] | None = None
         if record_count:
-            entry = self._uncommitted[seq] = [None, record_count, len(body)]
-            self._wal_pending_bytes += len(body)
+            entry = self._live.submitted(seq, batch_count=record_count, size_bytes=len(body))
         for handle in handles.values():
             handle.queue.append(pending)
         try:
@@ -446,8 +443,7 @@ class Engine:
             raise
         if entry is not None:
             entry[0] = offset
-        if offset >= self._max_wal_end:
-            self._max_wal_end = offset + 1
+        self._live.written(offset)
         pending.persisted = True
         if not by_stream:
             future.set_result(None)
@@ -483,8 +479,7 @@ class Engine:
         self._seq = seq + 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pending = _Pending(seq, {handle.stream_id: [record]}, future, 1)
-        entry = self._uncommitted[seq] = [None, 1, len(body)]
-        self._wal_pending_bytes += len(body)
+        entry = self._live.submitted(seq, batch_count=1, size_bytes=len(body))
         handle.queue.append(pending)
         try:
             offset = await self._wal_append(body, seq)
@@ -495,8 +490,7 @@ class Engine:
             self._append_failed(pending, (handle,), UnavailableError(f"append interrupted: {exc!r}"))
             raise
         entry[0] = offset
-        if offset >= self._max_wal_end:
-            self._max_wal_end = offset + 1
+        self._live.written(offset)
         pending.persisted = True
         self._sequence(handle)
         if not future.done():
@@ -511,7 +505,7 @@ class Engine:
     def _has_room(self, size_bytes: int) -> bool:
         return (
             self.cache.size_bytes + size_bytes <= self.cache.capacity_bytes
-            and self._wal_pending_bytes + size_bytes <= self._wal_room_bytes
+            and self._live.live_bytes + size_bytes <= self._wal_room_bytes
         )
 
     async def _admit(self, size_bytes: int) -> None:
@@ -520,7 +514,7 @@ class Engine:
         while True:
             self._check_alive()
             if self.cache.has_room(size_bytes) and (
-                self._wal_pending_bytes + size_bytes <= self._wal_room_bytes or self._wal_pending_bytes == 0
+                self._live.live_bytes + size_bytes <= self._wal_room_bytes or self._live.live_bytes == 0
             ):
                 return
             self._archive_and_upload()
@@ -529,7 +523,7 @@ class Engine:
                 self.stats.backpressure_rejections += 1
                 raise CapacityError(
                     f"no room: LogCache {self.cache.size_bytes}/{self.cache.capacity_bytes} bytes, WAL "
-                    f"{self._wal_pending_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload"
+                    f"{self._live.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload"
                 )
             self._room.clear()
             with contextlib.suppress(TimeoutError):
@@ -574,9 +568,7 @@ class Engine:
         self, pending: _Pending, handles: Iterable[StreamHandle], error: S3StreamError
     ) -> None:
         """Any append failure fences its streams (AutoMQ): later appends of them fail too."""
-        entry = self._uncommitted.pop(pending.seq, None)
-        if entry is not None:
-            self._wal_pending_bytes -= entry[2]
+        self._live.failed(pending.seq)
         fence = (
             error
             if isinstance(error, FencedError)
@@ -752,28 +744,14 @@ class Engine:
         self.stats.uploaded_stream_count += len(task.stream_ids)
         self.stats.uploaded_bytes += task.block.size_bytes
         self.stats.objects_committed += (1 if request.object_id >= 0 else 0) + len(request.stream_objects)
-        for seq in self._block_seqs.pop(task.block.block_id, []):
-            entry = self._uncommitted.get(seq)
-            if entry is None:
-                continue
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._uncommitted[seq]
-                self._wal_pending_bytes -= entry[2]
+        self._live.committed(self._block_seqs.pop(task.block.block_id, []))
         self.cache.mark_free(task.block)
         self._inflight.remove(task)
         task.done.set()
         self._room.set()
-        trim_to = self._trim_point()
+        trim_to = self._live.trim_point()
         if trim_to is not None:
             self._spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")
-
-    def _trim_point(self) -> int | None:
-        """The WAL offset below which every record is committed (None: not known yet)."""
-        if not self._uncommitted:
-            return self._max_wal_end if self._max_wal_end > 0 else None
-        first = self._uncommitted[next(iter(self._uncommitted))]
-        return first[0] if first[0] is not None else None
 
     async def _trim_wal(self, offset: int) -> None:
         try:
@@ -886,13 +864,12 @@ class Engine:
                     continue
                 kept.append(batch)
                 expected[sid] = batch.end_offset
-            self._max_wal_end = max(self._max_wal_end, offset + 1)
+            self._live.written(offset)
             if not kept:
                 continue
             seq = self._seq
             self._seq += 1
-            self._uncommitted[seq] = [offset, len(kept), len(body)]
-            self._wal_pending_bytes += len(body)
+            self._live.submitted(seq, batch_count=len(kept), size_bytes=len(body), offset=offset)
             for batch in kept:
                 self._cache_put(batch, seq)
                 replayed += 1
@@ -905,7 +882,7 @@ class Engine:
             await asyncio.gather(*waits)
         self._check_alive()
         if records:
-            await self.wal.trim(max(self._trim_point() or 0, self._max_wal_end))
+            await self.wal.trim(max(self._live.trim_point() or 0, self._live.end_offset))
         for meta in opening:
             with contextlib.suppress(FencedError, ConflictError, NotFoundError):
                 await self.metadata.close_stream(

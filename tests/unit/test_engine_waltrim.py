@@ -1,0 +1,55 @@
+"""WalTrimTracker: the WAL is trimmed only below records whose every batch is committed."""
+
+from __future__ import annotations
+
+from s3stream.engine.waltrim import WalTrimTracker
+
+
+def test_nothing_written_means_nothing_to_trim() -> None:
+    assert WalTrimTracker().trim_point() is None
+
+
+def test_trim_stops_at_the_oldest_live_record() -> None:
+    t = WalTrimTracker()
+    a = t.submitted(0, batch_count=1, size_bytes=100)
+    b = t.submitted(1, batch_count=1, size_bytes=50)
+    a[0], b[0] = 0, 124
+    t.written(0)
+    t.written(124)
+    assert t.trim_point() == 0
+    assert t.live_bytes == 150
+    t.committed([1])  # the newer record first: the older one still holds the WAL
+    assert t.trim_point() == 0
+    t.committed([0])
+    assert t.trim_point() == 125  # everything written so far
+    assert t.live_bytes == 0
+    assert len(t) == 0
+
+
+def test_a_record_spanning_two_blocks_lives_until_both_commit() -> None:
+    t = WalTrimTracker()
+    group = t.submitted(0, batch_count=2, size_bytes=300)
+    group[0] = 0
+    t.written(0)
+    t.committed([0])
+    assert t.trim_point() == 0
+    t.committed([0])
+    assert t.trim_point() == 1
+
+
+def test_an_append_in_flight_blocks_the_trim_until_its_offset_is_known() -> None:
+    t = WalTrimTracker()
+    done = t.submitted(0, batch_count=1, size_bytes=10, offset=0)
+    assert done[0] == 0
+    t.submitted(1, batch_count=1, size_bytes=10)  # in flight
+    t.committed([0])
+    assert t.trim_point() is None
+
+
+def test_failed_appends_hold_nothing() -> None:
+    t = WalTrimTracker()
+    t.submitted(0, batch_count=1, size_bytes=10)
+    t.failed(0)
+    t.failed(0)
+    assert t.live_bytes == 0
+    assert t.trim_point() is None

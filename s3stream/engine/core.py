@@ -27,8 +27,9 @@ from typing import Protocol, TypeVar
 from s3stream.config import Config
 from s3stream.engine.logcache import LogCache, LogCacheBlock
 from s3stream.engine.reader import merge_fetch
+from s3stream.engine.recovery import plan_replay
 from s3stream.engine.upload import ObjectUploader, UploadPlan, plan_upload
-from s3stream.engine.walbody import decode_body, encode_group
+from s3stream.engine.walbody import encode_group
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
@@ -844,33 +845,25 @@ class Engine:
     # -- recovery --------------------------------------------------------------------------------
     async def _recover(self, opening: list[StreamMetadata]) -> None:
         """Replay untrimmed WAL records of this node's open streams, upload them, close the streams."""
-        expected = {m.stream_id: m.end_offset for m in opening}
-        epochs = {m.stream_id: m.epoch for m in opening}
         records = await self.wal.recover()
+        plan = plan_replay(records, opening)
+        for key, value in plan.kv_puts:
+            await self.metadata.kv_put(key, value, overwrite=True)
+        for gap in plan.gaps:
+            log.error("WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
+                      gap.stream_id, gap.expected_offset, gap.found_offset)  # fmt: skip
+        self._live.written(plan.wal_end_offset - 1)
         replayed = 0
-        for offset, body in records:
-            decoded = decode_body(body, source="WAL", position=offset)
-            for key, value in decoded.kv_puts:
-                await self.metadata.kv_put(key, value, overwrite=True)
-            kept: list[StreamRecordBatch] = []
-            for batch in decoded.batches:
-                sid = StreamId(batch.stream_id)
-                next_offset = expected.get(sid)
-                if next_offset is None or batch.epoch != epochs[sid] or batch.base_offset < next_offset:
-                    continue  # not ours any more, or already committed
-                if batch.base_offset > next_offset:
-                    log.error("WAL gap in stream %d at %d (expected %d): later records dropped", sid,
-                              batch.base_offset, next_offset)  # fmt: skip
-                    continue
-                kept.append(batch)
-                expected[sid] = batch.end_offset
-            self._live.written(offset)
-            if not kept:
-                continue
+        for record in plan.records:
             seq = self._seq
             self._seq += 1
-            self._live.submitted(seq, batch_count=len(kept), size_bytes=len(body), offset=offset)
-            for batch in kept:
+            self._live.submitted(
+                seq,
+                batch_count=len(record.batches),
+                size_bytes=record.body_size_bytes,
+                offset=record.wal_offset,
+            )
+            for batch in record.batches:
                 self._cache_put(batch, seq)
                 replayed += 1
         self.stats.recovered_records = replayed

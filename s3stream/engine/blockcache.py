@@ -160,13 +160,16 @@ class BlockCache(Generic[V]):
         waits: list[tuple[int, asyncio.Future[V]]] = []
         missing: list[int] = []
         hit_count = 0
+        held: list[BlockKey] = []  # holds this call took: given back if it fails
         loop = asyncio.get_running_loop()
         for i, request in enumerate(requests):
             entry = self._entries.get(request.key)
             if entry is not None:
                 self._entries.move_to_end(request.key)
                 entry.last_access_s = now
-                entry.holders += request.hold
+                if request.hold:
+                    entry.holders += 1
+                    held.append(request.key)
                 values[i] = entry.value
                 hit_count += 1
             elif request.key in self._inflight:
@@ -178,24 +181,30 @@ class BlockCache(Generic[V]):
             self._reserve(requests[i].size_bytes)
         self._hit_count += hit_count
         self._miss_count += len(waits) + len(missing)
-        if missing:
-            await self._load(requests, missing, values, load)
-        retry: list[int] = []
-        for i, future in waits:
-            try:
-                value = await asyncio.shield(future)
-            except asyncio.CancelledError:
-                if not future.cancelled():
-                    raise  # this caller was cancelled
-                retry.append(i)  # the loading caller was cancelled: load it ourselves
-                continue
-            values[i] = value
-            if requests[i].hold and (entry := self._entries.get(requests[i].key)) is not None:
-                entry.holders += 1
-        if retry:
-            again = await self.get_many([requests[i] for i in retry], load)
-            for i, value in zip(retry, again.values, strict=True):
+        try:
+            if missing:
+                await self._load(requests, missing, values, load)
+                held.extend(requests[i].key for i in missing if requests[i].hold)
+            retry: list[int] = []
+            for i, future in waits:
+                try:
+                    value = await asyncio.shield(future)
+                except asyncio.CancelledError:
+                    if not future.cancelled():
+                        raise  # this caller was cancelled
+                    retry.append(i)  # the loading caller was cancelled: load it ourselves
+                    continue
                 values[i] = value
+                if requests[i].hold and (entry := self._entries.get(requests[i].key)) is not None:
+                    entry.holders += 1
+                    held.append(requests[i].key)
+            if retry:
+                again = await self.get_many([requests[i] for i in retry], load)
+                for i, value in zip(retry, again.values, strict=True):
+                    values[i] = value
+        except BaseException:
+            self.release(held, read=False)
+            raise
         out: list[V] = []
         for v in values:
             assert v is not None

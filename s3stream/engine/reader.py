@@ -502,8 +502,14 @@ class ObjectStreamReader:
         async def load(missing: Sequence[BlockRequest]) -> list[DataBlock]:
             return await self._load([by_key[r.key] for r in missing])
 
-        got = await self._cache.get_many(requests, load)
-        state.held.update(r.key for r in requests)
+        # held from now on, so a concurrent read of this state does not hold the same block twice
+        new_holds = [r.key for r in requests if r.hold and r.key not in state.held]
+        state.held.update(new_holds)
+        try:
+            got = await self._cache.get_many(requests, load)
+        except BaseException:
+            state.held.difference_update(new_holds)
+            raise
         self._miss_count += got.miss_count
         self._hit_count += got.hit_count
         return CacheReadOfBlocks(got.values, got.miss_count)

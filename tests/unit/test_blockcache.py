@@ -243,3 +243,14 @@ def test_random_operations_keep_the_invariants(capacity: int, ops: list[tuple[st
             assert cache.used_bytes == sum(sizes[k.object_id] for k in cache._entries)
 
     run(scenario())
+
+
+async def test_a_failed_call_gives_back_the_holds_it_took() -> None:
+    cache = BlockCache[str](1000)
+    await cache.get_many([BlockRequest(key(1), 10, hold=False)], Loader())
+    with pytest.raises(UnavailableError):
+        await cache.get_many(
+            [BlockRequest(key(1), 10), BlockRequest(key(2), 10)], Loader(fail=UnavailableError("down"))
+        )
+    cache.release([key(1)], read=True)  # no holder: a read does not free it early
+    assert key(1) in cache

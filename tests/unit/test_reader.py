@@ -351,3 +351,20 @@ async def test_a_full_scan_with_readahead_frees_every_block_it_read(env: Env) ->
     for state in reader._states.values():
         await asyncio.gather(*state.readahead_tasks)
     assert reader._cache.used_bytes == 0
+
+
+async def test_blocks_the_consumer_meets_while_readahead_loads_them_are_held_once(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader(readahead=ReadaheadSettings(initial_bytes=4096, step_bytes=4096, free_guard_bytes=0))
+    first = await reader.read(s, 0, 180, 100)
+    env.gate.clear()  # the readahead's GETs now wait
+    await asyncio.sleep(0.01)
+    assert reader.stats().readahead_count >= 1
+    pending = asyncio.create_task(reader.read(s, first[-1].end_offset, 180, 1 << 20))
+    await asyncio.sleep(0.01)  # the consumer waits on blocks the readahead is loading
+    env.gate.set()
+    rest = await pending
+    assert first + rest == data
+    for state in reader._states.values():
+        await asyncio.gather(*state.readahead_tasks)
+    assert reader._cache.used_bytes == 0  # each block was held once, so freed by its one read

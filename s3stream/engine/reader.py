@@ -60,7 +60,7 @@ READ_RETRY_MAX = 2
 """Retries of a read whose objects were replaced under it."""
 MERGED_GET_MAX_BYTES = 4 * MiB
 """Largest span of consecutive blocks fetched by one GET (AutoMQ's MAX_MERGE_READ_SIZE)."""
-READAHEAD_TASKS_MAX = 2
+READAHEAD_TASKS_MAX = 4
 """Readahead loads in flight per reader state (each of at most the readahead size)."""
 STATE_COUNT_MAX = 1024
 STATE_IDLE_S = 60.0

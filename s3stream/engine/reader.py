@@ -12,10 +12,11 @@ Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 
   it are fetched with merged range GETs (consecutive blocks of one object, at most
   :data:`MERGED_GET_MAX_BYTES` per GET, the GETs of one read running concurrently).
 * A reader *state* (index window, held blocks, readahead) is kept per ``(stream, next offset)`` so a
-  sequential consumer continues where it stopped. After each read, readahead loads blocks ahead of
-  the consumer: the window starts at 512 KiB, grows by 512 KiB per block miss up to 32 MiB, runs
-  only while the cache has the window plus 32 MiB free, and backs off for a minute after a block
-  it loaded was evicted before being read.
+  sequential consumer continues where it stopped. After each read (and each readahead load),
+  readahead loads blocks ahead of the consumer: the window starts at 512 KiB and grows by 512 KiB
+  per block miss up to 32 MiB; loads (at most :data:`READAHEAD_TASKS_MAX` at once) refill it in
+  chunks of at least a quarter window, never filling the last 32 MiB of the cache; a block it loaded
+  that was evicted before being read resets it and pauses it for a minute.
 * Objects replaced by compaction between the metadata lookup and the read (the GET says the object
   does not exist, or the new window does not continue) make the read refresh its window and retry,
   up to :data:`READ_RETRY_MAX` times.

@@ -58,3 +58,33 @@ def test_a_stream_held_open_by_one_process_cannot_be_opened_by_another(tmp_path:
     assert holder.stdout.read().split("\n")[:-1] == ["OK 1"]
     assert holder.wait(timeout=30) == 0
     assert node(tmp_path, 2, stream_id, epoch=2) == ["OK 2"]
+
+
+def test_a_second_process_cannot_open_a_data_dir_in_use(tmp_path: Path) -> None:
+    from s3stream.assembly import open_client
+    from tests.crash.engine_epoch_client import CONFIG
+
+    async def hold_and_try() -> str:
+        client = await open_client(tmp_path, config=CONFIG)
+        try:
+            code = (
+                "import asyncio, sys\n"
+                "from s3stream.assembly import open_client\n"
+                "from s3stream.errors import ConflictError\n"
+                "from tests.crash.engine_epoch_client import CONFIG\n"
+                "async def main():\n"
+                "    try:\n"
+                f"        await open_client({str(tmp_path)!r}, config=CONFIG)\n"
+                "    except ConflictError as exc:\n"
+                "        print('refused', exc)\n"
+                "asyncio.run(main())\n"
+            )
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", code, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await proc.communicate()
+            return out.decode()
+        finally:
+            await client.close()
+
+    assert asyncio.run(hold_and_try()).startswith("refused data dir in use")

@@ -2,7 +2,7 @@
 
 Imports nothing of s3stream. The on-disk format and the recovery rule are in docs/format.md,
 section "4. Block WAL". In short: after a crash, a torn tail is the end of the log; records of the
-last write group (the only one ever in flight) may be missing, but corrupt data is never returned;
+last write groups (those that were in flight) may be missing, but corrupt data is never returned;
 damage that the rule does not explain raises :class:`WalCorruptionError` with its position.
 """
 

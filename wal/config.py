@@ -29,8 +29,9 @@ class WalConfig:
     ``capacity_bytes`` [s3.wal.capacity] is rounded down to ``block_size_bytes``; it includes the two
     header slots. ``batch_max_bytes`` is the soft size of one group write (a larger single record still
     gets its own write). ``inflight_max_bytes`` bounds bytes accepted but not yet durable: appends wait
-    beyond it (a single larger append or batch is admitted once nothing else is in flight). ``io_threads`` [s3.wal.thread] sizes the read pool used by recovery; writes go through one
-    dedicated thread so that at most one group is ever in flight (the recovery rule relies on it).
+    beyond it (a single larger append or batch is admitted once nothing else is in flight).
+    ``io_threads`` [s3.wal.thread] is how many write groups may be in flight at once (see
+    :attr:`groups_inflight_max`); completions are still in offset order.
     """
 
     capacity_bytes: int = 2 * GiB
@@ -102,6 +103,22 @@ class WalConfig:
     @property
     def record_area_bytes(self) -> int:
         return self.device_bytes - 2 * self.block_size_bytes
+
+    @property
+    def groups_inflight_max(self) -> int:
+        """Write groups in flight at once, each on its own I/O thread: ``io_threads``, at most 4, and
+        fewer when the recovery window would not fit four times in the record area."""
+        room = self.record_area_bytes // (2 * self.write_max_bytes) - 1
+        return max(1, min(self.io_threads, 4, room))
+
+    @property
+    def window_bytes(self) -> int:
+        """How far past the end of the durable log a crash may have left written bytes.
+
+        One group in flight: one write. K > 1 groups: K writes plus a padding record between them.
+        """
+        k = self.groups_inflight_max
+        return self.write_max_bytes if k == 1 else (k + 1) * self.write_max_bytes
 
     @property
     def write_max_bytes(self) -> int:

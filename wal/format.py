@@ -24,11 +24,11 @@ WAL_HEADER = struct.Struct(
     "I"  # block_size         alignment of every write
     "Q"  # capacity           device bytes used, header slots included
     "I"  # node_id
-    "I"  # reserved           0
+    "I"  # inflight_groups    write groups the writing session kept in flight at once (>= 1)
     "Q"  # node_epoch
     "Q"  # trim_offset        records whose offset is < trim_offset are trimmed
     "Q"  # start_offset       where recovery starts: a write-group start <= trim_offset
-    "Q"  # write_max          largest single write; bounds the torn region after a crash
+    "Q"  # window             bytes past the log's end a crash may have written (torn-region bound)
     "Q"  # clean_end_offset   end of the log at a clean close; NO_CLEAN_END while open
     "I"  # crc                CRC32C of every byte before it
 )
@@ -68,10 +68,11 @@ class WalHeader(NamedTuple):
     block_size: int
     capacity: int
     node_id: int
+    inflight_groups: int
     node_epoch: int
     trim_offset: int
     start_offset: int
-    write_max: int
+    window: int
     clean_end_offset: int
 
 
@@ -85,11 +86,11 @@ def encode_wal_header(h: WalHeader) -> bytes:
         h.block_size,
         h.capacity,
         h.node_id,
-        0,
+        h.inflight_groups,
         h.node_epoch,
         h.trim_offset,
         h.start_offset,
-        h.write_max,
+        h.window,
         h.clean_end_offset,
         0,
     )[:_WAL_HEADER_CRC_SPAN]
@@ -110,7 +111,7 @@ def decode_wal_header(data: bytes | bytearray | memoryview) -> WalHeader | None:
         block,
         cap,
         node_id,
-        reserved,
+        inflight,
         epoch,
         trim,
         start,
@@ -118,11 +119,11 @@ def decode_wal_header(data: bytes | bytearray | memoryview) -> WalHeader | None:
         clean,
         crc,
     ) = fields
-    if magic != WAL_HEADER_MAGIC or version != FORMAT_VERSION or flags or reserved:
+    if magic != WAL_HEADER_MAGIC or version != FORMAT_VERSION or flags or inflight < 1:
         return None
     if crc32c(data[:_WAL_HEADER_CRC_SPAN]) != crc:
         return None
-    return WalHeader(seq, wal_id, block, cap, node_id, epoch, trim, start, wmax, clean)
+    return WalHeader(seq, wal_id, block, cap, node_id, inflight, epoch, trim, start, wmax, clean)
 
 
 class RecordHeader(NamedTuple):

@@ -9,9 +9,12 @@ candidate* E:
 
 * a padding record at ``align_up(E)`` is a bridge written by an earlier recovery over a torn tail it
   cut off: the chain continues there;
-* otherwise the log ends at E, unless a valid record flagged FIRST (the start of a later write group)
-  lies in ``(E, E + write_max]``: only one group is ever in flight, so a hole followed by a later group is
-  not a torn tail but damage, and the scan raises :class:`WalCorruptionError` with E's position;
+* otherwise the log ends at E. At most ``inflight_groups`` (K, header) groups were in flight when a
+  crash hit, all within ``window`` bytes past E, and the hole is in one of them: so at most K - 1
+  valid data records flagged FIRST (group starts) can follow E there. K or more mean the log went on
+  after the hole, which no crash explains: the scan raises :class:`WalCorruptionError` with E's
+  position. Later groups inside the window are dropped (none was acknowledged: completions are in
+  offset order);
 * after a clean close the header names the end; a scan that stops elsewhere raises the same error.
 
 Only whole, checksummed records are returned, so torn or stale bytes never come back as data.
@@ -183,7 +186,7 @@ class Scanner:
             return None
         assert h.magic == DATA_MAGIC
         phys = layout.phys(pos)
-        if h.length > self.header.write_max or phys + RECORD_HEADER_SIZE + h.length > layout.device_bytes:
+        if h.length > self.header.window or phys + RECORD_HEADER_SIZE + h.length > layout.device_bytes:
             self._invalid(pos)
             return None
         body = self.reader.get(phys + RECORD_HEADER_SIZE, h.length)
@@ -204,18 +207,28 @@ class Scanner:
             if h is not None and h.magic == PAD_MAGIC:
                 self.pos = bridge
                 return
-        stop = min(pos + self.header.write_max + block, self.limit)
+        if self.header.clean_end_offset == NO_CLEAN_END:
+            self._look_ahead(pos)
+        self._finish(pos)
+
+    def _look_ahead(self, pos: int) -> None:
+        """Count the write groups that start after the hole at ``pos``; too many is corruption."""
+        block = self.layout.block
+        stop = min(pos + self.header.window + block, self.limit)
         probe = align_up(pos + 1, block)
+        later = 0
         while probe < stop:
             h = self._header_at(probe)
-            if h is not None and h.flags & FLAG_FIRST:
-                raise WalCorruptionError(
-                    f"invalid record before a later write group at offset {probe}: not a torn tail",
-                    position=self.layout.phys(pos),
-                    offset=pos,
-                )
+            if h is not None and h.magic == DATA_MAGIC and h.flags & FLAG_FIRST:
+                later += 1
+                if later >= self.header.inflight_groups:
+                    raise WalCorruptionError(
+                        f"invalid record followed by {later} later write groups (the last at offset {probe}), "
+                        f"more than the {self.header.inflight_groups} a crash can leave in flight: not a torn tail",
+                        position=self.layout.phys(pos),
+                        offset=pos,
+                    )
             probe += block
-        self._finish(pos)
 
     def _finish(self, pos: int) -> None:
         clean = self.header.clean_end_offset

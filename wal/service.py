@@ -1,15 +1,17 @@
-"""The block WAL service: group commit on one I/O thread, in-order completions, trim, recovery, close.
+"""The block WAL service: pipelined group commit, in-order completions, trim, recovery, close.
 
 Write path: ``append`` queues the body and awaits a future. One writer task seals the queued records
 into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the physical end of the
-device) and assigns their offsets, packs headers, CRC32Cs and bodies into a reused aligned buffer, and
-hands one ``pwrite`` to the dedicated I/O thread (the descriptor is O_DSYNC: durable on return, and the
-thread needs the GIL only around that call). Meanwhile the next group accumulates. Groups complete strictly in order, so futures resolve in offset order, and at
-most one group is ever in flight: after a crash only the last group can be torn (the recovery rule in
-docs/format.md section 4.6 and :mod:`wal.recovery` depends on this).
+device), assigns their offsets, packs headers, CRC32Cs and bodies into a reused aligned buffer and
+hands one ``pwrite`` to an I/O thread (the descriptor is O_DSYNC: durable on return, and the thread
+needs the GIL only around that call). Meanwhile the next group accumulates. Up to
+``groups_inflight_max`` (K) groups are written at once, one per I/O thread; they complete (futures
+resolve) strictly in offset order, and group n + K starts only after group n completed, which bounds
+what a crash can leave behind (the recovery rule in docs/format.md section 4.6 and
+:mod:`wal.recovery` depends on this).
 
-Trim and close write the header (alternating slots, sequence counter) on the same thread, ordered
-with the groups. Space freed by a trim is reused only once that header write is durable.
+Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
+Space freed by a trim is reused only once that header write is durable.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ _Part = tuple["asyncio.Future[int]", int] | tuple[_Req, list[int]]
 class _Group:
     """Records sealed into one write: their bodies, and per caller the offsets to complete with."""
 
-    __slots__ = ("bodies", "first_offset", "nbytes", "pad_len", "parts", "single_bytes")
+    __slots__ = ("bodies", "first_offset", "nbytes", "pad_len", "parts", "single_bytes", "slot")
 
     def __init__(self, first_offset: int, pad_len: int) -> None:
         self.first_offset = first_offset
@@ -93,6 +95,7 @@ class _Group:
         self.parts: list[_Part] = []
         self.nbytes = 0
         self.single_bytes = 0
+        self.slot = 0
 
 
 class BlockWAL:
@@ -126,9 +129,10 @@ class BlockWAL:
         self._header_waiters: list[asyncio.Future[None]] = []
         self._wake: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._writing: _Group | None = None
-        self._wbuf = aligned_buffer(config.write_max_bytes)
-        self._wview = memoryview(self._wbuf)
+        self._inflight: collections.deque[tuple[_Group, asyncio.Future[None]]] = collections.deque()
+        self._wbufs = [aligned_buffer(config.write_max_bytes) for _ in range(config.groups_inflight_max)]
+        self._wviews = [memoryview(b) for b in self._wbufs]
+        self._free_slots = list(range(config.groups_inflight_max))
         self._pbuf = aligned_buffer(config.block_size_bytes)
         self._zeros = bytes(config.block_size_bytes)
         self.mode = device.mode
@@ -144,7 +148,7 @@ class BlockWAL:
         epoch, InvalidWalConfig when the device does not match ``config``.
         """
         loop = asyncio.get_running_loop()
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-io")
+        pool = ThreadPoolExecutor(max_workers=config.groups_inflight_max, thread_name_prefix="wal-io")
         try:
             if isinstance(path, (str, os.PathLike)):
                 device = await loop.run_in_executor(pool, open_device, path, config)
@@ -190,10 +194,11 @@ class BlockWAL:
                 block,
                 cfg.device_bytes,
                 cfg.node_id,
+                cfg.groups_inflight_max,
                 cfg.node_epoch,
                 0,
                 0,
-                cfg.write_max_bytes,
+                cfg.window_bytes,
                 NO_CLEAN_END,
             )
             self._write_header_sync(header._replace(seq=1))
@@ -247,9 +252,9 @@ class BlockWAL:
         groups = [(s, e) for s, e in itertools.pairwise([*starts, end])]
         bridge = align_up(end, layout.block)
         if h.clean_end_offset == NO_CLEAN_END and bridge < h.start_offset + layout.area:
-            # The last session may have left a torn group anywhere below end + write_max: bridge over it
+            # The last session may have left torn groups anywhere below end + window: bridge over them
             # with a padding record so that no byte it wrote is ever read as part of the log.
-            new_start = min(bridge + h.write_max, h.start_offset + layout.area)
+            new_start = min(bridge + h.window, h.start_offset + layout.area)
             pad = encode_padding(offset=bridge, length=new_start - bridge, wal_id=self._wal_id)
             self._write_padding_sync(bridge, pad)
             groups.append((bridge, new_start))
@@ -262,8 +267,9 @@ class BlockWAL:
         header = h._replace(
             seq=self._seq + 1,
             node_id=cfg.node_id,
+            inflight_groups=cfg.groups_inflight_max,
             node_epoch=cfg.node_epoch,
-            write_max=cfg.write_max_bytes,
+            window=cfg.window_bytes,
             clean_end_offset=NO_CLEAN_END,
         )
         self._write_header_sync(header)
@@ -289,9 +295,11 @@ class BlockWAL:
             await self._loop.run_in_executor(self._pool, self._device.close)
         finally:
             self._pool.shutdown(wait=True)
-            self._wview.release()
+            for view in self._wviews:
+                view.release()
             with contextlib.suppress(BufferError):  # a failed write's traceback may still hold a view
-                self._wbuf.close()
+                for buf in self._wbufs:
+                    buf.close()
                 self._pbuf.close()
 
     # ------------------------------------------------------------------ properties
@@ -423,20 +431,30 @@ class BlockWAL:
         self._accepting = True
 
     async def _run(self) -> None:
+        """The writer: up to ``groups_inflight_max`` group writes at once, completed in offset order."""
         loop = self._loop
+        inflight = self._inflight
+        k_max = self._config.groups_inflight_max
         try:
             while True:
+                while inflight and inflight[0][1].done():
+                    group, io = inflight[0]
+                    io.result()  # raises the write's error (the group stays in flight to be failed)
+                    inflight.popleft()
+                    self._free_slots.append(group.slot)
+                    self._complete(group)
                 if self._header_waiters:
-                    await self._flush_header(clean=False)
-                    continue
-                if self._pending:
-                    group = self._seal()
-                    if group is not None:
-                        self._writing = group
-                        end = self._pack(group)
-                        await loop.run_in_executor(self._pool, self._write_group, group, end)
-                        self._writing = None
-                        self._complete(group)
+                    if not inflight:
+                        await self._flush_header(clean=False)
+                        continue
+                elif self._pending and len(inflight) < k_max:
+                    sealed = self._seal()
+                    if sealed is not None:
+                        sealed.slot = self._free_slots.pop()
+                        end = self._pack(sealed)
+                        io = loop.run_in_executor(self._pool, self._write_group, sealed, end)
+                        io.add_done_callback(self._io_done)
+                        inflight.append((sealed, io))
                         continue
                     if self._config.on_full == "error" or self._closing:
                         self._fail_pending(
@@ -445,7 +463,7 @@ class BlockWAL:
                             )
                         )
                         continue
-                elif self._closing:
+                elif self._closing and not self._pending and not inflight:
                     await self._flush_header(clean=True)
                     return
                 self._wake = loop.create_future()
@@ -458,6 +476,9 @@ class BlockWAL:
             self._fail_all(failure)
             if not isinstance(exc, (WalError, asyncio.CancelledError)):
                 raise
+
+    def _io_done(self, io: asyncio.Future[None]) -> None:
+        self._kick()
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:
@@ -472,12 +493,12 @@ class BlockWAL:
                 fut.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        if self._writing is not None:
-            for target, _ in self._writing.parts:
+        while self._inflight:
+            group, _ = self._inflight.popleft()
+            for target, _ in group.parts:
                 fut: asyncio.Future[Any] = target.fut if isinstance(target, _Req) else target
                 if not fut.done():
                     fut.set_exception(exc)
-            self._writing = None
         self._fail_pending(exc)
         waiters: list[asyncio.Future[None]] = self._header_waiters
         waiters += [f for _, f in self._admit_waiters]
@@ -553,8 +574,8 @@ class BlockWAL:
         Runs on the event loop: the I/O thread then needs the GIL only around one ``pwrite``, so the
         two threads do not hand the GIL back and forth while a group is written.
         """
-        buf = self._wbuf
-        view = self._wview
+        buf = self._wbufs[group.slot]
+        view = self._wviews[group.slot]
         pack = RECORD_HEADER.pack_into
         pack_crc = _CRC.pack_into
         wal_id = self._wal_id
@@ -584,7 +605,7 @@ class BlockWAL:
             self._write_padding_sync(
                 pad_at, encode_padding(offset=pad_at, length=group.pad_len, wal_id=self._wal_id)
             )
-        device.write(layout.phys(group.first_offset), self._wview[:end])
+        device.write(layout.phys(group.first_offset), self._wviews[group.slot][:end])
         device.sync()
         self.stats["groups"] += 1
         self.stats["records"] += len(group.bodies)
@@ -629,10 +650,11 @@ class BlockWAL:
             cfg.block_size_bytes,
             cfg.device_bytes,
             cfg.node_id,
+            cfg.groups_inflight_max,
             cfg.node_epoch,
             trim,
             start,
-            cfg.write_max_bytes,
+            cfg.window_bytes,
             align_up(self._tail, self._layout.block) if clean else NO_CLEAN_END,
         )
         await self._loop.run_in_executor(self._pool, self._write_header_sync, header)

@@ -31,10 +31,11 @@ GOLDEN_HEADER_FIELDS = WalHeader(
     block_size=4096,
     capacity=1 << 20,
     node_id=1,
+    inflight_groups=2,
     node_epoch=5,
     trim_offset=100,
     start_offset=0,
-    write_max=69632,
+    window=69632,
     clean_end_offset=NO_CLEAN_END,
 )
 GOLDEN_HEADER = bytes.fromhex(
@@ -46,13 +47,13 @@ GOLDEN_HEADER = bytes.fromhex(
     "00001000"
     "0000000000100000"
     "00000001"
-    "00000000"
+    "00000002"
     "0000000000000005"
     "0000000000000064"
     "0000000000000000"
     "0000000000011000"
     "ffffffffffffffff"
-    "4b824640"
+    "3dbdfb51"
 )
 
 
@@ -129,3 +130,5 @@ def test_config_rounds_capacity_down_to_blocks() -> None:
     assert config.device_bytes == 8 << 20
     assert config.record_area_bytes == (8 << 20) - 8192
     assert config.write_max_bytes % 4096 == 0
+    assert config.groups_inflight_max == 2
+    assert config.window_bytes == 3 * config.write_max_bytes

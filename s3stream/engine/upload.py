@@ -27,8 +27,9 @@ from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
 StreamRecords = tuple[int, Sequence[StreamRecordBatch]]
-WRITE_SLICE_RECORDS = 64
-"""Batches handed to the object writer per call; the event loop runs other work between slices."""
+WRITE_SLICE_BYTES = 256 * 1024
+"""Payload bytes handed to the object writer per call (~2 ms of encoding); the event loop runs other
+work (appends) between slices."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +152,15 @@ class ObjectUploader:
         )
         try:
             # Encoding is CPU work on the event loop: hand it over in slices so appends keep flowing.
-            for start in range(0, len(batches), WRITE_SLICE_RECORDS):
-                await writer.write(batches[start : start + WRITE_SLICE_RECORDS])
+            start = 0
+            while start < len(batches):
+                end, size = start, 0
+                while end < len(batches) and (size < WRITE_SLICE_BYTES or end == start):
+                    size += len(batches[end].payload)
+                    end += 1
+                await writer.write(batches[start:end])
                 await asyncio.sleep(0)
+                start = end
             written = await writer.close()
         except BaseException:
             await asyncio.shield(_abort_quietly(upload))

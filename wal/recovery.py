@@ -22,6 +22,7 @@ Only whole, checksummed records are returned, so torn or stale bytes never come 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -109,7 +110,8 @@ class _Reader:
 
     def close(self) -> None:
         self.view.release()
-        self.buf.close()
+        with contextlib.suppress(BufferError):  # a caller's frame may still hold a slice: GC frees it
+            self.buf.close()
 
 
 @dataclass

@@ -341,3 +341,30 @@ async def test_bounded_inflight_bytes_admit_a_larger_record_when_alone() -> None
     assert results[0] > big
     assert wal.stats["groups"] >= 8  # at most ~3 records of 1 KiB in flight at once
     await wal.close()
+
+
+async def _unclean_image(count: int) -> tuple[bytearray, list[int]]:
+    """A device image after ``count`` single-record groups and no clean close (as after a crash)."""
+    dev = FaultyDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    offsets = [await wal.append(body(i, 500)) for i in range(count)]
+    image = dev.crash(random.Random(0), "drop")  # everything was synced: nothing is lost
+    await wal.close()
+    return image, offsets
+
+
+async def test_hole_followed_by_fewer_than_k_groups_is_a_torn_tail() -> None:
+    assert CONFIG.groups_inflight_max == 2
+    image, offsets = await _unclean_image(8)
+    image[8192 + offsets[-2] + RECORD_HEADER_SIZE + 3] ^= 0x01  # one later group: could be in flight
+    wal, recs = await reopen(MemoryDevice(len(image), image))
+    assert [o for o, _ in recs] == offsets[:-2]
+    await wal.close()
+
+
+async def test_hole_followed_by_k_groups_is_corruption_with_position() -> None:
+    image, offsets = await _unclean_image(8)
+    image[8192 + offsets[-3] + RECORD_HEADER_SIZE + 3] ^= 0x01  # two later groups: no crash explains it
+    with pytest.raises(WalCorruptionError) as info:
+        await reopen(MemoryDevice(len(image), image))
+    assert info.value.position == 8192 + offsets[-3]

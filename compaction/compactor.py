@@ -121,8 +121,6 @@ class Compactor:
             node_id=node_id,
             node_epoch=node_epoch,
             prepared_ttl_ms=ttl_ms,
-            block_size_bytes=config.object_block_size_bytes,
-            part_size_bytes=config.object_part_size_bytes,
             hooks=hooks,
         )
         self.stream_objects = StreamObjectCompactor(

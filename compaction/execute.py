@@ -6,8 +6,9 @@ source share one GET of at most 16 MiB), write its stream objects (ids prepared 
 concurrently), append its StreamSet blocks, then drop the step's buffers. Then the sanity check
 (every live block of a compacted object is covered by a new range) and one atomic
 ``commit_stream_set_object`` naming the compacted objects (order id -1: the metadata store keeps the
-smallest order id of the compacted objects). Blocks are copied verbatim (``write_block``); each new
-object gets a rebuilt index and checksum section. A failure aborts the uploads in progress; objects
+smallest order id of the compacted objects). Blocks are copied verbatim (``BlockCopyWriter``: each
+verified block goes straight to the upload, no second buffer); each new object gets a rebuilt index
+and checksum section. A failure aborts the uploads in progress; objects
 already written stay PREPARED until their TTL and are then deleted by the garbage collector.
 """
 
@@ -16,16 +17,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from compaction.blockio import crcs_by_position, read_verified_blocks
+from compaction.blockwriter import BlockCopyWriter
 from compaction.hooks import CompactionHooks
-from compaction.plan import CommitPlan, SourceObject, StreamObjectPlan, uncovered_blocks
+from compaction.plan import BlockRef, CommitPlan, SourceObject, StreamObjectPlan, uncovered_blocks
 from s3stream.errors import CorruptionError
 from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
 from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, NewStreamObject
-from s3stream.objectformat import IndexEntry, ObjectWriter, WrittenObject, object_key
+from s3stream.objectformat import IndexEntry, WrittenObject, object_key
 from s3stream.storage.base import ObjectStorage
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,6 @@ class StreamSetCompactionExecutor:
         node_id: NodeId,
         node_epoch: int,
         prepared_ttl_ms: int,
-        block_size_bytes: int,
-        part_size_bytes: int,
         hooks: CompactionHooks | None = None,
     ) -> None:
         self.metadata = metadata
@@ -69,16 +69,10 @@ class StreamSetCompactionExecutor:
         self.node_id = node_id
         self.node_epoch = node_epoch
         self.prepared_ttl_ms = prepared_ttl_ms
-        self.block_size_bytes = block_size_bytes
-        self.part_size_bytes = part_size_bytes
         self.hooks = hooks or CompactionHooks()
 
-    def _writer(self, object_id: ObjectId) -> ObjectWriter:
-        return ObjectWriter(
-            self.storage.upload(object_key(object_id, self.namespace)),
-            block_size_bytes=self.block_size_bytes,
-            part_size_bytes=self.part_size_bytes,
-        )
+    def _writer(self, object_id: ObjectId) -> BlockCopyWriter:
+        return BlockCopyWriter(self.storage.upload(object_key(object_id, self.namespace)))
 
     async def execute(
         self, plan: CommitPlan, sources: Mapping[ObjectId, SourceObject], start_offsets: Mapping[int, int]
@@ -86,7 +80,7 @@ class StreamSetCompactionExecutor:
         keys = {oid: object_key(oid, self.namespace) for oid in plan.compacted_object_ids}
         crcs = {oid: crcs_by_position(sources[oid].index, sources[oid].block_crcs) for oid in keys}
         sso_id = NOOP_OBJECT_ID
-        sso_writer: ObjectWriter | None = None
+        sso_writer: BlockCopyWriter | None = None
         if plan.has_stream_set_object:
             sso_id = await self.metadata.prepare_objects(count=1, ttl_ms=self.prepared_ttl_ms)
             sso_writer = self._writer(sso_id)
@@ -100,14 +94,21 @@ class StreamSetCompactionExecutor:
                 data = await read_verified_blocks(
                     self.storage, {keys[oid]: (entries, crcs[oid]) for oid, entries in wanted.items()}
                 )
+
+                def take(
+                    b: BlockRef, data: dict[tuple[str, int], memoryview] = data
+                ) -> tuple[memoryview, int | None]:
+                    """The block's bytes (dropped from the step's map: written once) and its CRC if known."""
+                    by_position = crcs[b.object_id]
+                    view = data.pop((keys[b.object_id], b.entry.start_position))
+                    return view, by_position[b.entry.start_position] if by_position is not None else None
+
                 bytes_read += step.read_bytes
-                new_objects += await self._write_stream_objects(step.stream_objects, data, keys)
+                new_objects += await self._write_stream_objects(step.stream_objects, take)
                 if sso_writer is not None:
                     for b in step.stream_set_blocks:
-                        await sso_writer.write_block(
-                            b.entry, data.pop((keys[b.object_id], b.entry.start_position))
-                        )
-                del data
+                        await sso_writer.write_block(b.entry, *take(b))
+                del data, take
             sso: WrittenObject | None = await sso_writer.close() if sso_writer is not None else None
         except BaseException:
             if sso_writer is not None:
@@ -147,8 +148,7 @@ class StreamSetCompactionExecutor:
     async def _write_stream_objects(
         self,
         plans: tuple[StreamObjectPlan, ...],
-        data: dict[tuple[str, int], memoryview],
-        keys: Mapping[ObjectId, str],
+        take: Callable[[BlockRef], tuple[memoryview, int | None]],
     ) -> list[NewStreamObject]:
         if not plans:
             return []
@@ -161,9 +161,7 @@ class StreamSetCompactionExecutor:
                 writer = self._writer(object_id)
                 try:
                     for b in so.blocks:
-                        await writer.write_block(
-                            b.entry, data.pop((keys[b.object_id], b.entry.start_position))
-                        )
+                        await writer.write_block(b.entry, *take(b))
                     written = await writer.close()
                 except BaseException:
                     await writer.abort()

@@ -227,7 +227,8 @@ class Engine:
         try:
             async with asyncio.timeout(self.config.close_timeout_ms / 1000):
                 if self._failed is None:
-                    await self.force_upload(None)  # one upload for every stream, then the closes
+                    with contextlib.suppress(S3StreamError):
+                        await self.force_upload(None)  # one upload for every stream, then the closes
                 for handle in list(self.streams.values()):
                     with contextlib.suppress(S3StreamError):
                         await self.close_stream(handle)

@@ -143,6 +143,8 @@ class Compactor:
         self.interval_s = config.stream_set_object_compaction_interval_minutes * 60.0
         self.stream_object_interval_ms = config.stream_object_compaction_interval_minutes * 60_000
         self.last_report: CompactionReport | None = None
+        self.error: BaseException | None = None
+        """Set if the background loop died of an unexpected error (it then stops)."""
         self._last_stream_object_run_ms = clock_ms()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -168,6 +170,10 @@ class Compactor:
             except (S3StreamError, OSError) as exc:
                 log.warning("compaction run failed (retried next interval): %s", exc)
                 continue
+            except Exception as exc:  # the task boundary: a bug stops compaction, loudly
+                self.error = exc
+                log.exception("compactor stopped")
+                raise
             if report.more_pending:
                 delay = RETRY_SOON_S
 

@@ -73,6 +73,10 @@ class Stream:
     def handle(self) -> StreamHandle:
         return self._handle
 
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
     async def append(self, batch: RecordBatch) -> int:
         """Append a batch; returns its base offset once it is durable in the WAL."""
         if type(batch) is not RecordBatch or not batch.payload:
@@ -205,6 +209,8 @@ class Client:
             if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], Stream):
                 raise InvalidArgumentError("appends must be (Stream, RecordBatch) pairs")
             stream, batch = item
+            if stream.engine is not self.engine:
+                raise InvalidArgumentError(f"stream {stream.stream_id} belongs to another client")
             batch = _check_batch(batch)
             entries.append((stream.handle, bytes(batch.payload), batch.count))
         puts = [(_check_key(k), _check_value(v)) for k, v in (kv or {}).items()]

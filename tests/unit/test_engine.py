@@ -258,6 +258,11 @@ async def test_append_atomic_writes_one_wal_record_and_applies_kv() -> None:
     assert [x.payload for x in await b.fetch(0, 3)] == [b"b0"]
     with pytest.raises(InvalidArgumentError):
         await client.append_atomic([])
+    other = await Node(metadata=node.metadata, storage=node.storage, node_id=3).open()
+    foreign = await other.streams.create_and_open_stream()
+    with pytest.raises(InvalidArgumentError, match="another client"):
+        await client.append_atomic([(a, RecordBatch(b"x")), (foreign, RecordBatch(b"y"))])
+    await other.close()
     big = RecordBatch(b"x" * (400 * KiB))
     with pytest.raises(InvalidArgumentError):  # above the WAL record max (1 MiB) together
         await client.append_atomic([(a, big), (b, big), (a, big)])

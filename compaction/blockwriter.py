@@ -19,8 +19,12 @@ from s3stream.storage.base import Upload
 class BlockCopyWriter:
     """Writes one object from whole blocks. Calls must not overlap; ``abort`` after any failure."""
 
-    def __init__(self, upload: Upload) -> None:
+    def __init__(self, upload: Upload, *, detach: bool = False) -> None:
+        """``detach``: hand the upload a copy of each block rather than the caller's view. An upload may
+        keep a view (and so its whole GET buffer) until it sends; an object written across several
+        compaction steps detaches so every step's GET buffers are freed when the step ends."""
         self._upload = upload
+        self._detach = detach
         self._entries: list[IndexEntry] = []
         self._crcs: list[int] = []
         self._position = 0
@@ -58,7 +62,9 @@ class BlockCopyWriter:
         self._crcs.append(crc if crc is not None else crc32c(block))
         self._position += entry.size_bytes
         try:
-            await self._upload.write(block)
+            await self._upload.write(
+                bytes(block) if self._detach and isinstance(block, memoryview) else block
+            )
         except BaseException:
             self._closed = True
             raise

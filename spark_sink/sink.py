@@ -6,7 +6,8 @@
 
 Per micro-batch (all on the driver except step 2):
 
-1. check the schema and normalize the columns (:func:`normalize`; errors name the column and batch);
+1. check the schema and normalize the columns (:func:`~spark_sink.columns.normalize`; errors name the
+   column and batch);
 2. encode on the executors with ``mapInArrow`` into Kafka RecordBatch payloads per target partition
    (:mod:`spark_sink.encode`) and collect them as one Arrow table (no row-by-row Python here);
 3. order the payloads deterministically, cut them into chunks below the WAL record limit
@@ -19,7 +20,6 @@ The engine is opened once per sink (lazily, in the driver) and kept until :meth:
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import signal
@@ -32,25 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from s3stream.config import Config
-from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError, UnavailableError
+from s3stream.errors import ConflictError, InvalidArgumentError
 from s3stream.facade import SyncClient, SyncStream, open_sync
 from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
+from spark_sink.columns import normalize
 from spark_sink.encode import (
     OUTPUT_DDL,
-    PARTITION_COLUMN,
-    TIMESTAMP_MS_COLUMN,
     EncodeOptions,
     map_in_arrow,
 )
+from spark_sink.payloads import PayloadTable
 from spark_sink.protocol import (
     KV_OVERHEAD_BYTES,
-    PayloadRef,
     Progress,
     chunk_payloads,
     plan_batch,
@@ -60,7 +55,7 @@ from spark_sink.protocol import (
 from spark_sink.topic import Topic, ensure_topic, open_partitions
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 KILL_ENV = "S3STREAM_SPARK_SINK_KILL_AT"
 """Crash-test hook: ``after_chunk:<batch>:<chunk>`` or ``after_batch:<batch>`` SIGKILLs the driver there."""
@@ -88,91 +83,6 @@ class BatchStats:
     """Driver: payload buffer, ordering, chunking, progress read."""
     append_s: float
     """Engine appends (``append_atomic`` per chunk)."""
-
-
-def normalize(df: DataFrame, *, batch_id: int, stream_column: str | None, partition_count: int) -> DataFrame:
-    """The sink's input columns (see :data:`spark_sink.encode.INPUT_COLUMNS`), or InvalidArgumentError.
-
-    Accepted: ``value`` binary or string (required); ``key`` binary or string; ``headers``
-    array<struct<key: string, value: binary>>; ``timestamp`` timestamp or bigint milliseconds; the
-    partition column (``stream_column``) of an integer type. Without ``stream_column`` the partition
-    is ``pmod(hash(key), partitions)`` (Spark's Murmur3, not Kafka's murmur2), or for a null key
-    ``pmod(spark_partition_id(), partitions)``.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    where = f"micro-batch {batch_id}"
-    fields = {f.name: f.dataType for f in df.schema.fields}
-
-    def binary_or_string(name: str) -> Column:
-        dtype = fields[name]
-        if isinstance(dtype, T.BinaryType):
-            return F.col(name)
-        if isinstance(dtype, T.StringType):
-            return F.col(name).cast("binary")
-        raise InvalidArgumentError(
-            f"{where}: column {name!r} has type {dtype.simpleString()}, expected binary or string"
-        )
-
-    if "value" not in fields:
-        raise InvalidArgumentError(
-            f"{where}: the sink needs a column 'value' (binary or string); got {list(fields)}"
-        )
-    cols: list[Column] = []
-    if stream_column is not None:
-        if stream_column not in fields:
-            raise InvalidArgumentError(
-                f"{where}: partition column {stream_column!r} is missing; got {list(fields)}"
-            )
-        ptype = fields[stream_column]
-        if not isinstance(ptype, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
-            raise InvalidArgumentError(
-                f"{where}: partition column {stream_column!r} has type {ptype.simpleString()}, expected an integer"
-            )
-        cols.append(F.col(stream_column).cast("int").alias(PARTITION_COLUMN))
-    elif "key" in fields:
-        key = binary_or_string("key")
-        cols.append(
-            F.when(key.isNull(), F.pmod(F.spark_partition_id(), F.lit(partition_count)))
-            .otherwise(F.pmod(F.hash(key), F.lit(partition_count)))
-            .cast("int")
-            .alias(PARTITION_COLUMN)
-        )
-    else:
-        cols.append(
-            F.pmod(F.spark_partition_id(), F.lit(partition_count)).cast("int").alias(PARTITION_COLUMN)
-        )
-    cols.append((binary_or_string("key") if "key" in fields else F.lit(None).cast("binary")).alias("key"))
-    cols.append(binary_or_string("value").alias("value"))
-    if "headers" in fields:
-        expected = T.ArrayType(
-            T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())])
-        )
-        htype = fields["headers"]
-        if not (
-            isinstance(htype, T.ArrayType)
-            and isinstance(htype.elementType, T.StructType)
-            and [(f.name, f.dataType) for f in htype.elementType.fields]
-            == [(f.name, f.dataType) for f in expected.elementType.fields]  # type: ignore[attr-defined]
-        ):
-            raise InvalidArgumentError(
-                f"{where}: column 'headers' has type {htype.simpleString()}, expected {expected.simpleString()}"
-            )
-        cols.append(F.col("headers"))
-    if "timestamp" in fields:
-        ttype = fields["timestamp"]
-        if isinstance(ttype, T.TimestampType | T.TimestampNTZType):
-            cols.append(F.unix_millis(F.col("timestamp").cast("timestamp")).alias(TIMESTAMP_MS_COLUMN))
-        elif isinstance(ttype, T.LongType):
-            cols.append(F.col("timestamp").alias(TIMESTAMP_MS_COLUMN))
-        else:
-            raise InvalidArgumentError(
-                f"{where}: column 'timestamp' has type {ttype.simpleString()}, expected timestamp or bigint ms"
-            )
-    else:
-        cols.append(F.lit(int(time.time() * 1000)).cast("bigint").alias(TIMESTAMP_MS_COLUMN))
-    return df.select(*cols)
 
 
 def _kill_hook(point: str) -> None:
@@ -344,14 +254,14 @@ class S3StreamSink:
         errors = table.column("error").drop_null()
         if len(errors):
             raise InvalidArgumentError(str(errors[0]))
-        payloads = _PayloadTable(table)
+        payloads = PayloadTable(table)
         try:
             return self._append_payloads(batch_id, query_id, payloads, t0, encode_s)
         finally:
             payloads.close()
 
     def _append_payloads(
-        self, batch_id: int, query_id: str, payloads: _PayloadTable, t0: float, encode_s: float
+        self, batch_id: int, query_id: str, payloads: PayloadTable, t0: float, encode_s: float
     ) -> BatchStats:
         refs = payloads.refs()
         chunks = chunk_payloads(refs, self.chunk_bytes_max)
@@ -397,76 +307,3 @@ class S3StreamSink:
             prepare_s=t1 - t0 - encode_s,
             append_s=time.perf_counter() - t1,
         )
-
-
-class _PayloadTable:
-    """The collected payloads: ordered refs and writable views (for the base offset patch).
-
-    Inline payloads are copied once into a bytearray; spilled payloads are mapped copy-on-write
-    (``ACCESS_COPY``) from the executors' files, so only the pages whose base offset is patched are
-    copied before the engine's own copy.
-    """
-
-    def __init__(self, table: pa.Table) -> None:
-        order = pc.sort_indices(
-            table.select(["task_partition", "partition", "seq"]),
-            sort_keys=[("task_partition", "ascending"), ("partition", "ascending"), ("seq", "ascending")],
-        ).to_numpy()
-        self._order = order
-        self._table = table
-        self._views: list[memoryview] = []
-        self._maps: dict[str, tuple[mmap.mmap, memoryview]] = {}
-        payload = table.column("payload")
-        for arr in payload.chunks:
-            if len(arr) == 0:
-                continue
-            buffers = arr.buffers()
-            offsets = np.frombuffer(buffers[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
-            data = memoryview(bytearray(buffers[2])) if buffers[2] is not None else memoryview(bytearray())
-            for i in range(len(arr)):
-                self._views.append(data[int(offsets[i]) : int(offsets[i + 1])])
-        files = table.column("spill_file").to_pylist()
-        spill_offsets = table.column("spill_offset").to_pylist()
-        sizes = table.column("size_bytes").to_pylist()
-        for i, path in enumerate(files):
-            if path is not None:
-                self._views[i] = self._map(path, spill_offsets[i], sizes[i])
-
-    def _map(self, path: str, offset: int, size: int) -> memoryview:
-        if path not in self._maps:
-            try:
-                with open(path, "rb") as f:
-                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            except (OSError, ValueError) as exc:
-                raise UnavailableError(
-                    f"cannot map the executor's spill file {path} ({exc}); outside local mode use spill=False"
-                ) from exc
-            self._maps[path] = (mm, memoryview(mm))
-        mm, view = self._maps[path]
-        if offset + size > len(mm):
-            raise CorruptionError(
-                f"spill file is {len(mm)} bytes, payload ends at {offset + size}", source=path
-            )
-        return view[offset : offset + size]
-
-    def refs(self) -> list[PayloadRef]:
-        t = self._table
-        part = t.column("partition").to_pylist()
-        counts = t.column("record_count").to_pylist()
-        crcs = t.column("content_crc").to_pylist()
-        return [
-            PayloadRef(int(i), part[i], counts[i], crcs[i], len(self._views[i])) for i in self._order.tolist()
-        ]
-
-    def view(self, index: int) -> memoryview:
-        return self._views[index]
-
-    def close(self) -> None:
-        """Release the views and unmap the spill files."""
-        for v in self._views:
-            v.release()
-        self._views.clear()
-        for mm, view in self._maps.values():
-            view.release()
-            mm.close()
-        self._maps.clear()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from spark_sink.columns import normalize
 from spark_sink.encode import OUTPUT_DDL, EncodeOptions, map_in_arrow
-from spark_sink.sink import normalize
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -21,6 +21,7 @@ The engine is opened once per sink (lazily, in the driver) and kept until :meth:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -63,6 +64,7 @@ KILL_ENV = "S3STREAM_SPARK_SINK_KILL_AT"
 BATCH_BYTES_TARGET_DEFAULT = 1 << 20
 RECORD_BYTES_MAX_DEFAULT = 1 << 20
 HISTORY_MAX = 1000
+_SPILL_NAME = re.compile(r"b\d+-[0-9a-f]{12}")
 RECORD_OVERHEAD_MAX_BYTES = 1024
 """Room a batch keeps above its target for the record that crosses it (varints, header)."""
 
@@ -229,7 +231,11 @@ class S3StreamSink:
         if not spill:
             return None
         if not self._spill_cleaned:
-            shutil.rmtree(self._spill_root, ignore_errors=True)  # files of a crashed earlier run
+            # directories of a crashed earlier run: only ours (b<batch id>-<12 hex>), never the root
+            if self._spill_root.is_dir():
+                for entry in self._spill_root.iterdir():
+                    if _SPILL_NAME.fullmatch(entry.name) and entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
             self._spill_cleaned = True
         path = self._spill_root / f"b{batch_id}-{uuid.uuid4().hex[:12]}"
         path.mkdir(parents=True)

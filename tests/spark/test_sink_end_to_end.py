@@ -186,3 +186,18 @@ def test_inline_and_spilled_payloads_store_the_same_records(spark: Any, tmp_path
             assert sum(len(v) for v in stored[spill].values()) == 3000
         assert not any((tmp_path / f"engine-{spill}" / "spark-spill").glob("*/*")), "spill files are removed"
     assert stored[False] == stored[True]
+
+
+def test_stale_spill_directories_are_removed_but_nothing_else(spark: Any, tmp_path: Path) -> None:
+    spill_root = tmp_path / "spill"
+    stale = spill_root / "b7-0123456789ab"
+    stale.mkdir(parents=True)
+    (stale / "b7-p0-a0-x.kafka").write_bytes(b"left over")
+    keep = spill_root / "not-ours.txt"
+    keep.write_text("user data")
+    df = spark.createDataFrame([(b"x",)], "value binary")
+    with S3StreamSink(tmp_path / "engine", topic="t", query_id="q", spill=True, spill_dir=spill_root) as sink:
+        sink(df, 0)
+    assert not stale.exists()
+    assert keep.read_text() == "user data"
+    assert sorted(p.name for p in spill_root.iterdir()) == ["not-ours.txt"]

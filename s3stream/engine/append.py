@@ -1,0 +1,284 @@
+"""The append path: admission under back-pressure, one WAL record per append, acknowledgement in order.
+
+An append (one batch, or an atomic group of batches and KV puts) takes its offsets from its streams
+without awaiting in between, so offsets follow submission order; it becomes ONE WAL record; once
+durable, the per-stream sequencer (:mod:`s3stream.engine.sequencer`) releases it into the LogCache in
+offset order and acknowledges it. When the LogCache or the WAL has no room, appends wait up to
+``append_backpressure_wait_ms`` for a commit to free some, then fail with CapacityError: never loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from s3stream.config import Config
+from s3stream.engine.logcache import LogCache
+from s3stream.engine.pipeline import EngineStats, UploadPipeline
+from s3stream.engine.sequencer import fail_queue, release_ready
+from s3stream.engine.stream import PendingAppend, Status, StreamHandle
+from s3stream.engine.supervisor import Supervisor
+from s3stream.engine.walbody import encode_group
+from s3stream.engine.walport import WriteAheadLog
+from s3stream.engine.waltrim import WalTrimTracker
+from s3stream.errors import (
+    CapacityError,
+    FencedError,
+    InvalidArgumentError,
+    S3StreamError,
+    UnavailableError,
+)
+from s3stream.metadata.base import MetadataStore
+from s3stream.record import StreamRecordBatch
+
+WAL_ROOM_FRACTION = 0.9
+"""Share of the WAL capacity that records awaiting upload may hold before appends wait."""
+
+
+class AppendPath:
+    """Appends of every open stream of one engine: offsets, WAL writes, ordered acknowledgements."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        cache: LogCache,
+        wal: WriteAheadLog,
+        metadata: MetadataStore,
+        live: WalTrimTracker,
+        pipeline: UploadPipeline,
+        supervisor: Supervisor,
+        stats: EngineStats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.wal = wal
+        self.metadata = metadata
+        self.live = live
+        self.pipeline = pipeline
+        self.supervisor = supervisor
+        self.stats = stats
+        self.clock = clock
+        self.wal_room_bytes = int(config.wal_capacity_bytes * WAL_ROOM_FRACTION)
+        self._seq = 0
+        self._in_wal: dict[int, float] = {}
+        """seq -> submit time of WAL appends in flight, oldest first (the watchdog's view)."""
+
+    def next_seq(self) -> int:
+        """The next WAL record's submission sequence number (seqs grow with WAL offsets)."""
+        seq = self._seq
+        self._seq = seq + 1
+        return seq
+
+    async def append(
+        self,
+        appends: Sequence[tuple[StreamHandle, bytes, int]],
+        kv_puts: Sequence[tuple[str, bytes]] = (),
+    ) -> list[int]:
+        """Append ``(stream, payload, count)`` entries (and KV puts) as ONE WAL record.
+
+        Returns the base offsets; returns once the record is durable, the KV puts are in metadata and
+        every earlier append of the same streams is acknowledged.
+        """
+        if len(appends) == 1 and not kv_puts:
+            handle, payload, count = appends[0]
+            return [await self.append_one(handle, payload, count)]
+        supervisor = self.supervisor
+        if supervisor.failed is not None or supervisor.closed:
+            supervisor.check_alive()
+        size = 0
+        record_max = self.config.record_size_max_bytes
+        for handle, payload, _ in appends:
+            if handle.status is not Status.OPEN:
+                handle.check_writable()
+            if len(payload) > record_max:
+                raise InvalidArgumentError(
+                    f"record batch of {len(payload)} bytes is above s3.record.size.max ({record_max})"
+                )
+            size += len(payload)
+        for key, value in kv_puts:
+            size += len(key) + len(value)
+        if not self._has_room(size):
+            await self._admit(size)
+            for handle, _, _ in appends:
+                handle.check_writable()
+        # No await from here until the WAL write: offsets are assigned in submission order.
+        by_stream: dict[int, list[StreamRecordBatch]] = {}
+        handles: dict[int, StreamHandle] = {}
+        bases = []
+        for handle, payload, count in appends:
+            base = handle.next_offset
+            handle.next_offset += count
+            record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, bytes(payload))
+            by_stream.setdefault(handle.stream_id, []).append(record)
+            handles[handle.stream_id] = handle
+            bases.append(base)
+        body = encode_group([r for rs in by_stream.values() for r in rs], kv_puts)
+        record_count = len(appends)
+        if len(body) > self.config.wal_record_size_max_bytes:
+            for handle, _, count in reversed(appends):
+                handle.next_offset -= count
+            raise InvalidArgumentError(
+                f"WAL record of {len(body)} bytes is above s3.wal.record.size.max "
+                f"({self.config.wal_record_size_max_bytes})"
+            )
+        seq = self.next_seq()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = PendingAppend(seq, by_stream, future, remaining=len(by_stream))
+        entry: list[int] | None = None
+        if record_count:
+            entry = self.live.submitted(seq, batch_count=record_count, size_bytes=len(body))
+        for handle in handles.values():
+            handle.queue.append(pending)
+        try:
+            offset = await self._wal_append(body, seq)
+            for key, value in kv_puts:
+                await self.metadata.kv_put(key, value, overwrite=True)
+        except S3StreamError as exc:
+            self._append_failed(pending, handles.values(), exc)
+            raise
+        except BaseException as exc:
+            self._append_failed(pending, handles.values(), UnavailableError(f"append interrupted: {exc!r}"))
+            raise
+        if entry is not None:
+            entry[0] = offset
+        self.live.written(offset)
+        pending.persisted = True
+        if not by_stream:
+            future.set_result(None)
+        for handle in handles.values():
+            release_ready(handle, self.pipeline.put)
+        if not future.done():
+            await future
+        elif future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+        stats = self.stats
+        stats.appended_records += record_count
+        stats.appended_bytes += size
+        return bases
+
+    async def append_one(self, handle: StreamHandle, payload: bytes, count: int) -> int:
+        """One batch to one stream (the common case of :meth:`append`, without its generality)."""
+        supervisor = self.supervisor
+        if handle.status is not Status.OPEN or supervisor.failed is not None or supervisor.closed:
+            supervisor.check_alive()
+            handle.check_writable()
+        size = len(payload)
+        if size > self.config.record_size_max_bytes:
+            raise InvalidArgumentError(
+                f"record batch of {size} bytes is above s3.record.size.max ({self.config.record_size_max_bytes})"
+            )
+        if not self._has_room(size):
+            await self._admit(size)
+            handle.check_writable()
+        base = handle.next_offset
+        handle.next_offset = base + count
+        record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, payload)
+        body = record.encode()
+        seq = self.next_seq()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = PendingAppend(seq, {handle.stream_id: [record]}, future, 1)
+        entry = self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        handle.queue.append(pending)
+        try:
+            offset = await self._wal_append(body, seq)
+        except S3StreamError as exc:
+            self._append_failed(pending, (handle,), exc)
+            raise
+        except BaseException as exc:
+            self._append_failed(pending, (handle,), UnavailableError(f"append interrupted: {exc!r}"))
+            raise
+        entry[0] = offset
+        self.live.written(offset)
+        pending.persisted = True
+        release_ready(handle, self.pipeline.put)
+        if not future.done():
+            await future
+        elif future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+        stats = self.stats
+        stats.appended_records += 1
+        stats.appended_bytes += size
+        return base
+
+    def _has_room(self, size_bytes: int) -> bool:
+        return (
+            self.cache.size_bytes + size_bytes <= self.cache.capacity_bytes
+            and self.live.live_bytes + size_bytes <= self.wal_room_bytes
+        )
+
+    async def _admit(self, size_bytes: int) -> None:
+        """Wait for room in the LogCache and the WAL; CapacityError after the configured wait."""
+        deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
+        room = self.pipeline.room
+        while True:
+            self.supervisor.check_alive()
+            if self.cache.has_room(size_bytes) and (
+                self.live.live_bytes + size_bytes <= self.wal_room_bytes or self.live.live_bytes == 0
+            ):
+                return
+            self.pipeline.archive_and_upload()
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                self.stats.backpressure_rejections += 1
+                raise CapacityError(
+                    f"no room: LogCache {self.cache.size_bytes}/{self.cache.capacity_bytes} bytes, WAL "
+                    f"{self.live.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload"
+                )
+            room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room.wait(), timeout=min(remaining, 0.1))
+
+    async def _wal_append(self, body: bytes, seq: int) -> int:
+        """The WAL write. No per-append timer (it would cost more than the append): the ticker's
+        watchdog fails the engine and closes the WAL when one stays in flight too long."""
+        in_wal = self._in_wal
+        in_wal[seq] = self.clock()
+        try:
+            try:
+                return await self.wal.append(body)
+            except CapacityError:
+                pass
+            deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
+            room = self.pipeline.room
+            while True:
+                self.pipeline.archive_and_upload()
+                room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room.wait(), timeout=0.1)
+                self.supervisor.check_alive()
+                try:
+                    return await self.wal.append(body)
+                except CapacityError:
+                    if self.clock() >= deadline:
+                        raise
+        finally:
+            del in_wal[seq]
+
+    def watchdog(self) -> None:
+        """AutoMQ's WAL append timeout: an append in flight for longer fails the engine."""
+        if not self._in_wal:
+            return
+        started = self._in_wal[next(iter(self._in_wal))]
+        timeout_s = self.config.wal_append_timeout_ms / 1000
+        if self.clock() - started > timeout_s:
+            self.supervisor.fail(UnavailableError(f"a WAL append did not complete within {timeout_s} s"))
+            self.supervisor.spawn(self.wal.close(), name="s3stream-wal-close-after-timeout")
+
+    def _append_failed(
+        self, pending: PendingAppend, handles: Iterable[StreamHandle], error: S3StreamError
+    ) -> None:
+        """Any append failure fences its streams (AutoMQ): later appends of them fail too."""
+        self.live.failed(pending.seq)
+        fence = (
+            error
+            if isinstance(error, FencedError)
+            else FencedError(f"stream fenced after a failed append: {error}")
+        )
+        for handle in handles:
+            handle.fence(fence)
+            fail_queue(handle, lambda other: error if other is pending else fence)
+        self.pipeline.room.set()

@@ -1,0 +1,311 @@
+"""The upload pipeline: LogCache block -> prepare -> upload -> commit -> WAL trim, never dropping data.
+
+Acknowledged batches enter the active LogCache block through :meth:`UploadPipeline.put`; a block is
+archived once full (or old, or forced) and runs through prepare -> upload -> commit. Prepares and
+commits happen strictly in archive order, uploads may overlap (at most ``s3.wal.upload.inflight.max``
+at a time), and every step is retried with backoff. Only after a commit is the block freed and the
+WAL trimmed below the oldest record still holding uncommitted batches
+(:class:`~s3stream.engine.waltrim.WalTrimTracker`). See ``docs/architecture.md`` "Write path".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from s3stream.config import Config
+from s3stream.engine.logcache import LogCache, LogCacheBlock
+from s3stream.engine.stream import Status, StreamHandle
+from s3stream.engine.supervisor import Supervisor
+from s3stream.engine.upload import ObjectUploader, UploadPlan, plan_upload
+from s3stream.engine.walport import WriteAheadLog
+from s3stream.engine.waltrim import WalTrimTracker
+from s3stream.errors import (
+    ClosedError,
+    ConflictError,
+    ErrorCode,
+    FencedError,
+    InvalidArgumentError,
+    NotFoundError,
+    S3StreamError,
+)
+from s3stream.ids import ObjectId
+from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, StreamState
+from s3stream.record import StreamRecordBatch
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+COMMIT_REVALIDATE_MAX = 8
+"""Commit rejections in a row without a stream to drop before the engine gives up (data stays in the WAL)."""
+_NODE_LEVEL_CODES = (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST)
+
+
+class TestHooks:
+    """Points where crash tests pause or kill the process (set from the environment by the caller)."""
+
+    __test__ = False
+
+    async def before_upload(self) -> None:
+        """After prepare, before the objects are written."""
+
+    async def before_commit(self) -> None:
+        """After the objects are written, before the commit."""
+
+    async def after_commit(self) -> None:
+        """After the commit, before the WAL trim."""
+
+
+@dataclass
+class EngineStats:
+    appended_records: int = 0
+    appended_bytes: int = 0
+    uploads: int = 0
+    uploaded_stream_count: int = 0
+    """Sum over uploads of the streams each held (what a writer with one object per stream would PUT)."""
+    uploaded_bytes: int = 0
+    upload_busy_s: float = 0.0
+    """Wall time during which at least one upload was in flight (prepare to commit)."""
+    objects_committed: int = 0
+    upload_retries: int = 0
+    object_reads: int = 0
+    recovered_records: int = 0
+    backpressure_rejections: int = 0
+
+
+@dataclass(eq=False)
+class UploadTask:
+    """One archived block on its way through the pipeline."""
+
+    block: LogCacheBlock
+    prev: UploadTask | None
+    prepared: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    stream_ids: frozenset[int] = frozenset()
+
+
+class UploadPipeline:
+    """Archives LogCache blocks and carries each through prepare -> upload -> commit -> WAL trim."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        cache: LogCache,
+        uploader: ObjectUploader,
+        metadata: MetadataStore,
+        wal: WriteAheadLog,
+        live: WalTrimTracker,
+        supervisor: Supervisor,
+        streams: Mapping[int, StreamHandle],
+        stats: EngineStats,
+        hooks: TestHooks,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.uploader = uploader
+        self.metadata = metadata
+        self.wal = wal
+        self.live = live
+        self.supervisor = supervisor
+        self.streams = streams
+        self.stats = stats
+        self.hooks = hooks
+        self.clock = clock
+        self.room = asyncio.Event()
+        """Set whenever a commit frees LogCache and WAL room (or the engine fails): appenders waiting
+        for room look again."""
+        self.inflight: list[UploadTask] = []
+        self._block_seqs: dict[int, list[int]] = {}
+        """block id -> seq of the WAL record of each batch in the block (once per batch)."""
+        self._last_task: UploadTask | None = None
+        self._slots = asyncio.Semaphore(config.upload_inflight_max)
+        self._active_count = 0
+        self._busy_since_s = 0.0
+
+    def put(self, record: StreamRecordBatch, seq: int) -> None:
+        """An acknowledged batch of WAL record ``seq`` enters the active block (archived once full)."""
+        cache = self.cache
+        block_id = cache.active.block_id
+        full = cache.put(record)
+        seqs = self._block_seqs.get(block_id)
+        if seqs is None:
+            self._block_seqs[block_id] = [seq]
+        else:
+            seqs.append(seq)
+        if full:
+            self.archive_and_upload()
+
+    def archive_and_upload(self) -> UploadTask | None:
+        """Archive the active block (if not empty) and start its upload."""
+        if self.supervisor.failed is not None:
+            return None
+        block = self.cache.archive(self.clock())
+        if block is None:
+            return None
+        task = UploadTask(block=block, prev=self._last_task, stream_ids=frozenset(block.streams))
+        self._last_task = task
+        self.inflight.append(task)
+        self.supervisor.spawn(self._upload(task), name=f"s3stream-upload-{block.block_id}")
+        return task
+
+    async def force_upload(self, stream_id: int | None) -> None:
+        """Upload the active block if it holds ``stream_id`` (any stream if None) and wait for every
+        in-flight upload holding it."""
+        self.supervisor.check_alive()
+        if stream_id is None or stream_id in self.cache.active.streams:
+            self.archive_and_upload()
+        waits = [t.done.wait() for t in self.inflight if stream_id is None or stream_id in t.stream_ids]
+        if waits:
+            await asyncio.gather(*waits)
+        self.supervisor.check_alive()
+
+    def wake_all(self) -> None:
+        """The engine failed: wake every waiter (they find the failure)."""
+        self.room.set()
+        for task in self.inflight:
+            task.done.set()
+
+    async def _upload(self, task: UploadTask) -> None:
+        plan = plan_upload(
+            task.block.records_by_stream(), split_size_bytes=self.config.stream_object_split_size_bytes
+        )
+        if self._active_count == 0:
+            self._busy_since_s = self.clock()
+        self._active_count += 1
+        try:
+            if task.prev is not None:
+                await task.prev.prepared.wait()
+            await self._slots.acquire()
+            try:
+                first_id = await self._retry("prepare", lambda: self.uploader.prepare(plan))
+                order_id = first_id
+                task.prepared.set()
+                while True:
+                    await self.hooks.before_upload()
+                    ids = first_id
+                    request = await self._retry("upload", functools.partial(self.uploader.write, plan, ids))
+                    request = dataclasses.replace(request, order_id=order_id)
+                    await self.hooks.before_commit()
+                    if task.prev is not None:
+                        await task.prev.done.wait()
+                    self.supervisor.check_alive()
+                    try:
+                        await self._commit(request, plan)
+                        break
+                    except NotFoundError as exc:
+                        if exc.code != ErrorCode.OBJECT_NOT_EXIST:
+                            raise
+                    # The upload outlived the prepared TTL (storage was down that long): new ids, same
+                    # order id (the data's place in the node's StreamSet object order does not change).
+                    log.warning("prepared objects from %d expired before their commit: uploading again", ids)
+                    first_id = await self._retry("prepare", lambda: self.uploader.prepare(plan))
+                await self.hooks.after_commit()
+            finally:
+                self._slots.release()
+            self._after_commit(task, request)
+        finally:
+            task.prepared.set()
+            self._active_count -= 1
+            if self._active_count == 0:
+                self.stats.upload_busy_s += self.clock() - self._busy_since_s
+
+    def _after_commit(self, task: UploadTask, request: CommitStreamSetObjectRequest) -> None:
+        self.stats.uploads += 1
+        self.stats.uploaded_stream_count += len(task.stream_ids)
+        self.stats.uploaded_bytes += task.block.size_bytes
+        self.stats.objects_committed += (1 if request.object_id >= 0 else 0) + len(request.stream_objects)
+        self.live.committed(self._block_seqs.pop(task.block.block_id, []))
+        self.cache.mark_free(task.block)
+        self.inflight.remove(task)
+        task.done.set()
+        self.room.set()
+        trim_to = self.live.trim_point()
+        if trim_to is not None:
+            self.supervisor.spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")
+
+    async def _trim_wal(self, offset: int) -> None:
+        try:
+            await self.wal.trim(offset)
+        except (S3StreamError, OSError) as exc:
+            log.warning("WAL trim to %d failed (retried after the next commit): %s", offset, exc)
+
+    async def _commit(self, request: CommitStreamSetObjectRequest, plan: UploadPlan) -> None:
+        """Commit, dropping the ranges of streams that are no longer ours (fenced, deleted)."""
+        rejections = 0
+        while True:
+            if not request.stream_ranges and not request.stream_objects:
+                return  # every stream went away: the prepared objects expire and are deleted
+            try:
+                await self._retry(
+                    "commit", functools.partial(self.metadata.commit_stream_set_object, request)
+                )
+                return
+            except (FencedError, ConflictError, NotFoundError) as exc:
+                if exc.code in _NODE_LEVEL_CODES or exc.code == ErrorCode.OBJECT_NOT_EXIST:
+                    raise
+                rejections += 1
+                request = await self._drop_lost_streams(request, plan, exc)
+                if rejections > COMMIT_REVALIDATE_MAX:
+                    raise
+
+    async def _drop_lost_streams(
+        self, request: CommitStreamSetObjectRequest, plan: UploadPlan, exc: S3StreamError
+    ) -> CommitStreamSetObjectRequest:
+        epochs = {sid: recs[0].epoch for sid, recs in (*plan.stream_set, *plan.stream_objects)}
+        lost: set[int] = set()
+        starts = [(r.stream_id, r.start_offset) for r in request.stream_ranges] + [
+            (s.stream_id, s.start_offset) for s in request.stream_objects
+        ]
+        for stream_id, start in starts:
+            try:
+                meta = await self.metadata.describe_stream(stream_id)
+            except NotFoundError:
+                lost.add(stream_id)
+                continue
+            if meta.epoch != epochs[stream_id] or meta.state != StreamState.OPENED or meta.end_offset > start:
+                lost.add(stream_id)
+        if not lost:
+            log.warning("commit rejected with no stream to drop, retrying: %s", exc)
+            await asyncio.sleep(self.config.upload_retry_backoff_ms / 1000)
+            return request
+        for lost_id in lost:
+            log.warning("stream %d lost ownership: its uploaded data is dropped from the commit", lost_id)
+            handle = self.streams.get(lost_id)
+            if handle is not None and handle.epoch == epochs[lost_id]:
+                handle.status = Status.FENCED
+                handle.error = FencedError(f"stream {lost_id} was taken over by another owner")
+        ranges = tuple(r for r in request.stream_ranges if r.stream_id not in lost)
+        objects = tuple(s for s in request.stream_objects if s.stream_id not in lost)
+        return CommitStreamSetObjectRequest(
+            node_id=request.node_id,
+            node_epoch=request.node_epoch,
+            object_id=request.object_id if ranges else ObjectId(-1),
+            order_id=request.order_id,
+            object_size_bytes=request.object_size_bytes if ranges else 0,
+            stream_ranges=ranges,
+            stream_objects=objects,
+        )
+
+    async def _retry(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """Run ``op`` until it succeeds; transient failures back off exponentially (never give up)."""
+        delay_s = self.config.upload_retry_backoff_ms / 1000
+        delay_max_s = self.config.upload_retry_backoff_max_ms / 1000
+        while True:
+            self.supervisor.check_alive()
+            try:
+                return await op()
+            except (FencedError, ConflictError, NotFoundError, InvalidArgumentError, ClosedError):
+                raise
+            except (S3StreamError, OSError, TimeoutError) as exc:
+                self.stats.upload_retries += 1
+                log.warning("%s failed, retrying in %.2f s: %r", what, delay_s, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, delay_max_s)

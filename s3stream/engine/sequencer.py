@@ -1,0 +1,43 @@
+"""The per-stream acknowledgement sequencer: persisted appends are released strictly in submission order.
+
+WAL writes may complete out of order (several write groups in flight); a stream's appends must still
+be acknowledged, and enter the LogCache, in the order their offsets were assigned (AutoMQ reference
+3.8, the callback sequencer). Every stream keeps its unacknowledged appends in ``StreamHandle.queue``
+(submission order); :func:`release_ready` pops the persisted head of that queue and stops at the first
+append still in flight. An append that touches several streams (an atomic group) is acknowledged once
+every one of them has released it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from s3stream.engine.stream import PendingAppend, StreamHandle
+from s3stream.errors import S3StreamError
+from s3stream.record import StreamRecordBatch
+
+
+def release_ready(handle: StreamHandle, put: Callable[[StreamRecordBatch, int], None]) -> None:
+    """Pop the stream's persisted head appends in order, hand each batch with its append's seq to
+    ``put`` (into the LogCache), move the confirm offset and acknowledge completed appends."""
+    queue = handle.queue
+    stream_id = handle.stream_id
+    while queue and queue[0].persisted:
+        pending = queue.popleft()
+        if pending.future.done():
+            continue
+        for record in pending.by_stream[stream_id]:
+            put(record, pending.seq)
+            handle.confirm_offset = record.end_offset
+        pending.remaining -= 1
+        if pending.remaining == 0:
+            pending.future.set_result(None)
+
+
+def fail_queue(handle: StreamHandle, error_of: Callable[[PendingAppend], S3StreamError]) -> None:
+    """Fail every unacknowledged append of the stream (with ``error_of(append)``) and empty its queue."""
+    for pending in handle.queue:
+        if not pending.future.done():
+            pending.future.set_exception(error_of(pending))
+            pending.future.exception()  # retrieved: its appender may have failed on its own
+    handle.queue.clear()

@@ -1,0 +1,78 @@
+"""Engine-side state of one open stream: its epoch, offsets, status and queue of unacknowledged appends.
+
+Offsets follow ``[start_offset, confirm_offset)`` for readable data and ``next_offset`` for the next
+append; ``confirm_offset`` only moves when the ack sequencer (:mod:`s3stream.engine.sequencer`)
+releases a persisted append in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from s3stream.errors import ClosedError, FencedError, S3StreamError
+from s3stream.ids import StreamId
+from s3stream.record import StreamRecordBatch
+
+
+class Status(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FENCED = "fenced"
+
+
+class PendingAppend:
+    """One WAL record (plain append or atomic group) waiting for durability and its turn."""
+
+    __slots__ = ("by_stream", "future", "persisted", "remaining", "seq")
+
+    def __init__(
+        self,
+        seq: int,
+        by_stream: dict[int, list[StreamRecordBatch]],
+        future: asyncio.Future[None],
+        remaining: int,
+    ) -> None:
+        self.seq = seq
+        self.by_stream = by_stream
+        """The record's batches of each stream it touches, in offset order."""
+        self.future = future
+        """Resolved once every stream in ``by_stream`` has released the record (acknowledged)."""
+        self.remaining = remaining
+        """Streams that have not yet released the record."""
+        self.persisted = False
+
+
+@dataclass(eq=False)
+class StreamHandle:
+    """Engine-side state of one open stream."""
+
+    stream_id: StreamId
+    epoch: int
+    start_offset: int
+    next_offset: int
+    confirm_offset: int
+    status: Status = Status.OPEN
+    error: S3StreamError | None = None
+    queue: deque[PendingAppend] = field(default_factory=deque)
+
+    def check_writable(self) -> None:
+        if self.status is Status.FENCED:
+            raise self.error or FencedError(f"stream {self.stream_id} is fenced")
+        if self.status is not Status.OPEN:
+            raise ClosedError(f"stream {self.stream_id} is {self.status.value}")
+
+    def check_readable(self) -> None:
+        if self.status is Status.FENCED:
+            raise self.error or FencedError(f"stream {self.stream_id} is fenced")
+        if self.status is Status.CLOSED:
+            raise ClosedError(f"stream {self.stream_id} is closed")
+
+    def fence(self, error: S3StreamError) -> None:
+        """Refuse later appends and reads with ``error`` (an open or closing stream only)."""
+        if self.status is Status.OPEN or self.status is Status.CLOSING:
+            self.status = Status.FENCED
+            self.error = error

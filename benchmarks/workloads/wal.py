@@ -168,19 +168,22 @@ async def _wal_appends(
 ) -> float:
     wal = await BlockWAL.open(path, config)
     await wal.recover_all()
-    half = config.record_area_bytes // 2
-
-    async def append(d: bytes) -> int:
-        offset = await wal.append(d)
-        if wal.used_bytes > half:
-            await wal.trim(offset)
-        return offset
-
+    trimmer = asyncio.ensure_future(_trimmer(wal))
     started = time.perf_counter()
-    n = await _producers(append, producers, duration_s, data)
+    n = await _producers(wal.append, producers, duration_s, data)
     elapsed = time.perf_counter() - started
+    trimmer.cancel()
+    await asyncio.gather(trimmer, return_exceptions=True)
     await wal.close()
     return n / elapsed
+
+
+async def _trimmer(wal: BlockWAL) -> None:
+    """Trim like the engine does after an upload: now and then, everything written so far."""
+    while True:
+        await asyncio.sleep(0.05)
+        if wal.used_bytes > wal.capacity_bytes // 4:
+            await wal.trim(wal.next_offset)
 
 
 async def _baseline_appends(path: Path, producers: int, duration_s: float, data: bytes) -> float:
@@ -199,7 +202,6 @@ async def _paced_latency(wal: BlockWAL, rate: float, duration_s: float, data: by
     time and the actual send, so a WAL that falls behind pays for the lag (no coordinated omission).
     """
     rec = LatencyRecorder()
-    half = wal.capacity_bytes // 4
     begin = time.perf_counter() + 0.01
     total = int(rate * duration_s)
     next_slot = 0
@@ -213,12 +215,13 @@ async def _paced_latency(wal: BlockWAL, rate: float, duration_s: float, data: by
             if ahead > 0.001:
                 await asyncio.sleep(ahead)
             start = min(due, time.perf_counter())
-            offset = await wal.append(data)
+            await wal.append(data)
             rec.record(time.perf_counter() - start)
-            if wal.used_bytes > half:
-                await wal.trim(offset)
 
+    trimmer = asyncio.ensure_future(_trimmer(wal))
     await asyncio.gather(*(producer() for _ in range(256)))
+    trimmer.cancel()
+    await asyncio.gather(trimmer, return_exceptions=True)
     return rec
 
 

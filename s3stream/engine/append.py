@@ -3,7 +3,8 @@
 An append (one batch, or an atomic group of batches and KV puts) takes its offsets from its streams
 without awaiting in between, so offsets follow submission order; it becomes ONE WAL record; once
 durable, the per-stream sequencer (:mod:`s3stream.engine.sequencer`) releases it into the LogCache in
-offset order and acknowledges it. When the LogCache or the WAL has no room, appends wait up to
+offset order and acknowledges it. KV changes are WAL records too; :mod:`s3stream.engine.kvlog`
+applies them to metadata in the same order. When the LogCache or the WAL has no room, appends wait up to
 ``append_backpressure_wait_ms`` for a commit to free some, then fail with CapacityError: never loss.
 """
 
@@ -15,12 +16,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from s3stream.config import Config
+from s3stream.engine.kvlog import KvApplier, KvEntry
 from s3stream.engine.logcache import LogCache
 from s3stream.engine.pipeline import EngineStats, UploadPipeline
 from s3stream.engine.sequencer import fail_queue, release_ready
 from s3stream.engine.stream import PendingAppend, Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
-from s3stream.engine.walbody import encode_group
+from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
@@ -30,7 +32,6 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
-from s3stream.metadata.base import MetadataStore
 from s3stream.record import StreamRecordBatch
 
 WAL_ROOM_FRACTION = 0.9
@@ -46,7 +47,7 @@ class AppendPath:
         *,
         cache: LogCache,
         wal: WriteAheadLog,
-        metadata: MetadataStore,
+        kv: KvApplier,
         live: WalTrimTracker,
         pipeline: UploadPipeline,
         supervisor: Supervisor,
@@ -56,7 +57,7 @@ class AppendPath:
         self.config = config
         self.cache = cache
         self.wal = wal
-        self.metadata = metadata
+        self.kv = kv
         self.live = live
         self.pipeline = pipeline
         self.supervisor = supervisor
@@ -80,8 +81,8 @@ class AppendPath:
     ) -> list[int]:
         """Append ``(stream, payload, count)`` entries (and KV puts) as ONE WAL record.
 
-        Returns the base offsets; returns once the record is durable, the KV puts are in metadata and
-        every earlier append of the same streams is acknowledged.
+        Returns the base offsets; returns once the record is durable, every earlier append of the same
+        streams is acknowledged and the KV puts (after every earlier KV change) are in metadata.
         """
         if len(appends) == 1 and not kv_puts:
             handle, payload, count = appends[0]
@@ -128,33 +129,27 @@ class AppendPath:
         seq = self.next_seq()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pending = PendingAppend(seq, by_stream, future, remaining=len(by_stream))
-        entry: list[int] | None = None
-        if record_count:
-            entry = self.live.submitted(seq, batch_count=record_count, size_bytes=len(body))
+        kv_entry = None
+        if kv_puts:
+            kv_entry = self.kv.submit(seq, [KvMutation(KvOp.PUT, k, v) for k, v in kv_puts])
+        live_count = record_count + (1 if kv_entry is not None else 0)
+        entry = self.live.submitted(seq, batch_count=live_count, size_bytes=len(body)) if live_count else None
         for handle in handles.values():
             handle.queue.append(pending)
-        try:
-            offset = await self._wal_append(body, seq)
-            for key, value in kv_puts:
-                await self.metadata.kv_put(key, value, overwrite=True)
-        except S3StreamError as exc:
-            self._append_failed(pending, handles.values(), exc)
-            raise
-        except BaseException as exc:
-            self._append_failed(pending, handles.values(), UnavailableError(f"append interrupted: {exc!r}"))
-            raise
+        offset = await self._write(body, pending, handles.values(), kv_entry)
         if entry is not None:
             entry[0] = offset
         self.live.written(offset)
         pending.persisted = True
         if not by_stream:
             future.set_result(None)
+        if kv_entry is not None:
+            self.kv.persisted(kv_entry)
         for handle in handles.values():
             release_ready(handle, self.pipeline.put)
-        if not future.done():
-            await future
-        elif future.exception() is not None:
-            raise future.exception()  # type: ignore[misc]
+        await _acknowledged(future)
+        if kv_entry is not None:
+            await kv_entry.future
         stats = self.stats
         stats.appended_records += record_count
         stats.appended_bytes += size
@@ -183,26 +178,58 @@ class AppendPath:
         pending = PendingAppend(seq, {handle.stream_id: [record]}, future, 1)
         entry = self.live.submitted(seq, batch_count=1, size_bytes=len(body))
         handle.queue.append(pending)
-        try:
-            offset = await self._wal_append(body, seq)
-        except S3StreamError as exc:
-            self._append_failed(pending, (handle,), exc)
-            raise
-        except BaseException as exc:
-            self._append_failed(pending, (handle,), UnavailableError(f"append interrupted: {exc!r}"))
-            raise
+        offset = await self._write(body, pending, (handle,), None)
         entry[0] = offset
         self.live.written(offset)
         pending.persisted = True
         release_ready(handle, self.pipeline.put)
-        if not future.done():
-            await future
-        elif future.exception() is not None:
-            raise future.exception()  # type: ignore[misc]
+        await _acknowledged(future)
         stats = self.stats
         stats.appended_records += 1
         stats.appended_bytes += size
         return base
+
+    async def append_kv(self, mutation: KvMutation) -> bytes | None:
+        """One KV change as its own WAL record; returns once it (and every earlier one) is in metadata."""
+        self.supervisor.check_alive()
+        size = len(mutation.key) + len(mutation.value)
+        if not self._has_room(size):
+            await self._admit(size)
+        body = encode_kv([mutation])
+        if len(body) > self.config.wal_record_size_max_bytes:
+            raise InvalidArgumentError(
+                f"KV change of {len(body)} bytes is above s3.wal.record.size.max "
+                f"({self.config.wal_record_size_max_bytes})"
+            )
+        seq = self.next_seq()
+        kv_entry = self.kv.submit(seq, [mutation])
+        entry = self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        try:
+            offset = await self._wal_append(body, seq)
+        except BaseException:
+            self.live.failed(seq)
+            self.kv.failed(kv_entry)
+            raise
+        entry[0] = offset
+        self.live.written(offset)
+        self.kv.persisted(kv_entry)
+        (result,) = await kv_entry.future
+        return result
+
+    async def _write(
+        self, body: bytes, pending: PendingAppend, handles: Iterable[StreamHandle], kv_entry: KvEntry | None
+    ) -> int:
+        """The append's WAL write; a failure fences its streams and cancels its KV changes."""
+        try:
+            return await self._wal_append(body, pending.seq)
+        except BaseException as exc:
+            if kv_entry is not None:
+                self.kv.failed(kv_entry)
+            error = (
+                exc if isinstance(exc, S3StreamError) else UnavailableError(f"append interrupted: {exc!r}")
+            )
+            self._append_failed(pending, handles, error)
+            raise
 
     def _has_room(self, size_bytes: int) -> bool:
         return (
@@ -246,6 +273,7 @@ class AppendPath:
             room = self.pipeline.room
             while True:
                 self.pipeline.archive_and_upload()
+                self.pipeline.trim_wal()  # KV records applied since the last commit
                 room.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(room.wait(), timeout=0.1)
@@ -282,3 +310,11 @@ class AppendPath:
             handle.fence(fence)
             fail_queue(handle, lambda other: error if other is pending else fence)
         self.pipeline.room.set()
+
+
+async def _acknowledged(future: asyncio.Future[None]) -> None:
+    """Wait for the sequencer to acknowledge an append (or raise why it failed)."""
+    if not future.done():
+        await future
+    elif future.exception() is not None:
+        raise future.exception()  # type: ignore[misc]

@@ -137,29 +137,33 @@ class StreamClient:
 
 
 class KVClient:
-    """Small metadata key/values (AutoMQ's KVClient); keys are strings, values bytes."""
+    """Small metadata key/values (AutoMQ's KVClient); keys are strings, values bytes.
 
-    def __init__(self, metadata: MetadataStore, alive: Callable[[], None]) -> None:
-        self._metadata = metadata
+    Every change goes through the WAL and is applied in WAL order (``s3stream.engine.kvlog``), so
+    it is ordered with atomic groups' KV puts, also across a crash.
+    """
+
+    def __init__(self, engine: Engine, alive: Callable[[], None]) -> None:
+        self._engine = engine
         self._alive = alive
 
     async def put_if_absent(self, key: str, value: bytes) -> bytes:
         """Store unless present; returns the value now stored."""
         self._alive()
-        return await self._metadata.kv_put(_check_key(key), _check_value(value), overwrite=False)
+        return await self._engine.kv_put(_check_key(key), _check_value(value), overwrite=False)
 
     async def put(self, key: str, value: bytes) -> bytes:
         self._alive()
-        return await self._metadata.kv_put(_check_key(key), _check_value(value), overwrite=True)
+        return await self._engine.kv_put(_check_key(key), _check_value(value), overwrite=True)
 
     async def get(self, key: str) -> bytes | None:
         self._alive()
-        return await self._metadata.kv_get(_check_key(key))
+        return await self._engine.kv_get(_check_key(key))
 
     async def delete(self, key: str) -> bytes | None:
         """Delete; returns the value it had (None if absent)."""
         self._alive()
-        return await self._metadata.kv_delete(_check_key(key))
+        return await self._engine.kv_delete(_check_key(key))
 
 
 class Client:
@@ -178,7 +182,7 @@ class Client:
         self._closers = list(closers)
         self._closed = False
         self.streams = StreamClient(engine, metadata)
-        self.kv = KVClient(metadata, self._check_open)
+        self.kv = KVClient(engine, self._check_open)
         self.components: dict[str, object] = {}
         """Background components wired in by the assembly (reaper, compactor, reader), for tools and tests."""
 

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
+from s3stream.engine.kvlog import KvApplier, apply_mutation
 from s3stream.engine.logcache import LogCache
 from s3stream.engine.pipeline import EngineStats, TestHooks, UploadPipeline
 from s3stream.engine.reader import merge_fetch
@@ -28,6 +29,7 @@ from s3stream.engine.sequencer import fail_queue
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.upload import ObjectUploader
+from s3stream.engine.walbody import KvMutation, KvOp
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
@@ -121,11 +123,12 @@ class Engine:
             hooks=hooks or TestHooks(),
             clock=clock,
         )
+        self._kv = KvApplier(metadata, self._live, self._supervisor)
         self._appends = AppendPath(
             config,
             cache=self.cache,
             wal=wal,
-            metadata=metadata,
+            kv=self._kv,
             live=self._live,
             pipeline=self._pipeline,
             supervisor=self._supervisor,
@@ -200,7 +203,24 @@ class Engine:
         for handle in self.streams.values():
             handle.fence(fence)
             fail_queue(handle, lambda _: error)
+        self._kv.fail_all(error)
         self._pipeline.wake_all()
+
+    # -- KV ----------------------------------------------------------------------------------------
+    async def kv_put(self, key: str, value: bytes, *, overwrite: bool) -> bytes:
+        """Put through the WAL (see :mod:`s3stream.engine.kvlog`); returns the value now stored."""
+        op = KvOp.PUT if overwrite else KvOp.PUT_IF_ABSENT
+        stored = await self._appends.append_kv(KvMutation(op, key, value))
+        assert stored is not None
+        return stored
+
+    async def kv_delete(self, key: str) -> bytes | None:
+        """Delete through the WAL; returns the value the key had (None if absent)."""
+        return await self._appends.append_kv(KvMutation(KvOp.DELETE, key))
+
+    async def kv_get(self, key: str) -> bytes | None:
+        self._check_alive()
+        return await self.metadata.kv_get(key)
 
     # -- streams ---------------------------------------------------------------------------------
     async def create_stream(self, tags: Mapping[str, str] | None) -> StreamId:
@@ -343,8 +363,8 @@ class Engine:
         """Replay untrimmed WAL records of this node's open streams, upload them, close the streams."""
         records = await self.wal.recover()
         plan = plan_replay(records, opening)
-        for key, value in plan.kv_puts:
-            await self.metadata.kv_put(key, value, overwrite=True)
+        for mutation in plan.kv_ops:
+            await apply_mutation(self.metadata, mutation)
         for gap in plan.gaps:
             log.error("WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
                       gap.stream_id, gap.expected_offset, gap.found_offset)  # fmt: skip

@@ -227,6 +227,10 @@ class UploadPipeline:
         self.inflight.remove(task)
         task.done.set()
         self.room.set()
+        self.trim_wal()
+
+    def trim_wal(self) -> None:
+        """Trim the WAL below its oldest live record (after a commit, and when the WAL is full)."""
         trim_to = self.live.trim_point()
         if trim_to is not None:
             self.supervisor.spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")

@@ -1,7 +1,7 @@
 """What to replay from the WAL after a restart (decide); the engine carries it out (act).
 
-The rule is ``docs/format.md`` section 5.2 (AutoMQ reference 3.11 step 5): every body is decoded;
-KV puts are kept in WAL order; a batch is kept only when its stream is one this node left open, its
+The rule is ``docs/format.md`` section 5.3 (AutoMQ reference 3.11 step 5): every body is decoded;
+KV changes (atomic groups' puts and KV mutation bodies) are kept in WAL order; a batch is kept only when its stream is one this node left open, its
 epoch is that stream's epoch and it starts exactly at the stream's next expected offset (beginning
 at the committed end offset). Batches below that offset were committed already; a batch above it
 follows a gap and is dropped, as is everything after it. Pure: records in, a frozen plan out.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from s3stream.engine.walbody import decode_body
+from s3stream.engine.walbody import KvMutation, decode_body
 from s3stream.metadata.base import StreamMetadata
 from s3stream.record import StreamRecordBatch
 
@@ -35,7 +35,8 @@ class GapInfo:
 
 @dataclass(frozen=True, slots=True)
 class ReplayPlan:
-    kv_puts: tuple[tuple[str, bytes], ...]
+    kv_ops: tuple[KvMutation, ...]
+    """Every KV change in WAL order: re-applied in this order, they leave metadata as the WAL says."""
     records: tuple[ReplayRecord, ...]
     """WAL records with at least one kept batch, in WAL order."""
     wal_end_offset: int
@@ -53,14 +54,14 @@ def plan_replay(records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMe
     expected = {int(m.stream_id): m.end_offset for m in opening}
     epochs = {int(m.stream_id): m.epoch for m in opening}
     gapped: set[int] = set()
-    kv_puts: list[tuple[str, bytes]] = []
+    kv_ops: list[KvMutation] = []
     kept_records: list[ReplayRecord] = []
     gaps: list[GapInfo] = []
     dropped = 0
     end = 0
     for offset, body in records:
         decoded = decode_body(body, source="WAL", position=offset)
-        kv_puts.extend(decoded.kv_puts)
+        kv_ops.extend(decoded.kv_ops)
         kept: list[StreamRecordBatch] = []
         for batch in decoded.batches:
             sid = batch.stream_id
@@ -83,4 +84,4 @@ def plan_replay(records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMe
         end = max(end, offset + 1)
         if kept:
             kept_records.append(ReplayRecord(offset, len(body), tuple(kept)))
-    return ReplayPlan(tuple(kv_puts), tuple(kept_records), end, tuple(gaps), dropped)
+    return ReplayPlan(tuple(kv_ops), tuple(kept_records), end, tuple(gaps), dropped)

@@ -366,6 +366,43 @@ async def test_full_cache_gives_capacity_error_when_storage_is_down() -> None:
     await client.close()
 
 
+async def test_restart_keeps_the_kv_order_of_atomic_groups_and_later_plain_mutations() -> None:
+    """Regression: replaying an atomic group's KV put used to overwrite a newer plain ``kv.put``
+    (plain mutations went straight to metadata, atomic ones through the WAL)."""
+    node = Node(SMALL.replace(wal_upload_threshold_bytes=2 * MiB))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream(epoch=1)
+    await client.append_atomic([(stream, RecordBatch(b"a"))], kv={"k": b"old", "gone": b"x", "kept": b"1"})
+    assert await client.kv.put("k", b"new") == b"new"
+    assert await client.kv.delete("gone") == b"x"
+    assert await client.kv.put_if_absent("kept", b"2") == b"1"
+    assert await client.kv.put_if_absent("fresh", b"f") == b"f"
+    # Crash between the two: the atomic group is still in the WAL (nothing was uploaded).
+    assert await node.metadata.list_objects([ObjectState.COMMITTED]) == []
+    client.engine.abandon()
+    again = await node.open()
+    assert await again.kv.get("k") == b"new"
+    assert await again.kv.get("gone") is None
+    assert await again.kv.get("kept") == b"1"
+    assert await again.kv.get("fresh") == b"f"
+    await again.close()
+
+
+async def test_kv_changes_are_wal_records_and_oversized_ones_are_refused() -> None:
+    node = Node()
+    client = await node.open()
+    before = node.wal.append_count
+    await client.kv.put("a", b"1")
+    await client.kv.put_if_absent("a", b"2")
+    await client.kv.delete("a")
+    assert node.wal.append_count == before + 3
+    with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.record\.size\.max"):
+        await client.kv.put("big", bytes(SMALL.wal_record_size_max_bytes))
+    assert node.wal.append_count == before + 3
+    assert await client.kv.get("big") is None
+    await client.close()
+
+
 async def test_restart_replays_the_wal_and_uploads_it() -> None:
     node = Node(SMALL.replace(wal_upload_threshold_bytes=2 * MiB))
     client = await node.open()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from s3stream.engine.recovery import plan_replay
-from s3stream.engine.walbody import encode_group, encode_plain
+from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv, encode_plain
 from s3stream.errors import CorruptionError
 from s3stream.ids import StreamId
 from s3stream.metadata.base import StreamMetadata, StreamState
@@ -56,9 +56,28 @@ def test_atomic_groups_replay_their_kv_puts_in_wal_order_and_keep_their_own_batc
         (64, encode_group([], [("k", b"2"), ("j", b"x")])),
     ]
     plan = plan_replay(wal, [opened(1, epoch=1, end=0), opened(2, epoch=1, end=8)])
-    assert plan.kv_puts == (("k", b"1"), ("k", b"2"), ("j", b"x"))
+    assert plan.kv_ops == tuple(
+        KvMutation(KvOp.PUT, k, v) for k, v in (("k", b"1"), ("k", b"2"), ("j", b"x"))
+    )
     assert offsets(plan) == [(1, 0)]  # stream 2's batch is below its committed end
     assert plan.records[0].body_size_bytes == len(wal[0][1])
+
+
+def test_kv_mutation_bodies_and_group_puts_replay_in_one_wal_order() -> None:
+    wal = [
+        (0, encode_group([batch(1, 0)], [("k", b"old")])),
+        (64, encode_kv([KvMutation(KvOp.PUT, "k", b"new"), KvMutation(KvOp.DELETE, "j")])),
+        (96, encode_kv([KvMutation(KvOp.PUT_IF_ABSENT, "k", b"ignored")])),
+    ]
+    plan = plan_replay(wal, [opened(1, epoch=1, end=0)])
+    assert plan.kv_ops == (
+        KvMutation(KvOp.PUT, "k", b"old"),
+        KvMutation(KvOp.PUT, "k", b"new"),
+        KvMutation(KvOp.DELETE, "j"),
+        KvMutation(KvOp.PUT_IF_ABSENT, "k", b"ignored"),
+    )
+    assert offsets(plan) == [(1, 0)]
+    assert plan.wal_end_offset == 97
 
 
 def test_a_damaged_body_is_corruption_naming_its_wal_offset() -> None:
@@ -68,4 +87,4 @@ def test_a_damaged_body_is_corruption_naming_its_wal_offset() -> None:
 
 def test_an_empty_wal_replays_nothing() -> None:
     plan = plan_replay([], [opened(1, epoch=1, end=3)])
-    assert (plan.records, plan.kv_puts, plan.wal_end_offset) == ((), (), 0)
+    assert (plan.records, plan.kv_ops, plan.wal_end_offset) == ((), (), 0)

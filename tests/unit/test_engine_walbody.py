@@ -7,8 +7,12 @@ import pytest
 from s3stream.engine.walbody import (
     ATOMIC_GROUP_MAGIC,
     GROUP_HEADER_SIZE,
+    KV_BODY_MAGIC,
+    KvMutation,
+    KvOp,
     decode_body,
     encode_group,
+    encode_kv,
     encode_plain,
     group_size,
 )
@@ -63,3 +67,48 @@ def test_trailing_bytes_after_a_plain_body_are_corruption() -> None:
     with pytest.raises(CorruptionError, match="at byte 100"):
         decode_body(encode_plain(A) + b"x", source="wal", position=100 - len(encode_plain(A)))
     assert GROUP_HEADER_SIZE == 12
+
+
+MUTATIONS = [
+    KvMutation(KvOp.PUT, "a", b"1"),
+    KvMutation(KvOp.PUT_IF_ABSENT, "é", b""),
+    KvMutation(KvOp.DELETE, "a"),
+]
+
+
+def test_kv_mutations_round_trip() -> None:
+    body = encode_kv(MUTATIONS)
+    assert body[0] == KV_BODY_MAGIC
+    decoded = decode_body(body)
+    assert decoded.batches == ()
+    assert decoded.kv_ops == tuple(MUTATIONS)
+
+
+def test_golden_kv_mutations_bytes() -> None:
+    body = encode_kv([KvMutation(KvOp.DELETE, "k")])
+    assert body.hex() == "4b0100000000000103000001000000006b"
+
+
+def test_group_puts_are_kv_ops_too() -> None:
+    decoded = decode_body(encode_group([A], [("k", b"v")]))
+    assert decoded.kv_ops == (KvMutation(KvOp.PUT, "k", b"v"),)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b[:5],
+        lambda b: b[:-1],
+        lambda b: b + b"\x00",
+        lambda b: b[:1] + b"\x02" + b[2:],  # version
+        lambda b: b[:2] + b"\x00\x01" + b[4:],  # reserved
+        lambda b: b[:8] + b"\x07" + b[9:],  # unknown operation
+        lambda b: b[:9] + b"\x01" + b[10:],  # reserved byte of a mutation
+        lambda b: b[:8] + b"\x03" + b[9:],  # a delete that carries a value
+    ],
+)
+def test_damaged_kv_mutations_are_corruption(mutate: object) -> None:
+    body = encode_kv([KvMutation(KvOp.PUT, "k", b"v")])
+    assert callable(mutate)
+    with pytest.raises(CorruptionError):
+        decode_body(mutate(body), source="wal", position=100)

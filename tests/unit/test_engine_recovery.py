@@ -1,4 +1,4 @@
-"""plan_replay: which WAL batches come back after a restart (docs/format.md 5.2), case by case."""
+"""plan_replay: which WAL batches come back after a restart (docs/format.md 5.3), case by case."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""docs/format.md section 5 against the schema: every table, column, type and NOT NULL, both ways."""
+"""docs/format.md section 6 against the schema: every table, column, type and NOT NULL, both ways."""
 
 from __future__ import annotations
 
@@ -53,6 +53,6 @@ def test_every_table_is_documented_exactly(tmp_path: Path) -> None:
 
 def test_the_documented_migrations_are_the_code_s() -> None:
     text = DOC.read_text(encoding="utf-8")
-    section = text[text.index("## 5. Metadata store") :]
+    section = text[text.index("## 6. Metadata store") :]
     versions = re.findall(r"^\| (\d+) \| ", section, flags=re.MULTILINE)
     assert [int(v) for v in versions] == list(range(1, sqlite_schema.LATEST_VERSION + 1))

@@ -14,7 +14,7 @@ class RecordBatch:
     Like AutoMQ, only ``count`` and ``payload`` are persisted.
     """
 
-    payload: bytes
+    payload: bytes | bytearray | memoryview
     count: int = 1
 
     def __post_init__(self) -> None:

@@ -225,6 +225,44 @@ async def test_automq_object_structural_damage_is_corruption(position: int, byte
     assert info.value.source == "obj"
 
 
+def _automq_object(block: bytes, entry: IndexEntry) -> bytes:
+    """A one-block object without checksum section, so only the structural checks stand guard."""
+    return block + encode_tail([entry], None, index_position=len(block))
+
+
+def _automq_block(records: list[StreamRecordBatch], trailing: bytes = b"") -> bytes:
+    """``encode_block(records)`` with ``trailing`` bytes inside the block (header length adjusted)."""
+    body = encode_block(records)[10:] + trailing
+    return bytes.fromhex("5a02") + len(records).to_bytes(4, "big") + len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize(
+    ("records", "trailing", "end_offset", "match"),
+    [
+        ([RECORD_A, RECORD_B], b"\0" * 5, 103, "unexpected bytes after the last record"),
+        ([RECORD_A, StreamRecordBatch(7, 1, 101, 2, b"abc")], b"", 103, "overlaps the previous one"),
+        ([RECORD_A, RECORD_B], b"", 110, "block records end at offset 103"),
+    ],
+)
+async def test_automq_block_whose_records_disagree_with_the_block_is_corruption(
+    records: list[StreamRecordBatch], trailing: bytes, end_offset: int, match: str
+) -> None:
+    block = _automq_block(records, trailing)
+    entry = IndexEntry(7, 100, end_offset, len(records), 0, len(block))
+    with pytest.raises(CorruptionError, match=match) as info:
+        await _open_and_read_all(_automq_object(block, entry))
+    assert info.value.source == "obj"
+
+
+async def test_automq_index_block_reaching_into_the_footer_is_corruption() -> None:
+    data = bytearray(AUTOMQ_OBJECT)
+    footer_at = len(data) - FOOTER_SIZE
+    data[footer_at + 8 : footer_at + 12] = (72 + 36).to_bytes(4, "big")  # index length: one entry more
+    with pytest.raises(CorruptionError, match="do not fit before the footer") as info:
+        await _open_and_read_all(bytes(data))
+    assert info.value.position == footer_at
+
+
 async def test_corrupt_block_is_never_returned_even_beside_good_ones() -> None:
     storage = MemoryObjectStorage()
     await storage.put("obj", _flip(OBJECT, 100))  # inside block 1

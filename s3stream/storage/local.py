@@ -433,10 +433,18 @@ class _LocalUpload:
         self._storage.stats.record("copy", end - start)
 
     async def _guard(self, step: Coroutine[Any, Any, None]) -> None:
-        """Await one disk step; a failure (or cancellation) aborts the whole upload."""
+        """Await one disk step; a failure (or cancellation) aborts the whole upload.
+
+        A cancelled caller does not stop the step on its disk thread: the abort waits for it to end,
+        so it never closes the file under a running write nor misses a temporary file made late.
+        """
+        running = asyncio.ensure_future(step)
         try:
-            await step
+            await asyncio.shield(running)
         except BaseException:
+            await asyncio.wait([running])
+            if not running.cancelled():
+                running.exception()  # seen: the caller gets its own error (or cancellation)
             await self.abort()
             raise
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from s3stream._loop import run
 from s3stream.errors import ClosedError, ConflictError, NotFoundError
-from s3stream.storage.local import LocalObjectStorage
+from s3stream.storage.local import UPLOAD_BUFFER_BYTES_MAX, LocalObjectStorage, _LocalUpload
 from tests.storage_contract import LIST_PAGE_SIZE, StorageContract, keys_of
 
 
@@ -48,6 +49,39 @@ async def test_no_temporary_files_remain_after_writes_and_aborts(storage: LocalO
     with pytest.raises(NotFoundError):
         await failed.copy("missing", 0, 1)
     assert all_files(storage.root) == ["a", "a/b"]
+
+
+async def test_a_cancelled_upload_step_finishes_on_its_disk_thread_before_abort_cleans_up(
+    storage: LocalObjectStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: abort used to run beside the step still on its thread (closing its fd, leaking its file)."""
+    events: list[str] = []
+    release = threading.Event()
+    flush, discard = _LocalUpload._flush_sync, _LocalUpload._discard_sync
+
+    def slow_flush(self: _LocalUpload, chunks: list[bytes | bytearray | memoryview]) -> None:
+        events.append("flush started")
+        release.wait(10)
+        flush(self, chunks)
+        events.append("flush done")
+
+    def recorded_discard(self: _LocalUpload) -> None:
+        events.append("discard")
+        discard(self)
+
+    monkeypatch.setattr(_LocalUpload, "_flush_sync", slow_flush)
+    monkeypatch.setattr(_LocalUpload, "_discard_sync", recorded_discard)
+    upload = storage.upload("a/k")
+    write = asyncio.create_task(upload.write(bytes(UPLOAD_BUFFER_BYTES_MAX)))
+    while not events:
+        await asyncio.sleep(0.001)
+    write.cancel()
+    await asyncio.sleep(0.05)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    assert events == ["flush started", "flush done", "discard"]
+    assert all_files(storage.root) == ["a"]
 
 
 async def test_stale_temporary_files_are_swept(storage: LocalObjectStorage) -> None:

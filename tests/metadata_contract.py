@@ -472,6 +472,13 @@ class MetadataContract:
         before = await snapshot(store)
         await store.commit_stream_set_object(so_only)
         assert await snapshot(store) == before
+        # and so is a retry of a StreamSet-object-only commit (no stream object to notice the retry)
+        sso_id = await store.prepare_objects(count=1, ttl_ms=TTL_MS)
+        sso_only = sso_request(N1, sso_id, [(stream_id, 30, 40)], [])
+        await store.commit_stream_set_object(sso_only)
+        before = await snapshot(store)
+        await store.commit_stream_set_object(sso_only)
+        assert await snapshot(store) == before
 
     async def test_a_commit_naming_a_committed_stream_object_is_a_no_op(self, store: MetadataStore) -> None:
         await node(store)

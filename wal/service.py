@@ -61,15 +61,23 @@ from wal.recovery import Layout, Scanner, WalRecord, align_up
 _H = RECORD_HEADER_SIZE
 
 
+Body = bytes | bytearray | memoryview
+"""A record body: any C-contiguous bytes-like object (one-dimensional, byte-sized items)."""
+BodyParts = Body | Sequence[Body]
+"""What :meth:`BlockWAL.append` takes: a body, or a list or tuple of parts written back to back as one
+record (e.g. a header and a payload: no concatenation copy on the caller's side)."""
+
+
 class _Req:
     """One append_many call: its bodies, how many are sealed and completed, and its future.
 
-    (A single append is queued as a plain ``(body, future)`` tuple: the hot path allocates no object.)
+    (A single append is queued as a plain ``(body, size, future)`` tuple: the hot path allocates no
+    object of its own.)
     """
 
     __slots__ = ("bodies", "cum", "done", "fut", "nbytes", "offsets", "sealed")
 
-    def __init__(self, bodies: Sequence[bytes], cum: list[int], fut: asyncio.Future[list[int]]) -> None:
+    def __init__(self, bodies: Sequence[Body], cum: list[int], fut: asyncio.Future[list[int]]) -> None:
         self.bodies = bodies
         self.cum = cum  # cum[i] = bytes of records 0..i, headers included
         self.sealed = 0
@@ -79,23 +87,37 @@ class _Req:
         self.offsets: list[int] = []
 
 
-_Item = tuple[bytes, "asyncio.Future[int]"] | _Req
-_Part = tuple["asyncio.Future[int]", int] | tuple[_Req, list[int]]
+_Single = tuple[Body | tuple[Body, ...], int, "asyncio.Future[int]"]  # (body or parts, body bytes, future)
+_Item = _Single | _Req
 
 
 class _Group:
-    """Records sealed into one write: their bodies, and per caller the offsets to complete with."""
+    """One sealed, packed write: where it starts, and whom to complete with which offsets."""
 
-    __slots__ = ("bodies", "first_offset", "nbytes", "pad_len", "parts", "single_bytes", "slot")
+    __slots__ = (
+        "end",
+        "first_offset",
+        "futs",
+        "nbytes",
+        "offs",
+        "pad_len",
+        "records",
+        "reqs",
+        "single_bytes",
+        "slot",
+    )
 
-    def __init__(self, first_offset: int, pad_len: int) -> None:
+    def __init__(self, first_offset: int, pad_len: int, slot: int) -> None:
         self.first_offset = first_offset
         self.pad_len = pad_len
-        self.bodies: list[bytes] = []
-        self.parts: list[_Part] = []
+        self.slot = slot
+        self.futs: list[asyncio.Future[int]] = []  # single appends, and their offsets in ``offs``
+        self.offs: list[int] = []
+        self.reqs: list[tuple[_Req, list[int]]] = []  # append_many slices and their offsets
         self.nbytes = 0
         self.single_bytes = 0
-        self.slot = 0
+        self.records = 0
+        self.end = 0  # aligned length of the write
 
 
 class BlockWAL:
@@ -128,6 +150,8 @@ class BlockWAL:
         self._admit_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._header_waiters: list[asyncio.Future[None]] = []
         self._wake: asyncio.Future[None] | None = None
+        self._flushing = False  # a non-clean header write is under way: no group may start
+        self._k_max = config.groups_inflight_max
         self._writer: asyncio.Task[None] | None = None
         self._inflight: collections.deque[tuple[_Group, asyncio.Future[None]]] = collections.deque()
         self._wbufs = [aligned_buffer(config.write_max_bytes) for _ in range(config.groups_inflight_max)]
@@ -331,11 +355,20 @@ class BlockWAL:
         if not self._recovered:
             raise WalStateError("recover() must run to the end before the first append")
 
-    async def append(self, data: bytes) -> int:
-        """Append one record; returns its logical offset once it is durable."""
+    async def append(self, data: BodyParts) -> int:
+        """Append one record; returns its logical offset once it is durable.
+
+        ``data`` is the body (bytes-like), or a list or tuple of bytes-like parts that make the body
+        back to back (e.g. a header and a payload, so the caller need not concatenate them; recovery
+        returns the joined body). The bytes must not change until the append returns.
+        """
         if not self._accepting:
             self._check_writable()
-        n = len(data)
+        cls = data.__class__
+        if cls is bytes or cls is bytearray:
+            n = len(data)
+        else:
+            data, n = _as_body(data)
         if n > self._record_max_bytes:
             raise WalArgumentError(f"record of {n} bytes above record_max_bytes {self._record_max_bytes}")
         size = n + _H
@@ -346,13 +379,13 @@ class BlockWAL:
         else:
             self._inflight_bytes += size
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._pending.append((data, fut))
+        self._pending.append((data, n, fut))  # type: ignore[arg-type]
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
         return await fut
 
-    async def append_many(self, records: Sequence[bytes]) -> list[int]:
+    async def append_many(self, records: Sequence[Body]) -> list[int]:
         """Append records in order (in as few group writes as fit); returns their offsets once durable.
 
         Not atomic: on an error, a prefix of the records may be durable and come back on recovery.
@@ -360,6 +393,10 @@ class BlockWAL:
         self._check_writable()
         if not records:
             return []
+        if not all(r.__class__ is bytes or r.__class__ is bytearray for r in records):
+            records = [
+                r if r.__class__ is bytes or r.__class__ is bytearray else _as_view(r) for r in records
+            ]
         rmax = self._config.record_max_bytes
         if max(map(len, records)) > rmax:
             raise WalArgumentError(f"a record is above record_max_bytes {rmax}")
@@ -431,30 +468,29 @@ class BlockWAL:
         self._accepting = True
 
     async def _run(self) -> None:
-        """The writer: up to ``groups_inflight_max`` group writes at once, completed in offset order."""
+        """The writer: up to ``groups_inflight_max`` group writes at once, completed in offset order.
+
+        Completions and the next group's submission also happen straight from the I/O completion
+        callback (:meth:`_io_done`); this task handles what needs waiting: header writes, a full ring,
+        close, and the first group after an idle spell.
+        """
         loop = self._loop
         inflight = self._inflight
         k_max = self._config.groups_inflight_max
         try:
             while True:
-                while inflight and inflight[0][1].done():
-                    group, io = inflight[0]
-                    io.result()  # raises the write's error (the group stays in flight to be failed)
-                    inflight.popleft()
-                    self._free_slots.append(group.slot)
-                    self._complete(group)
+                if not self._complete_done():
+                    inflight[0][1].result()  # raises the write's error
                 if self._header_waiters:
                     if not inflight:
-                        await self._flush_header(clean=False)
+                        self._flushing = True
+                        try:
+                            await self._flush_header(clean=False)
+                        finally:
+                            self._flushing = False
                         continue
                 elif self._pending and len(inflight) < k_max:
-                    sealed = self._seal()
-                    if sealed is not None:
-                        sealed.slot = self._free_slots.pop()
-                        end = self._pack(sealed)
-                        io = loop.run_in_executor(self._pool, self._write_group, sealed, end)
-                        io.add_done_callback(self._io_done)
-                        inflight.append((sealed, io))
+                    if self._submit():
                         continue
                     if self._config.on_full == "error" or self._closing:
                         self._fail_pending(
@@ -477,8 +513,45 @@ class BlockWAL:
             if not isinstance(exc, (WalError, asyncio.CancelledError)):
                 raise
 
+    def _complete_done(self) -> bool:
+        """Complete the finished groups at the head of the in-flight queue (offset order).
+
+        False when the head group's write failed: it stays in flight for the writer to fail it.
+        """
+        inflight = self._inflight
+        while inflight and inflight[0][1].done():
+            group, io = inflight[0]
+            if io.cancelled() or io.exception() is not None:
+                return False
+            inflight.popleft()
+            self._free_slots.append(group.slot)
+            self._complete(group)
+        return True
+
+    def _submit(self) -> bool:
+        """Seal and pack the queued records into one group and hand its write to an I/O thread.
+
+        False when the ring has no room for the first queued record.
+        """
+        group = self._seal_and_pack(self._free_slots[-1])
+        if group is None:
+            return False
+        self._free_slots.pop()
+        io = self._loop.run_in_executor(self._pool, self._write_group, group)
+        io.add_done_callback(self._io_done)
+        self._inflight.append((group, io))
+        return True
+
     def _io_done(self, io: asyncio.Future[None]) -> None:
-        self._kick()
+        """A group write finished: complete what is in order, then start the next group right here
+        (one loop turn less than waking the writer), unless the writer must decide."""
+        if self._flushing or self._failure is not None or not self._complete_done():
+            self._kick()
+            return
+        if self._header_waiters or self._closing:
+            self._kick()
+        elif self._pending and len(self._inflight) < self._k_max and not self._submit():
+            self._kick()  # the ring is full: the writer fails or waits
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:
@@ -487,16 +560,16 @@ class BlockWAL:
                 self._release_inflight(item.nbytes)
                 fut: asyncio.Future[Any] = item.fut
             else:
-                self._release_inflight(len(item[0]) + _H)
-                fut = item[1]
+                self._release_inflight(item[1] + _H)
+                fut = item[2]
             if not fut.done():
                 fut.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         while self._inflight:
             group, _ = self._inflight.popleft()
-            for target, _ in group.parts:
-                fut: asyncio.Future[Any] = target.fut if isinstance(target, _Req) else target
+            futs: list[asyncio.Future[Any]] = [*group.futs, *(req.fut for req, _ in group.reqs)]
+            for fut in futs:
                 if not fut.done():
                     fut.set_exception(exc)
         self._fail_pending(exc)
@@ -508,8 +581,13 @@ class BlockWAL:
             if not waiter.done():
                 waiter.set_exception(exc)
 
-    def _seal(self) -> _Group | None:
-        """Take queued records into one group at the next aligned offset, or None if the ring is full."""
+    def _seal_and_pack(self, slot: int) -> _Group | None:
+        """Take queued records into one group at the next aligned offset and pack their headers, CRCs
+        and bodies into write buffer ``slot``; None if the ring is full.
+
+        One pass over the records, on the event loop: the I/O thread then needs the GIL only around
+        one ``pwrite``, so the two threads do not hand the GIL back and forth while a group is written.
+        """
         layout = self._layout
         area = layout.area
         start = align_up(self._tail, layout.block)
@@ -521,7 +599,7 @@ class BlockWAL:
             k = first.sealed
             first_size = first.cum[k] - (first.cum[k - 1] if k else 0)
         else:
-            first_size = len(first[0]) + _H
+            first_size = first[1] + _H
         pad_len = 0
         if first_size > room_cycle:
             pad_len = room_cycle
@@ -531,72 +609,84 @@ class BlockWAL:
         if first_size > min(room_cycle, room_ring):
             return None
         limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring), first_size)
-        group = _Group(start, pad_len)
-        bodies = group.bodies
-        parts = group.parts
-        off = start
-        single_bytes = 0
-        while pending:
-            item = pending[0]
-            if not isinstance(item, _Req):
-                n = len(item[0]) + _H
-                if off - start + n > limit:
-                    break
-                pending.popleft()
-                bodies.append(item[0])
-                parts.append((item[1], off))
-                off += n
-                single_bytes += n
-                continue
-            i = item.sealed
-            cum = item.cum
-            base = cum[i - 1] if i else 0
-            j = bisect.bisect_right(cum, base + limit - (off - start), lo=i)
-            if j == i:
-                break
-            bodies.extend(item.bodies[i:j])
-            rel = off - base
-            parts.append((item, [off, *(rel + c for c in cum[i : j - 1])]))
-            off = rel + cum[j - 1]
-            item.sealed = j
-            if j < len(cum):
-                break
-            pending.popleft()
-        group.nbytes = off - start
-        group.single_bytes = single_bytes
-        self._tail = off
-        self._groups.append((start, off))
-        return group
-
-    def _pack(self, group: _Group) -> int:
-        """Headers, CRCs and bodies of ``group`` into the aligned write buffer; returns the aligned length.
-
-        Runs on the event loop: the I/O thread then needs the GIL only around one ``pwrite``, so the
-        two threads do not hand the GIL back and forth while a group is written.
-        """
-        buf = self._wbufs[group.slot]
-        view = self._wviews[group.slot]
+        group = _Group(start, pad_len, slot)
+        futs = group.futs
+        offs = group.offs
+        buf = self._wbufs[slot]
+        view = self._wviews[slot]
         pack = RECORD_HEADER.pack_into
         pack_crc = _CRC.pack_into
         wal_id = self._wal_id
         span = _RECORD_HEADER_CRC_SPAN
-        off = group.first_offset
-        pos = 0
         flags = FLAG_FIRST
-        for body in group.bodies:
-            n = len(body)
-            pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
-            pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
-            buf[pos + _H : pos + _H + n] = body
-            pos += _H + n
-            off += _H + n
-            flags = 0
-        end = align_up(pos, self._layout.block)
+        end_max = start + limit
+        off = start
+        pos = 0
+        records = 0
+        single_bytes = 0
+        while pending:
+            item = pending[0]
+            if item.__class__ is tuple:
+                data, n, fut = item
+                nxt = off + _H + n
+                if nxt > end_max:
+                    break
+                pending.popleft()
+                if isinstance(data, tuple):
+                    crc = 0
+                    p = pos + _H
+                    for part in data:
+                        crc = crc32c(part, crc)
+                        buf[p : p + len(part)] = part
+                        p += len(part)
+                else:
+                    crc = crc32c(data)
+                    buf[pos + _H : pos + _H + n] = data
+                pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc, 0)
+                pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
+                futs.append(fut)
+                offs.append(off)
+                single_bytes += nxt - off
+                pos += nxt - off
+                off = nxt
+                flags = 0
+                records += 1
+                continue
+            req: _Req = item  # type: ignore[assignment]
+            i = req.sealed
+            cum = req.cum
+            base = cum[i - 1] if i else 0
+            j = bisect.bisect_right(cum, base + end_max - off, lo=i)
+            if j == i:
+                break
+            req_offs: list[int] = []
+            for body in req.bodies[i:j]:
+                n = len(body)
+                pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
+                pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
+                buf[pos + _H : pos + _H + n] = body
+                req_offs.append(off)
+                pos += _H + n
+                off += _H + n
+                flags = 0
+            group.reqs.append((req, req_offs))
+            records += j - i
+            req.sealed = j
+            if j < len(cum):
+                break
+            pending.popleft()
+        group.nbytes = pos
+        group.records = records
+        group.single_bytes = single_bytes
+        self._tail = off
+        self._groups.append((start, off))
+        end = align_up(pos, layout.block)
         if end != pos:
             buf[pos:end] = self._zeros[: end - pos]
-        return end
+        group.end = end
+        return group
 
-    def _write_group(self, group: _Group, end: int) -> None:
+    def _write_group(self, group: _Group) -> None:
         """Runs on the I/O thread: the padding record if the group wraps, then one write of the group."""
         layout = self._layout
         device = self._device
@@ -605,11 +695,12 @@ class BlockWAL:
             self._write_padding_sync(
                 pad_at, encode_padding(offset=pad_at, length=group.pad_len, wal_id=self._wal_id)
             )
-        device.write(layout.phys(group.first_offset), self._wviews[group.slot][:end])
+        device.write(layout.phys(group.first_offset), self._wviews[group.slot][: group.end])
         device.sync()
-        self.stats["groups"] += 1
-        self.stats["records"] += len(group.bodies)
-        self.stats["bytes_written"] += end
+        stats = self.stats
+        stats["groups"] += 1
+        stats["records"] += group.records
+        stats["bytes_written"] += group.end
 
     def _write_padding_sync(self, offset: int, pad: bytes) -> None:
         block = self._layout.block
@@ -622,17 +713,16 @@ class BlockWAL:
 
     def _complete(self, group: _Group) -> None:
         released = group.single_bytes
-        for target, value in group.parts:
-            if isinstance(target, _Req):
-                assert isinstance(value, list)
-                target.offsets.extend(value)
-                target.done += len(value)
-                if target.done == len(target.cum):
-                    released += target.nbytes
-                    if not target.fut.done():
-                        target.fut.set_result(target.offsets)
-            elif not target.done():
-                target.set_result(value)  # type: ignore[arg-type]
+        for fut, off in zip(group.futs, group.offs, strict=True):
+            if not fut.done():
+                fut.set_result(off)
+        for req, offsets in group.reqs:
+            req.offsets += offsets
+            req.done += len(offsets)
+            if req.done == len(req.cum):
+                released += req.nbytes
+                if not req.fut.done():
+                    req.fut.set_result(req.offsets)
         if released:
             self._release_inflight(released)
 
@@ -675,3 +765,22 @@ class BlockWAL:
             self._device.write((header.seq % 2) * block, view[:block])
         self._device.sync()
         self.stats["headers"] += 1
+
+
+def _as_view(data: Body) -> memoryview:
+    """``data`` as a flat byte view (lengths are then byte counts); a typed error if it is not one."""
+    try:
+        return memoryview(data).cast("B")
+    except TypeError as exc:
+        raise WalArgumentError(
+            f"a record body must be C-contiguous bytes-like, got {type(data).__name__}"
+        ) from exc
+
+
+def _as_body(data: BodyParts) -> tuple[Body | tuple[Body, ...], int]:
+    """A body given as a bytes-like object or as parts: what the write path packs, and its byte count."""
+    if isinstance(data, (list, tuple)):
+        parts = tuple(p if p.__class__ is bytes or p.__class__ is bytearray else _as_view(p) for p in data)
+        return parts, sum(map(len, parts))
+    view = _as_view(data)  # type: ignore[arg-type]
+    return view, len(view)

@@ -362,6 +362,16 @@ def decode_batch(
     )
 
 
+def _nullable_bytes(body: bytes, pos: int, limit: int, what: str) -> tuple[bytes | None, int]:
+    """A varint length, then that many bytes ending by ``limit`` (length -1: null)."""
+    length, pos = decode_varint(body, pos)
+    if length == -1:
+        return None, pos
+    if length < 0 or pos + length > limit:
+        raise ValueError(f"{what} length {length} runs past the record end")
+    return body[pos : pos + length], pos + length
+
+
 def _decode_records(
     body: bytes, count: int, base: int, first_ts: int, append_time: int | None
 ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[list[Header]]]:
@@ -373,6 +383,7 @@ def _decode_records(
     pos = 0
     end = len(body)
     dv = decode_varint
+    nb = _nullable_bytes
     for _ in range(count):
         length, pos = dv(body, pos)
         if length < 0 or pos + length > end:
@@ -382,46 +393,20 @@ def _decode_records(
         pos += 1  # attributes: unused
         ts_delta, pos = dv(body, pos)
         offset_delta, pos = dv(body, pos)
-        key_len, pos = dv(body, pos)
-        if key_len >= 0:
-            if pos + key_len > record_end:
-                raise ValueError("key runs past the record end")
-            keys.append(body[pos : pos + key_len])
-            pos += key_len
-        elif key_len == -1:
-            keys.append(None)
-        else:
-            raise ValueError(f"key length {key_len}")
-        value_len, pos = dv(body, pos)
-        if value_len >= 0:
-            if pos + value_len > record_end:
-                raise ValueError("value runs past the record end")
-            values.append(body[pos : pos + value_len])
-            pos += value_len
-        elif value_len == -1:
-            values.append(None)
-        else:
-            raise ValueError(f"value length {value_len}")
+        key, pos = nb(body, pos, record_end, "key")
+        keys.append(key)
+        value, pos = nb(body, pos, record_end, "value")
+        values.append(value)
         header_count, pos = dv(body, pos)
         if header_count < 0 or header_count > record_end - pos:
             raise ValueError(f"header count {header_count}")
         record_headers: list[Header] = []
         for _h in range(header_count):
-            hk_len, pos = dv(body, pos)
-            if hk_len < 0 or pos + hk_len > record_end:
-                raise ValueError(f"header key length {hk_len}")
-            hkey = body[pos : pos + hk_len].decode("utf-8")
-            pos += hk_len
-            hv_len, pos = dv(body, pos)
-            if hv_len >= 0:
-                if pos + hv_len > record_end:
-                    raise ValueError("header value runs past the record end")
-                record_headers.append((hkey, body[pos : pos + hv_len]))
-                pos += hv_len
-            elif hv_len == -1:
-                record_headers.append((hkey, None))
-            else:
-                raise ValueError(f"header value length {hv_len}")
+            hkey, pos = nb(body, pos, record_end, "header key")
+            if hkey is None:
+                raise ValueError("null header key")
+            hvalue, pos = nb(body, pos, record_end, "header value")
+            record_headers.append((hkey.decode("utf-8"), hvalue))
         if pos != record_end:
             raise ValueError(f"record parsed to {pos - start} bytes, length says {length}")
         offsets.append(base + offset_delta)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import time
 
 import aiohttp
@@ -17,6 +18,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
+from s3stream.storage.base import ObjectStorage
 from s3stream.storage.retry import RetryPolicy, call_with_retries
 from s3stream.storage.s3 import translate_error
 
@@ -199,3 +201,45 @@ async def test_unusable_client_configuration_is_an_invalid_argument() -> None:
     with pytest.raises(InvalidArgumentError, match="S3 client"):
         await store.head("k")
     await store.close()
+
+
+async def _one_call(store: ObjectStorage, op: str) -> None:
+    if op == "put":
+        await store.put("k", b"data")
+    elif op == "get":
+        await store.get("k", 0, 4)
+    elif op == "head":
+        await store.head("k")
+    elif op == "list":
+        _ = [info async for info in store.list("")]
+    else:
+        upload = store.upload("k")
+        await upload.write(b"data")
+        await upload.complete()
+
+
+@pytest.mark.parametrize("op", ["put", "get", "head", "list", "upload"])
+async def test_unreachable_endpoint_is_unavailable_within_the_deadline(op: str) -> None:
+    from s3stream.storage.s3 import S3Config, S3ObjectStorage
+
+    with socket.socket() as probe:  # a port nobody listens on: every connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = S3Config(
+        bucket="b",
+        endpoint=f"http://127.0.0.1:{port}",
+        path_style=True,
+        access_key="a",
+        secret_key="s",
+        retry=FAST,
+    )
+    store = S3ObjectStorage(config, seed=1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(UnavailableError, match="gave up after") as info:
+            await _one_call(store, op)
+        assert info.value.retriable
+        assert store.stats.counts["retry"] >= 1  # transient: retried until the deadline
+    finally:
+        await store.close()
+    assert time.monotonic() - started < FAST.deadline_s + 1.0

@@ -85,6 +85,8 @@ FOOTER = struct.Struct(
 FOOTER_SIZE = FOOTER.size
 FOOTER_CRC_OFFSET = struct.calcsize(">qiIHHII8x")
 FOOTER_RESERVED_OFFSET = struct.calcsize(">qi")
+FOOTER_ZERO_OFFSET = struct.calcsize(">qiIHHII")
+"""Where the footer's last 8 reserved bytes start (zero in every version so far)."""
 FOOTER_MAGIC_OFFSET = FOOTER_SIZE - struct.calcsize(">Q")
 
 assert DATA_BLOCK_HEADER_SIZE == 10
@@ -92,6 +94,7 @@ assert INDEX_ENTRY_SIZE == 36
 assert FOOTER_SIZE == 48
 assert FOOTER_CRC_OFFSET == 36
 assert FOOTER_RESERVED_OFFSET == 12
+assert FOOTER_ZERO_OFFSET == FOOTER_CRC_OFFSET - 8 == 28
 assert FOOTER_MAGIC_OFFSET == 40
 assert CHECKSUM_SECTION_HEADER_SIZE == 16
 assert BLOCK_CRC_SIZE == 4
@@ -508,7 +511,11 @@ def decode_footer(buf: bytes | bytearray | memoryview, *, position: int, source:
         )
     else:
         verify_crc(view[:FOOTER_CRC_OFFSET], footer_crc, what="footer", source=source, position=position)
-        if ext_version != FOOTER_EXTENSION_VERSION or ext_reserved != 0 or any(view[28:FOOTER_CRC_OFFSET]):
+        if (
+            ext_version != FOOTER_EXTENSION_VERSION
+            or ext_reserved != 0
+            or any(view[FOOTER_ZERO_OFFSET:FOOTER_CRC_OFFSET])
+        ):
             raise CorruptionError(
                 f"unsupported footer extension version {ext_version}", source=source, position=position
             )

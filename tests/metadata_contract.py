@@ -992,6 +992,17 @@ class MetadataContract:
                 await store.kv_put(key, value)  # type: ignore[arg-type]
         assert await store.kv_get("k") is None
 
+    async def test_kv_keys_that_are_not_utf8_are_invalid_in_every_call(self, store: MetadataStore) -> None:
+        """Regression: SQLite raised a bare UnicodeEncodeError for a lone surrogate; the twin stored it."""
+        key = "a\ud800"
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            await store.kv_put(key, b"x")
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            await store.kv_get(key)
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            await store.kv_delete(key)
+        assert await store.kv_put("a\x00b", b"x") == b"x"  # any other str is a key
+
     # -- closing ------------------------------------------------------------------------------
 
     async def test_a_closed_store_refuses_calls(self, store: MetadataStore) -> None:

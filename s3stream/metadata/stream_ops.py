@@ -214,6 +214,10 @@ def delete_stream(txn: Txn, *, stream_id: StreamId, epoch: int, now_ms: int) -> 
 def _check_key(key: str) -> None:
     if not isinstance(key, str) or not 1 <= len(key) <= KV_KEY_CHARS_MAX:
         raise InvalidArgumentError(f"a key is a str of 1..{KV_KEY_CHARS_MAX} chars, got {key!r:.80}")
+    try:
+        key.encode("utf-8")  # what SQLite stores; a lone surrogate cannot be
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"a key must be encodable as UTF-8, got {key!r:.80}") from exc
 
 
 def kv_put(txn: Txn, key: str, value: bytes, *, overwrite: bool) -> bytes:

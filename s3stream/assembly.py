@@ -135,8 +135,11 @@ class BlockWalAdapter:
         self._path = path
 
     async def append(self, body: bytes) -> int:
-        with translate_wal_errors(self._path):
+        # The hot path: a plain try costs less than the context manager the other calls use.
+        try:
             return await self._wal.append(body)
+        except (walerr.WalError, OSError) as exc:
+            raise wal_error(exc, self._path) from exc
 
     async def trim(self, offset: int) -> None:
         with translate_wal_errors(self._path):
@@ -156,20 +159,25 @@ def translate_wal_errors(path: str) -> Iterator[None]:
     """The one boundary where WAL errors become s3stream errors."""
     try:
         yield
-    except walerr.WalCapacityError as exc:
-        raise CapacityError(f"WAL full: {exc}") from exc
-    except walerr.WalClosedError as exc:
-        raise ClosedError(f"WAL closed: {exc}") from exc
-    except walerr.WalFencedError as exc:
-        raise FencedError(f"WAL {path} fenced: {exc}") from exc
-    except walerr.WalLockedError as exc:
-        raise ConflictError(f"data dir in use: WAL {path} is open in another process ({exc})") from exc
-    except (walerr.WalArgumentError, walerr.InvalidWalConfig) as exc:
-        raise InvalidArgumentError(f"WAL {path}: {exc}") from exc
-    except walerr.WalCorruptionError as exc:
-        raise CorruptionError(str(exc), source=path) from exc
-    except (walerr.WalIOError, walerr.WalStateError, OSError) as exc:
-        raise UnavailableError(f"WAL {path} failed: {exc}") from exc
+    except (walerr.WalError, OSError) as exc:
+        raise wal_error(exc, path) from exc
+
+
+def wal_error(exc: walerr.WalError | OSError, path: str) -> S3StreamError:
+    """The s3stream error kind of a WAL error."""
+    if isinstance(exc, walerr.WalCapacityError):
+        return CapacityError(f"WAL full: {exc}")
+    if isinstance(exc, walerr.WalClosedError):
+        return ClosedError(f"WAL closed: {exc}")
+    if isinstance(exc, walerr.WalFencedError):
+        return FencedError(f"WAL {path} fenced: {exc}")
+    if isinstance(exc, walerr.WalLockedError):
+        return ConflictError(f"data dir in use: WAL {path} is open in another process ({exc})")
+    if isinstance(exc, walerr.WalArgumentError | walerr.InvalidWalConfig):
+        return InvalidArgumentError(f"WAL {path}: {exc}")
+    if isinstance(exc, walerr.WalCorruptionError):
+        return CorruptionError(str(exc), source=path)
+    return UnavailableError(f"WAL {path} failed: {exc}")
 
 
 async def open_block_wal(path: Path, config: Config, *, node_epoch: int) -> BlockWalAdapter:

@@ -127,27 +127,30 @@ class AppendPath:
                 f"({self.config.wal_record_size_max_bytes})"
             )
         seq = self.next_seq()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        pending = PendingAppend(seq, by_stream, future, remaining=len(by_stream))
+        pending = PendingAppend(seq, by_stream, remaining=len(by_stream))
         kv_entry = None
         if kv_puts:
             kv_entry = self.kv.submit(seq, [KvMutation(KvOp.PUT, k, v) for k, v in kv_puts])
         live_count = record_count + (1 if kv_entry is not None else 0)
-        entry = self.live.submitted(seq, batch_count=live_count, size_bytes=len(body)) if live_count else None
+        if live_count:
+            self.live.submitted(seq, batch_count=live_count, size_bytes=len(body))
         for handle in handles.values():
             handle.queue.append(pending)
-        offset = await self._write(body, pending, handles.values(), kv_entry)
-        if entry is not None:
-            entry[0] = offset
-        self.live.written(offset)
+        in_wal = self._in_wal
+        in_wal[seq] = self.clock()
+        try:
+            offset = await self.wal.append(body)
+        except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
+            offset = await self._after_failed_write(exc, body, pending, handles.values(), kv_entry)
+        finally:
+            del in_wal[seq]
+        self.live.written(offset, seq)
         pending.persisted = True
-        if not by_stream:
-            future.set_result(None)
         if kv_entry is not None:
             self.kv.persisted(kv_entry)
         for handle in handles.values():
             release_ready(handle, self.pipeline.put)
-        await _acknowledged(future)
+        await pending.outcome()
         if kv_entry is not None:
             await kv_entry.future
         stats = self.stats
@@ -174,16 +177,23 @@ class AppendPath:
         record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, payload)
         body = record.encode()
         seq = self.next_seq()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        pending = PendingAppend(seq, {handle.stream_id: [record]}, future, 1)
-        entry = self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        pending = PendingAppend(seq, {handle.stream_id: [record]}, 1)
+        self.live.submitted(seq, batch_count=1, size_bytes=len(body))
         handle.queue.append(pending)
-        offset = await self._write(body, pending, (handle,), None)
-        entry[0] = offset
-        self.live.written(offset)
+        # The WAL write, inlined (this is the hot path): the watchdog sees it in ``_in_wal``.
+        in_wal = self._in_wal
+        in_wal[seq] = self.clock()
+        try:
+            offset = await self.wal.append(body)
+        except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
+            offset = await self._after_failed_write(exc, body, pending, (handle,), None)
+        finally:
+            del in_wal[seq]
+        self.live.written(offset, seq)
         pending.persisted = True
         release_ready(handle, self.pipeline.put)
-        await _acknowledged(future)
+        if not pending.acked:
+            await pending.outcome()
         stats = self.stats
         stats.appended_records += 1
         stats.appended_bytes += size
@@ -203,33 +213,19 @@ class AppendPath:
             )
         seq = self.next_seq()
         kv_entry = self.kv.submit(seq, [mutation])
-        entry = self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        in_wal = self._in_wal
+        in_wal[seq] = self.clock()
         try:
-            offset = await self._wal_append(body, seq)
-        except BaseException:
-            self.live.failed(seq)
-            self.kv.failed(kv_entry)
-            raise
-        entry[0] = offset
-        self.live.written(offset)
+            offset = await self.wal.append(body)
+        except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
+            offset = await self._after_failed_write(exc, body, PendingAppend(seq, {}, 0), (), kv_entry)
+        finally:
+            del in_wal[seq]
+        self.live.written(offset, seq)
         self.kv.persisted(kv_entry)
         (result,) = await kv_entry.future
         return result
-
-    async def _write(
-        self, body: bytes, pending: PendingAppend, handles: Iterable[StreamHandle], kv_entry: KvEntry | None
-    ) -> int:
-        """The append's WAL write; a failure fences its streams and cancels its KV changes."""
-        try:
-            return await self._wal_append(body, pending.seq)
-        except BaseException as exc:
-            if kv_entry is not None:
-                self.kv.failed(kv_entry)
-            error = (
-                exc if isinstance(exc, S3StreamError) else UnavailableError(f"append interrupted: {exc!r}")
-            )
-            self._append_failed(pending, handles, error)
-            raise
 
     def _has_room(self, size_bytes: int) -> bool:
         return (
@@ -259,32 +255,47 @@ class AppendPath:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(room.wait(), timeout=min(remaining, 0.1))
 
-    async def _wal_append(self, body: bytes, seq: int) -> int:
-        """The WAL write. No per-append timer (it would cost more than the append): the ticker's
-        watchdog fails the engine and closes the WAL when one stays in flight too long."""
-        in_wal = self._in_wal
-        in_wal[seq] = self.clock()
+    async def _after_failed_write(
+        self,
+        exc: BaseException,
+        body: bytes,
+        pending: PendingAppend,
+        handles: Iterable[StreamHandle],
+        kv_entry: KvEntry | None,
+    ) -> int:
+        """A WAL write raised ``exc``: a full WAL is retried as commits trim it (up to the back-pressure
+        wait); any other failure fences the append's streams, cancels its KV changes and raises."""
         try:
+            if not isinstance(exc, CapacityError):
+                raise exc
+            return await self._retry_when_trimmed(body)
+        except BaseException as failure:
+            if kv_entry is not None:
+                self.kv.failed(kv_entry)
+            error = (
+                failure
+                if isinstance(failure, S3StreamError)
+                else UnavailableError(f"append interrupted: {failure!r}")
+            )
+            self._append_failed(pending, handles, error)
+            raise
+
+    async def _retry_when_trimmed(self, body: bytes) -> int:
+        """The WAL was full: start uploads and trims, and write again as room appears."""
+        deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
+        room = self.pipeline.room
+        while True:
+            self.pipeline.archive_and_upload()
+            self.pipeline.trim_wal()  # KV records applied since the last commit
+            room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room.wait(), timeout=0.1)
+            self.supervisor.check_alive()
             try:
                 return await self.wal.append(body)
             except CapacityError:
-                pass
-            deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
-            room = self.pipeline.room
-            while True:
-                self.pipeline.archive_and_upload()
-                self.pipeline.trim_wal()  # KV records applied since the last commit
-                room.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(room.wait(), timeout=0.1)
-                self.supervisor.check_alive()
-                try:
-                    return await self.wal.append(body)
-                except CapacityError:
-                    if self.clock() >= deadline:
-                        raise
-        finally:
-            del in_wal[seq]
+                if self.clock() >= deadline:
+                    raise
 
     def watchdog(self) -> None:
         """AutoMQ's WAL append timeout: an append in flight for longer fails the engine."""
@@ -310,11 +321,3 @@ class AppendPath:
             handle.fence(fence)
             fail_queue(handle, lambda other: error if other is pending else fence)
         self.pipeline.room.set()
-
-
-async def _acknowledged(future: asyncio.Future[None]) -> None:
-    """Wait for the sequencer to acknowledge an append (or raise why it failed)."""
-    if not future.done():
-        await future
-    elif future.exception() is not None:
-        raise future.exception()  # type: ignore[misc]

@@ -256,7 +256,8 @@ class Engine:
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
         if handle.queue:
-            await asyncio.gather(*(p.future for p in handle.queue), return_exceptions=True)
+            waits = [f for f in (p.wait() for p in handle.queue) if f is not None]
+            await asyncio.gather(*waits, return_exceptions=True)
         try:
             if not was_fenced and self._supervisor.failed is None:
                 await self.force_upload(handle.stream_id)

@@ -29,12 +29,13 @@ class StreamCache:
     ``bases`` (their base offsets) serves binary search.
     """
 
-    __slots__ = ("bases", "records", "size_bytes")
+    __slots__ = ("_end_offset", "bases", "records", "size_bytes")
 
     def __init__(self) -> None:
         self.records: list[StreamRecordBatch] = []
         self.bases: list[int] = []
         self.size_bytes = 0
+        self._end_offset = -1
 
     @property
     def start_offset(self) -> int:
@@ -42,15 +43,20 @@ class StreamCache:
 
     @property
     def end_offset(self) -> int:
-        return self.records[-1].end_offset
+        return self._end_offset
 
-    def add(self, record: StreamRecordBatch) -> None:
-        assert not self.records or record.base_offset == self.end_offset, (
-            f"stream {record.stream_id}: record at {record.base_offset} after end {self.end_offset}"
+    def add(self, record: StreamRecordBatch) -> int:
+        """Append the next record of the stream; returns its encoded size."""
+        base = record.base_offset
+        assert self._end_offset < 0 or base == self._end_offset, (
+            f"stream {record.stream_id}: record at {base} after end {self._end_offset}"
         )
         self.records.append(record)
-        self.bases.append(record.base_offset)
-        self.size_bytes += record.encoded_size
+        self.bases.append(base)
+        self._end_offset = base + record.count
+        size = RECORD_HEADER_SIZE + len(record.payload)
+        self.size_bytes += size
+        return size
 
     def overlapping(self, start_offset: int, end_offset: int) -> list[StreamRecordBatch]:
         """Records overlapping ``[start_offset, end_offset)`` in order."""
@@ -83,8 +89,7 @@ class LogCacheBlock:
         cache = self.streams.get(record.stream_id)
         if cache is None:
             cache = self.streams[record.stream_id] = StreamCache()
-        cache.add(record)
-        self.size_bytes += len(record.payload) + RECORD_HEADER_SIZE
+        self.size_bytes += cache.add(record)
 
     def records_by_stream(self) -> list[tuple[int, list[StreamRecordBatch]]]:
         """Every stream's records, streams in ascending id order (the StreamSet object order)."""
@@ -114,9 +119,15 @@ class LogCache:
 
     def put(self, record: StreamRecordBatch) -> bool:
         """Add an acknowledged record to the active block; True when the block is now full."""
-        self.active.put(record)
-        self.size_bytes += record.encoded_size
-        return self.is_full(self.active)
+        block = self.blocks[-1]
+        streams = block.streams
+        cache = streams.get(record.stream_id)
+        if cache is None:
+            cache = streams[record.stream_id] = StreamCache()
+        size = cache.add(record)
+        block.size_bytes += size
+        self.size_bytes += size
+        return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count
 
     def is_full(self, block: LogCacheBlock) -> bool:
         return block.size_bytes >= self.upload_threshold_bytes or len(block.streams) >= self.max_stream_count

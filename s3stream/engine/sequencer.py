@@ -24,20 +24,21 @@ def release_ready(handle: StreamHandle, put: Callable[[StreamRecordBatch, int], 
     stream_id = handle.stream_id
     while queue and queue[0].persisted:
         pending = queue.popleft()
-        if pending.future.done():
+        if pending.error is not None:
             continue
         for record in pending.by_stream[stream_id]:
             put(record, pending.seq)
-            handle.confirm_offset = record.end_offset
+            handle.confirm_offset = record.base_offset + record.count
         pending.remaining -= 1
         if pending.remaining == 0:
-            pending.future.set_result(None)
+            pending.acked = True
+            future = pending.future
+            if future is not None and not future.done():
+                future.set_result(None)
 
 
 def fail_queue(handle: StreamHandle, error_of: Callable[[PendingAppend], S3StreamError]) -> None:
     """Fail every unacknowledged append of the stream (with ``error_of(append)``) and empty its queue."""
     for pending in handle.queue:
-        if not pending.future.done():
-            pending.future.set_exception(error_of(pending))
-            pending.future.exception()  # retrieved: its appender may have failed on its own
+        pending.fail(error_of(pending))
     handle.queue.clear()

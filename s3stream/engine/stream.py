@@ -25,25 +25,52 @@ class Status(enum.Enum):
 
 
 class PendingAppend:
-    """One WAL record (plain append or atomic group) waiting for durability and its turn."""
+    """One WAL record (plain append or atomic group) waiting for durability and its turn.
 
-    __slots__ = ("by_stream", "future", "persisted", "remaining", "seq")
+    Its outcome is ``acked`` or ``error``. ``future`` exists only while the appender waits for an
+    earlier append of one of its streams (most appends are released at once and never need one).
+    """
 
-    def __init__(
-        self,
-        seq: int,
-        by_stream: dict[int, list[StreamRecordBatch]],
-        future: asyncio.Future[None],
-        remaining: int,
-    ) -> None:
+    __slots__ = ("acked", "by_stream", "error", "future", "persisted", "remaining", "seq")
+
+    def __init__(self, seq: int, by_stream: dict[int, list[StreamRecordBatch]], remaining: int) -> None:
         self.seq = seq
         self.by_stream = by_stream
         """The record's batches of each stream it touches, in offset order."""
-        self.future = future
-        """Resolved once every stream in ``by_stream`` has released the record (acknowledged)."""
         self.remaining = remaining
         """Streams that have not yet released the record."""
         self.persisted = False
+        self.acked = remaining == 0
+        self.error: S3StreamError | None = None
+        self.future: asyncio.Future[None] | None = None
+
+    def fail(self, error: S3StreamError) -> None:
+        """Fail the append unless it is already decided (its appender raises ``error``)."""
+        if self.acked or self.error is not None:
+            return
+        self.error = error
+        future = self.future
+        if future is not None and not future.done():
+            future.set_exception(error)
+            future.exception()  # retrieved: its appender may have failed on its own
+
+    def wait(self) -> asyncio.Future[None] | None:
+        """A future resolved with the outcome (None: already decided)."""
+        if self.acked or self.error is not None:
+            return None
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+    async def outcome(self) -> None:
+        """Return once acknowledged; raise the error it failed with."""
+        if self.acked:
+            return
+        if self.error is not None:
+            raise self.error
+        future = self.wait()
+        assert future is not None
+        await future
 
 
 @dataclass(eq=False)

@@ -5,6 +5,10 @@ with it. A record is *live* from submission until every batch it holds is commit
 storage (a record whose batches land in different LogCache blocks needs every one of those blocks
 committed). The WAL may be trimmed below the oldest live record; if that record's append is still in
 flight (its offset is not known yet) nothing is trimmed until the next commit. Pure: no I/O, no clock.
+
+The state is three ``dict[int, int]``: dicts holding only ints are not tracked by the garbage
+collector, so a LogCache full of records does not lengthen full collections (one object per
+record would: they are the engine's append latency tail).
 """
 
 from __future__ import annotations
@@ -13,57 +17,67 @@ from __future__ import annotations
 class WalTrimTracker:
     """Live WAL records by seq (oldest first) and the bytes they hold."""
 
-    __slots__ = ("_live", "end_offset", "live_bytes")
+    __slots__ = ("_batches", "_last_seq", "_offsets", "_sizes", "end_offset", "live_bytes")
 
     def __init__(self) -> None:
-        self._live: dict[int, list[int]] = {}
-        """seq -> [WAL offset or -1 while in flight, batches not yet committed, body bytes]; dicts keep
-        insertion order and seqs only grow, so the first entry is the oldest."""
+        self._offsets: dict[int, int] = {}
+        """seq -> WAL offset, or -1 while in flight; dicts keep insertion order and seqs only grow,
+        so the first entry is the oldest live record."""
+        self._batches: dict[int, int] = {}
+        """seq -> batches (or KV entries) of the record not yet committed (applied)."""
+        self._sizes: dict[int, int] = {}
+        """seq -> body bytes."""
+        self._last_seq = -1
         self.live_bytes = 0
         """Body bytes of live records: what the WAL must still hold (back-pressure counts it)."""
         self.end_offset = 0
         """One past the largest WAL offset seen: trimming here drops every record written so far."""
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._offsets)
 
-    def submitted(self, seq: int, *, batch_count: int, size_bytes: int, offset: int = -1) -> list[int]:
+    def submitted(self, seq: int, *, batch_count: int, size_bytes: int, offset: int = -1) -> None:
         """A record holding ``batch_count`` batches was submitted (``offset`` known: replayed)."""
         assert batch_count > 0
-        assert seq not in self._live
-        assert not self._live or seq > next(reversed(self._live)), "seqs must grow"
-        entry = self._live[seq] = [offset, batch_count, size_bytes]
+        assert seq > self._last_seq, "seqs must grow"
+        self._last_seq = seq
+        self._offsets[seq] = offset
+        self._batches[seq] = batch_count
+        self._sizes[seq] = size_bytes
         self.live_bytes += size_bytes
         if offset >= 0:
             self.written(offset)
-        return entry
 
-    def written(self, offset: int) -> None:
-        """A record is durable at ``offset`` (set the entry's offset through the returned list)."""
+    def written(self, offset: int, seq: int = -1) -> None:
+        """A record is durable at ``offset`` (``seq``: the live record it is, if any)."""
+        if seq in self._offsets:
+            self._offsets[seq] = offset
         if offset >= self.end_offset:
             self.end_offset = offset + 1
 
     def failed(self, seq: int) -> None:
         """The record's append failed: it holds nothing to keep."""
-        entry = self._live.pop(seq, None)
-        if entry is not None:
-            self.live_bytes -= entry[2]
+        if self._offsets.pop(seq, None) is not None:
+            del self._batches[seq]
+            self.live_bytes -= self._sizes.pop(seq)
 
     def committed(self, seqs: list[int]) -> None:
         """One batch of each listed record (a seq once per batch) is now in object storage."""
-        live = self._live
+        batches = self._batches
         for seq in seqs:
-            entry = live.get(seq)
-            if entry is None:
+            left = batches.get(seq)
+            if left is None:
                 continue
-            entry[1] -= 1
-            if entry[1] == 0:
-                del live[seq]
-                self.live_bytes -= entry[2]
+            if left > 1:
+                batches[seq] = left - 1
+                continue
+            del batches[seq]
+            del self._offsets[seq]
+            self.live_bytes -= self._sizes.pop(seq)
 
     def trim_point(self) -> int | None:
         """The WAL offset below which nothing is live (None: nothing can be trimmed now)."""
-        if not self._live:
+        if not self._offsets:
             return self.end_offset if self.end_offset > 0 else None
-        offset = self._live[next(iter(self._live))][0]
+        offset = self._offsets[next(iter(self._offsets))]
         return offset if offset >= 0 else None

@@ -11,11 +11,10 @@ def test_nothing_written_means_nothing_to_trim() -> None:
 
 def test_trim_stops_at_the_oldest_live_record() -> None:
     t = WalTrimTracker()
-    a = t.submitted(0, batch_count=1, size_bytes=100)
-    b = t.submitted(1, batch_count=1, size_bytes=50)
-    a[0], b[0] = 0, 124
-    t.written(0)
-    t.written(124)
+    t.submitted(0, batch_count=1, size_bytes=100)
+    t.submitted(1, batch_count=1, size_bytes=50)
+    t.written(0, seq=0)
+    t.written(124, seq=1)
     assert t.trim_point() == 0
     assert t.live_bytes == 150
     t.committed([1])  # the newer record first: the older one still holds the WAL
@@ -28,9 +27,8 @@ def test_trim_stops_at_the_oldest_live_record() -> None:
 
 def test_a_record_spanning_two_blocks_lives_until_both_commit() -> None:
     t = WalTrimTracker()
-    group = t.submitted(0, batch_count=2, size_bytes=300)
-    group[0] = 0
-    t.written(0)
+    t.submitted(0, batch_count=2, size_bytes=300)
+    t.written(0, seq=0)
     t.committed([0])
     assert t.trim_point() == 0
     t.committed([0])
@@ -39,8 +37,8 @@ def test_a_record_spanning_two_blocks_lives_until_both_commit() -> None:
 
 def test_an_append_in_flight_blocks_the_trim_until_its_offset_is_known() -> None:
     t = WalTrimTracker()
-    done = t.submitted(0, batch_count=1, size_bytes=10, offset=0)
-    assert done[0] == 0
+    t.submitted(0, batch_count=1, size_bytes=10, offset=0)
+    assert t.trim_point() == 0
     t.submitted(1, batch_count=1, size_bytes=10)  # in flight
     t.committed([0])
     assert t.trim_point() is None
@@ -53,3 +51,13 @@ def test_failed_appends_hold_nothing() -> None:
     t.failed(0)
     assert t.live_bytes == 0
     assert t.trim_point() is None
+
+
+def test_the_bookkeeping_is_invisible_to_the_garbage_collector() -> None:
+    import gc
+
+    t = WalTrimTracker()
+    for seq in range(100):
+        t.submitted(seq, batch_count=2, size_bytes=10)
+        t.written(seq * 10, seq=seq)
+    assert not any(gc.is_tracked(d) for d in (t._offsets, t._batches, t._sizes))

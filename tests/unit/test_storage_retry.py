@@ -189,6 +189,13 @@ def test_error_translation_table(exc: Exception, kind: type[S3StreamError], retr
     assert "GET 'k'" in str(error)
 
 
+@pytest.mark.parametrize("code", ["AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId"])
+def test_forbidden_tells_the_caller_to_check_credentials(code: str) -> None:
+    error = translate_error(client_error(code, 403), "GET 'k'")
+    assert type(error) is InvalidArgumentError
+    assert "check the credentials and bucket policy" in str(error)
+
+
 def test_programming_errors_are_not_translated() -> None:
     with pytest.raises(TypeError):
         translate_error(TypeError("bug"), "op")

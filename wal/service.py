@@ -150,8 +150,6 @@ class BlockWAL:
         self._admit_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._header_waiters: list[asyncio.Future[None]] = []
         self._wake: asyncio.Future[None] | None = None
-        self._flushing = False  # a non-clean header write is under way: no group may start
-        self._k_max = config.groups_inflight_max
         self._writer: asyncio.Task[None] | None = None
         self._inflight: collections.deque[tuple[_Group, asyncio.Future[None]]] = collections.deque()
         self._wbufs = [aligned_buffer(config.write_max_bytes) for _ in range(config.groups_inflight_max)]
@@ -470,9 +468,8 @@ class BlockWAL:
     async def _run(self) -> None:
         """The writer: up to ``groups_inflight_max`` group writes at once, completed in offset order.
 
-        Completions and the next group's submission also happen straight from the I/O completion
-        callback (:meth:`_io_done`); this task handles what needs waiting: header writes, a full ring,
-        close, and the first group after an idle spell.
+        Completions happen straight from the I/O completion callback (:meth:`_io_done`), one loop turn
+        before this task runs.
         """
         loop = self._loop
         inflight = self._inflight
@@ -483,11 +480,7 @@ class BlockWAL:
                     inflight[0][1].result()  # raises the write's error
                 if self._header_waiters:
                     if not inflight:
-                        self._flushing = True
-                        try:
-                            await self._flush_header(clean=False)
-                        finally:
-                            self._flushing = False
+                        await self._flush_header(clean=False)
                         continue
                 elif self._pending and len(inflight) < k_max:
                     if self._submit():
@@ -543,15 +536,14 @@ class BlockWAL:
         return True
 
     def _io_done(self, io: asyncio.Future[None]) -> None:
-        """A group write finished: complete what is in order, then start the next group right here
-        (one loop turn less than waking the writer), unless the writer must decide."""
-        if self._flushing or self._failure is not None or not self._complete_done():
-            self._kick()
-            return
-        if self._header_waiters or self._closing:
-            self._kick()
-        elif self._pending and len(self._inflight) < self._k_max and not self._submit():
-            self._kick()  # the ring is full: the writer fails or waits
+        """A group write finished: complete what is in order right here, then wake the writer.
+
+        The writer's wake-up is queued after those of the appenders just completed, so whatever they
+        append next (in the same loop turn) joins the next group rather than a group of one.
+        """
+        if self._failure is None:
+            self._complete_done()
+        self._kick()
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:

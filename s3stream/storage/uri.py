@@ -30,6 +30,7 @@ from s3stream.storage.retry import RetryPolicy
 from s3stream.storage.s3 import S3Config
 
 _ID_PREFIX = re.compile(r"^(?:(-?\d+)@)?(?P<rest>.*)$", re.DOTALL)
+_SECRET_VALUE = re.compile(r"(secretKey=)[^&#]*", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-_]{0,254}$", re.IGNORECASE)
 
 
@@ -44,39 +45,54 @@ class BucketURI:
     params: dict[str, str]
 
 
+def _redacted(uri: str) -> str:
+    """``uri`` fit for an error message: the value of ``secretKey`` replaced by ``***``."""
+    return _SECRET_VALUE.sub(r"\1***", uri)
+
+
 def parse_bucket_uri(uri: str) -> BucketURI:
     if not isinstance(uri, str) or not uri.strip():
         raise InvalidArgumentError("bucket URI is empty")
     uri = uri.strip()
+    shown = _redacted(uri)
     if re.search(r",\s*-?\d+@", uri):
-        raise InvalidArgumentError(f"more than one bucket in {uri!r}: only one is supported")
+        raise InvalidArgumentError(f"more than one bucket in {shown!r}: only one is supported")
     match = _ID_PREFIX.match(uri)
     assert match is not None
     bucket_id = int(match.group(1) or 0)
-    parts = urlsplit(match.group("rest"))
+    try:
+        parts = urlsplit(match.group("rest"))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"bucket URI {shown!r} is malformed: {exc}") from exc
     protocol = parts.scheme.lower()
     if protocol not in ("s3", "file", "mem"):
-        raise InvalidArgumentError(f"bucket URI {uri!r}: protocol must be s3, file or mem")
+        raise InvalidArgumentError(f"bucket URI {shown!r}: protocol must be s3, file or mem")
     if parts.fragment:
-        raise InvalidArgumentError(f"bucket URI {uri!r}: fragments are not allowed")
+        raise InvalidArgumentError(f"bucket URI {shown!r}: fragments are not allowed")
     params: dict[str, str] = {}
-    for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)):
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:  # its message may quote a secret: not shown
+        raise InvalidArgumentError(
+            f"bucket URI {shown!r}: the query must be key=value pairs joined by '&'"
+        ) from exc
+    for name, value in pairs:
         if name in params:
             raise InvalidArgumentError(f"bucket URI: key {name!r} given twice")
         params[name] = value
     if protocol == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise InvalidArgumentError(f"bucket URI {uri!r}: use file:///absolute/path")
+            raise InvalidArgumentError(f"bucket URI {shown!r}: use file:///absolute/path")
         if params:
-            raise InvalidArgumentError(f"bucket URI {uri!r}: unknown key {next(iter(params))!r}")
+            raise InvalidArgumentError(f"bucket URI {shown!r}: unknown key {next(iter(params))!r}")
         return BucketURI(bucket_id, protocol, unquote(parts.path), params)
     name = parts.netloc
     if protocol == "mem":
         if parts.path not in ("", "/") or params:
-            raise InvalidArgumentError(f"bucket URI {uri!r}: use mem://name")
+            raise InvalidArgumentError(f"bucket URI {shown!r}: use mem://name")
         return BucketURI(bucket_id, protocol, name, params)
     if not _BUCKET_NAME.match(name) or parts.path not in ("", "/"):
-        raise InvalidArgumentError(f"bucket URI {uri!r}: bad bucket name {name!r}")
+        raise InvalidArgumentError(f"bucket URI {shown!r}: bad bucket name {name!r}")
     return BucketURI(bucket_id, protocol, name, params)
 
 
@@ -137,8 +153,13 @@ def s3_config_from_uri(parsed: BucketURI) -> S3Config:
         fields.pop("access_key", None)
         fields.pop("secret_key", None)
     endpoint = fields.get("endpoint")
-    if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
-        raise InvalidArgumentError(f"bucket URI: endpoint {endpoint!r} must be an http(s) URL")
+    if endpoint is not None:
+        try:
+            scheme = urlsplit(endpoint).scheme
+        except ValueError as exc:
+            raise InvalidArgumentError(f"bucket URI: endpoint {endpoint!r} is malformed: {exc}") from exc
+        if scheme not in ("http", "https"):
+            raise InvalidArgumentError(f"bucket URI: endpoint {endpoint!r} must be an http(s) URL")
     return S3Config(bucket=parsed.bucket, retry=retry, **fields)
 
 

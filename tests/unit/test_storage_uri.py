@@ -82,11 +82,30 @@ def test_instance_auth_ignores_uri_keys() -> None:
         ("file:///tmp/x?sync=false", "'sync'"),
         ("mem://name/path", "mem://name"),
         ("", "empty"),
+        ("0@s3://b?region=r&endpoint", "key=value pairs"),
+        ("0@s3://b?region=r&&pathStyle=true", "key=value pairs"),
+        ("s3://]b", "malformed"),
+        ("0@s3://b?endpoint=http://[::1", "endpoint"),
     ],
 )
 def test_bad_uris_name_the_problem(uri: str, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         s3_config_from_uri(parse_bucket_uri(uri)) if "s3://" in uri else open_storage(uri)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "0@gs://b?accessKey=a&secretKey=TOPSECRET",
+        "0@s3://b/path?accessKey=a&secretKey=TOPSECRET",
+        "0@s3://b?accessKey=a&secretKey=TOPSECRET&x",
+        "0@s3://b?secretKey=TOPSECRET,1@s3://c",
+    ],
+)
+def test_errors_never_show_the_secret_key(uri: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_bucket_uri(uri)
+    assert "TOPSECRET" not in str(info.value)
 
 
 async def test_open_storage_builds_each_backend(tmp_path: Path) -> None:

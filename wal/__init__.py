@@ -22,12 +22,14 @@ from wal.errors import (
 )
 from wal.faults import FaultyDevice
 from wal.recovery import WalRecord
-from wal.service import BlockWAL
+from wal.service import BlockWAL, Body, BodyParts
 from wal.sync import SyncBlockWAL
 
 __all__ = [
     "BlockDevice",
     "BlockWAL",
+    "Body",
+    "BodyParts",
     "Device",
     "FaultyDevice",
     "FileDevice",

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from wal.config import WalConfig
 from wal.device import Device
 from wal.recovery import WalRecord
-from wal.service import BlockWAL
+from wal.service import BlockWAL, Body, BodyParts
 
 T = TypeVar("T")
 
@@ -51,10 +51,10 @@ class SyncBlockWAL:
     def recover(self) -> list[WalRecord]:
         return self._call(self._wal.recover_all())
 
-    def append(self, data: bytes) -> int:
+    def append(self, data: BodyParts) -> int:
         return self._call(self._wal.append(data))
 
-    def append_many(self, records: Sequence[bytes]) -> list[int]:
+    def append_many(self, records: Sequence[Body]) -> list[int]:
         return self._call(self._wal.append_many(records))
 
     def trim(self, offset: int) -> None:

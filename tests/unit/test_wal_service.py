@@ -368,3 +368,57 @@ async def test_hole_followed_by_k_groups_is_corruption_with_position() -> None:
     with pytest.raises(WalCorruptionError) as info:
         await reopen(MemoryDevice(len(image), image))
     assert info.value.position == 8192 + offsets[-3]
+
+
+async def test_append_in_parts_is_one_record_with_one_body_crc() -> None:
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    header, payload = b"HDR:", bytearray(body(7, 300))
+    first, second, single = await asyncio.gather(  # one group: offsets show the record sizes
+        wal.append([header, payload]),
+        wal.append((memoryview(b"xyz"), b"", bytearray(b"!"))),
+        wal.append(b"plain"),
+    )
+    assert second - first == RECORD_HEADER_SIZE + 304
+    assert single - second == RECORD_HEADER_SIZE + 4
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert recs == [(first, header + payload), (second, b"xyz!"), (single, b"plain")]
+    await wal.close()
+    # the stored body CRC covers the joined parts: flipping a payload byte is corruption
+    dev.data[2 * CONFIG.block_size_bytes + RECORD_HEADER_SIZE + 10] ^= 0xFF
+    with pytest.raises(WalCorruptionError):
+        await reopen(dev)
+
+
+async def test_memoryview_bodies_count_bytes_not_items() -> None:
+    import array
+
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    words = array.array("I", range(10))  # 40 bytes, 10 items
+    a, b, c = await asyncio.gather(
+        wal.append(memoryview(words)),
+        wal.append([memoryview(words), b"!"]),
+        wal.append_many([memoryview(words)]),
+    )
+    assert b - a == RECORD_HEADER_SIZE + 40
+    assert c[0] - b == RECORD_HEADER_SIZE + 41
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert [r[1] for r in recs] == [words.tobytes(), words.tobytes() + b"!", words.tobytes()]
+    await wal.close()
+
+
+async def test_non_contiguous_or_oversized_parts_are_argument_errors() -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+    with pytest.raises(WalArgumentError):
+        await wal.append(memoryview(bytes(100))[::2])
+    with pytest.raises(WalArgumentError):
+        await wal.append([b"ok", memoryview(bytes(100))[::2]])
+    with pytest.raises(WalArgumentError):
+        await wal.append([bytes(CONFIG.record_max_bytes), b"!"])
+    with pytest.raises(WalArgumentError):
+        await wal.append("text")  # type: ignore[arg-type]
+    assert await wal.append([b"still", b" fine"]) == 0
+    await wal.close()

@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import pkgutil
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,11 +43,14 @@ class FileSource:
 
     def size_bytes(self) -> int:
         try:
-            return os.stat(self.path).st_size
+            st = os.stat(self.path)
         except FileNotFoundError as exc:
             raise NotFoundError(f"no such file: {self.path}") from exc
         except OSError as exc:
             raise InvalidArgumentError(f"cannot read {self.path}: {exc.strerror}") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgumentError(f"{self.path} is not a regular file")
+        return st.st_size
 
     def _read(self, start: int, end: int | None) -> bytes:
         try:
@@ -73,7 +77,10 @@ async def _open(target: str) -> tuple[ObjectReader, Any]:
     if target.startswith("s3://"):
         from s3stream.storage.s3 import S3Config, S3ObjectStorage
 
-        parts = urlsplit(target)
+        try:
+            parts = urlsplit(target)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"expected s3://bucket/key, got {target!r}: {exc}") from exc
         key = parts.path.lstrip("/")
         if not parts.netloc or not key:
             raise InvalidArgumentError(f"expected s3://bucket/key, got {target!r}")

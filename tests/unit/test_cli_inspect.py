@@ -116,6 +116,10 @@ def test_missing_file_and_bad_uri_are_clean_errors(
     assert "no such file" in capsys.readouterr().err
     assert main(["inspect", "object", "s3://bucket-only"]) == 2
     assert "s3://bucket/key" in capsys.readouterr().err
+    assert main(["inspect", "object", "s3://]bucket/key"]) == 2  # a ValueError escaped here before
+    assert "s3://bucket/key" in capsys.readouterr().err
+    assert main(["inspect", "object", str(tmp_path)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
 
 
 def test_corrupt_object_never_prints_a_traceback(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from s3stream.config import Config
 from s3stream.engine.kvlog import KvApplier, KvEntry
-from s3stream.engine.logcache import LogCache
+from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadPipeline
 from s3stream.engine.sequencer import fail_queue, release_ready
 from s3stream.engine.stream import PendingAppend, Status, StreamHandle
@@ -32,7 +32,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
-from s3stream.record import StreamRecordBatch
+from s3stream.record import RECORD_HEADER, RECORD_MAGIC, StreamRecordBatch
 
 WAL_ROOM_FRACTION = 0.9
 """Share of the WAL capacity that records awaiting upload may hold before appends wait."""
@@ -107,17 +107,17 @@ class AppendPath:
             for handle, _, _ in appends:
                 handle.check_writable()
         # No await from here until the WAL write: offsets are assigned in submission order.
-        by_stream: dict[int, list[StreamRecordBatch]] = {}
+        by_stream: dict[int, list[CachedBatch]] = {}
         handles: dict[int, StreamHandle] = {}
         bases = []
         for handle, payload, count in appends:
             base = handle.next_offset
             handle.next_offset += count
-            record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, bytes(payload))
-            by_stream.setdefault(handle.stream_id, []).append(record)
+            item = (handle.stream_id, handle.epoch, base, count, bytes(payload))
+            by_stream.setdefault(handle.stream_id, []).append(item)
             handles[handle.stream_id] = handle
             bases.append(base)
-        body = encode_group([r for rs in by_stream.values() for r in rs], kv_puts)
+        body = encode_group([StreamRecordBatch(*i) for items in by_stream.values() for i in items], kv_puts)
         record_count = len(appends)
         if len(body) > self.config.wal_record_size_max_bytes:
             for handle, _, count in reversed(appends):
@@ -174,10 +174,12 @@ class AppendPath:
             handle.check_writable()
         base = handle.next_offset
         handle.next_offset = base + count
-        record = StreamRecordBatch(handle.stream_id, handle.epoch, base, count, payload)
-        body = record.encode()
+        stream_id = handle.stream_id
+        epoch = handle.epoch
+        # The body is StreamRecordBatch.encode()'s bytes, built without the frozen dataclass.
+        body = RECORD_HEADER.pack(RECORD_MAGIC, stream_id, epoch, base, count, size) + payload
         seq = self.next_seq()
-        pending = PendingAppend(seq, {handle.stream_id: [record]}, 1)
+        pending = PendingAppend(seq, {stream_id: [(stream_id, epoch, base, count, payload)]}, 1)
         self.live.submitted(seq, batch_count=1, size_bytes=len(body))
         handle.queue.append(pending)
         # The WAL write, inlined (this is the hot path): the watchdog sees it in ``_in_wal``.

@@ -380,7 +380,9 @@ class Engine:
                 offset=record.wal_offset,
             )
             for batch in record.batches:
-                self._pipeline.put(batch, seq)
+                self._pipeline.put(
+                    (batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload), seq
+                )
                 replayed += 1
         self.stats.recovered_records = replayed
         if replayed:

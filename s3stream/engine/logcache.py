@@ -6,6 +6,12 @@ and kept for reads). Each block keeps one :class:`StreamCache` per stream (recor
 A block is full at ``upload_threshold_bytes`` or at ``max_stream_count`` streams. After an upload's
 commit the block is marked *free*; free blocks stay readable and are dropped (oldest first) only when
 the cache holds more than 90 % of its capacity. No I/O, no clock: the caller passes times.
+
+Records are kept as plain tuples (:data:`CachedBatch`, the fields of a StreamRecordBatch in
+constructor order), not as StreamRecordBatch objects: the garbage collector stops tracking a tuple
+of ints and bytes, so a full cache (100,000+ small records) does not lengthen every full
+collection, which would otherwise stall the event loop for tens of ms (the append latency tail).
+Readers get StreamRecordBatch objects built on the way out.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from sortedcontainers import SortedDict
 
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 
+CachedBatch = tuple[int, int, int, int, bytes]
+"""(stream id, epoch, base offset, count, payload): ``StreamRecordBatch(*item)`` rebuilds the batch."""
+
 FREE_THRESHOLD_RATIO = 0.9
 """Free blocks are released once the cache holds more than this share of its capacity (AutoMQ 4.4)."""
 
@@ -29,10 +38,10 @@ class StreamCache:
     ``bases`` (their base offsets) serves binary search.
     """
 
-    __slots__ = ("_end_offset", "bases", "records", "size_bytes")
+    __slots__ = ("_end_offset", "bases", "items", "size_bytes")
 
     def __init__(self) -> None:
-        self.records: list[StreamRecordBatch] = []
+        self.items: list[CachedBatch] = []
         self.bases: list[int] = []
         self.size_bytes = 0
         self._end_offset = -1
@@ -45,31 +54,42 @@ class StreamCache:
     def end_offset(self) -> int:
         return self._end_offset
 
-    def add(self, record: StreamRecordBatch) -> int:
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, item: CachedBatch) -> int:
         """Append the next record of the stream; returns its encoded size."""
-        base = record.base_offset
+        base = item[2]
         assert self._end_offset < 0 or base == self._end_offset, (
-            f"stream {record.stream_id}: record at {base} after end {self._end_offset}"
+            f"stream {item[0]}: record at {base} after end {self._end_offset}"
         )
-        self.records.append(record)
+        self.items.append(item)
         self.bases.append(base)
-        self._end_offset = base + record.count
-        size = RECORD_HEADER_SIZE + len(record.payload)
+        self._end_offset = base + item[3]
+        size = RECORD_HEADER_SIZE + len(item[4])
         self.size_bytes += size
         return size
 
+    def batches(self, start: int = 0, end: int | None = None) -> list[StreamRecordBatch]:
+        """The records ``[start, end)`` (positions in this cache) as StreamRecordBatch objects."""
+        return [StreamRecordBatch(*item) for item in self.items[start:end]]
+
+    @property
+    def records(self) -> list[StreamRecordBatch]:
+        return self.batches()
+
     def overlapping(self, start_offset: int, end_offset: int) -> list[StreamRecordBatch]:
         """Records overlapping ``[start_offset, end_offset)`` in order."""
-        if not self.records or start_offset >= self.end_offset or end_offset <= self.start_offset:
+        if not self.items or start_offset >= self.end_offset or end_offset <= self.start_offset:
             return []
         # The record containing start_offset is the last one whose base offset is <= start_offset.
         index = max(bisect.bisect_right(self.bases, start_offset) - 1, 0)
         out: list[StreamRecordBatch] = []
-        for record in itertools.islice(self.records, index, None):
-            if record.base_offset >= end_offset:
+        for item in itertools.islice(self.items, index, None):
+            if item[2] >= end_offset:
                 break
-            if record.end_offset > start_offset:
-                out.append(record)
+            if item[2] + item[3] > start_offset:
+                out.append(StreamRecordBatch(*item))
         return out
 
 
@@ -85,15 +105,15 @@ class LogCacheBlock:
     free: bool = False
     archived: bool = False
 
-    def put(self, record: StreamRecordBatch) -> None:
-        cache = self.streams.get(record.stream_id)
+    def put(self, item: CachedBatch) -> None:
+        cache = self.streams.get(item[0])
         if cache is None:
-            cache = self.streams[record.stream_id] = StreamCache()
-        self.size_bytes += cache.add(record)
+            cache = self.streams[item[0]] = StreamCache()
+        self.size_bytes += cache.add(item)
 
     def records_by_stream(self) -> list[tuple[int, list[StreamRecordBatch]]]:
         """Every stream's records, streams in ascending id order (the StreamSet object order)."""
-        return [(stream_id, list(cache.records)) for stream_id, cache in self.streams.items()]
+        return [(stream_id, cache.batches()) for stream_id, cache in self.streams.items()]
 
     def is_empty(self) -> bool:
         return not self.streams
@@ -119,12 +139,18 @@ class LogCache:
 
     def put(self, record: StreamRecordBatch) -> bool:
         """Add an acknowledged record to the active block; True when the block is now full."""
+        return self.put_item(
+            (record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
+        )
+
+    def put_item(self, item: CachedBatch) -> bool:
+        """:meth:`put` of a record in its cached form (the append path builds no StreamRecordBatch)."""
         block = self.blocks[-1]
         streams = block.streams
-        cache = streams.get(record.stream_id)
+        cache = streams.get(item[0])
         if cache is None:
-            cache = streams[record.stream_id] = StreamCache()
-        size = cache.add(record)
+            cache = streams[item[0]] = StreamCache()
+        size = cache.add(item)
         block.size_bytes += size
         self.size_bytes += size
         return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from s3stream.engine.logcache import CachedBatch
 from s3stream.engine.stream import PendingAppend, StreamHandle
 from s3stream.errors import S3StreamError
-from s3stream.record import StreamRecordBatch
 
 
-def release_ready(handle: StreamHandle, put: Callable[[StreamRecordBatch, int], None]) -> None:
+def release_ready(handle: StreamHandle, put: Callable[[CachedBatch, int], None]) -> None:
     """Pop the stream's persisted head appends in order, hand each batch with its append's seq to
     ``put`` (into the LogCache), move the confirm offset and acknowledge completed appends."""
     queue = handle.queue
@@ -26,9 +26,9 @@ def release_ready(handle: StreamHandle, put: Callable[[StreamRecordBatch, int], 
         pending = queue.popleft()
         if pending.error is not None:
             continue
-        for record in pending.by_stream[stream_id]:
-            put(record, pending.seq)
-            handle.confirm_offset = record.base_offset + record.count
+        for item in pending.by_stream[stream_id]:
+            put(item, pending.seq)
+            handle.confirm_offset = item[2] + item[3]
         pending.remaining -= 1
         if pending.remaining == 0:
             pending.acked = True

@@ -12,9 +12,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from s3stream.engine.logcache import CachedBatch
 from s3stream.errors import ClosedError, FencedError, S3StreamError
 from s3stream.ids import StreamId
-from s3stream.record import StreamRecordBatch
 
 
 class Status(enum.Enum):
@@ -33,7 +33,7 @@ class PendingAppend:
 
     __slots__ = ("acked", "by_stream", "error", "future", "persisted", "remaining", "seq")
 
-    def __init__(self, seq: int, by_stream: dict[int, list[StreamRecordBatch]], remaining: int) -> None:
+    def __init__(self, seq: int, by_stream: dict[int, list[CachedBatch]], remaining: int) -> None:
         self.seq = seq
         self.by_stream = by_stream
         """The record's batches of each stream it touches, in offset order."""

@@ -112,3 +112,31 @@ def test_damaged_kv_mutations_are_corruption(mutate: object) -> None:
     assert callable(mutate)
     with pytest.raises(CorruptionError):
         decode_body(mutate(body), source="wal", position=100)
+
+
+async def test_the_append_path_writes_the_plain_body_of_its_batch() -> None:
+    from s3stream.config import Config
+    from s3stream.engine.client import Client
+    from s3stream.engine.core import Engine
+    from s3stream.engine.walport import MemoryWal
+    from s3stream.ids import NodeId
+    from s3stream.metadata.memory import MemoryMetadataStore
+    from s3stream.model import RecordBatch
+    from s3stream.storage.memory import MemoryObjectStorage
+
+    wal = MemoryWal(capacity_bytes=1 << 24)
+    metadata = MemoryMetadataStore()
+    engine = Engine(
+        Config(), wal=wal, metadata=metadata, storage=MemoryObjectStorage(), node_id=NodeId(0), node_epoch=1
+    )
+    await engine.start()
+    client = Client(engine, metadata)
+    stream = await client.streams.create_and_open_stream(epoch=4)
+    await stream.append(RecordBatch(b"xyz", count=3))
+    await stream.append(RecordBatch(b"w"))
+    bodies = [body for _, body in sorted(wal.records.items())]
+    assert bodies == [
+        encode_plain(StreamRecordBatch(stream.stream_id, 4, 0, 3, b"xyz")),
+        encode_plain(StreamRecordBatch(stream.stream_id, 4, 3, 1, b"w")),
+    ]
+    engine.abandon()

@@ -79,3 +79,18 @@ def test_has_room_counts_unfree_blocks() -> None:
     cache.put(rec(1, 1, size=100))
     assert not cache.has_room(100)
     assert cache.has_room(10)
+
+
+def test_cached_records_are_invisible_to_the_garbage_collector_and_come_back_whole() -> None:
+    import gc
+
+    cache = LogCache(capacity_bytes=10_000, upload_threshold_bytes=5_000, max_stream_count=100)
+    records = [rec(1, 0, count=2), rec(1, 2), rec(3, 0)]
+    for record in records:
+        cache.put(record)
+    gc.collect()
+    items = [item for stream in cache.active.streams.values() for item in stream.items]
+    assert items
+    assert not any(gc.is_tracked(item) for item in items)
+    assert cache.active.records_by_stream() == [(1, records[:2]), (3, records[2:])]
+    assert cache.get(1, 1, 3, max_bytes=1 << 20) == records[:2]

@@ -310,7 +310,7 @@ class MetadataContract:
             store.destroyable_objects(marked_before_ms=0, limit=0),
             store.destroyable_objects(marked_before_ms=-1, limit=1),
             store.list_objects([7]),  # type: ignore[list-item]
-            store.register_node(node_id=N1, node_epoch=True),  # type: ignore[arg-type]
+            store.register_node(node_id=N1, node_epoch=True),
         ]
         for call in bad_calls:
             with pytest.raises(InvalidArgumentError):
@@ -775,7 +775,7 @@ class MetadataContract:
         await node(store, N1, N2)
         sid = await opened(store, N1)
         other = await opened(store, N1)
-        ids = {}
+        ids: dict[str, int] = {}
         ids["n1a"] = await upload(store, N1, [(sid, 0, 10), (other, 0, 5)])
         ids["n1b"] = await upload(store, N1, [(other, 5, 9)], [(sid, 10, 30)]) + 1
         ids["n1c"] = await upload(store, N1, [(sid, 30, 40)])

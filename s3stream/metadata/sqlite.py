@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 BATCH_OPERATIONS_MAX = 256
 """Operations one group commit may hold."""
+QUEUED_OPERATIONS_MAX = 4 * BATCH_OPERATIONS_MAX
+"""Operations waiting for the SQLite thread at most; further callers wait for a slot first."""
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
@@ -94,21 +96,29 @@ class _Worker:
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        """Bounded by ``_slots`` (one slot per queued or running job; a cancelled caller frees its
+        slot early, so the bound is loose by the cancelled jobs still queued)."""
+        self._slots = asyncio.Semaphore(QUEUED_OPERATIONS_MAX)
         self._conn: sqlite3.Connection | None = None
         self._dead = False
+        self._dead_lock = threading.Lock()
+        """Makes "not dead, so queue the job" atomic against the thread's "dead, so drain the queue"."""
         self._setup = setup
         self._ready = ready
         self._ready_loop = ready.get_loop()
         self._thread = threading.Thread(target=self._run, name=f"s3stream-metadata:{path}", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> asyncio.Future[T]:
-        if self._dead:
-            raise ClosedError(f"the metadata store {self._path} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put(_Job(fn, write, loop, future))
-        return future
+    async def call(self, fn: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        """Run ``fn`` on the SQLite thread, waiting first for one of ``QUEUED_OPERATIONS_MAX`` slots."""
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[T] = loop.create_future()
+            with self._dead_lock:
+                if self._dead:
+                    raise ClosedError(f"the metadata store {self._path} is closed")
+                self._jobs.put(_Job(fn, write, loop, future))
+            return await future
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -125,7 +135,8 @@ class _Worker:
         try:
             self._serve()
         finally:  # stopped, or died of a bug: nobody may wait forever on a job
-            self._dead = True
+            with self._dead_lock:
+                self._dead = True
             if self._conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.close()
@@ -281,18 +292,18 @@ class SqliteMetadataStore(TransactionalStore):
             return result
 
         self._check_open()
-        return await self._worker.submit(run, write=True)
+        return await self._worker.call(run, write=True)
 
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
         self._check_open()
-        return await self._worker.submit(lambda conn: fn(schema.SqlView(conn)), write=False)
+        return await self._worker.call(lambda conn: fn(schema.SqlView(conn)), write=False)
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"the metadata store {self._path} is closed")
 
     async def schema_version(self) -> int:
-        version = await self._worker.submit(schema.schema_version, write=False)
+        version = await self._worker.call(schema.schema_version, write=False)
         assert version is not None
         return version
 

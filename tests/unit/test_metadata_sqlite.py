@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.ids import NodeId, StreamId
+from s3stream.metadata import sqlite as sqlite_module
 from s3stream.metadata import sqlite_schema
 from s3stream.metadata.base import ObjectState, StreamState
 from s3stream.metadata.sqlite import SqliteMetadataStore
@@ -70,7 +72,7 @@ async def test_state_survives_close_and_reopen(tmp_path: Path) -> None:
 async def test_connection_settings(tmp_path: Path) -> None:
     store = await SqliteMetadataStore.open(tmp_path / "m.db")
     try:
-        pragmas = await store._worker.submit(
+        pragmas = await store._worker.call(
             lambda c: [
                 c.execute(f"PRAGMA {p}").fetchone()[0]
                 for p in ("journal_mode", "synchronous", "foreign_keys")
@@ -258,7 +260,7 @@ async def test_a_bug_in_one_operation_fails_its_batch_only(tmp_path: Path) -> No
             raise ZeroDivisionError("a bug")
 
         with pytest.raises(ZeroDivisionError):
-            await store._worker.submit(broken, write=True)
+            await store._worker.call(broken, write=True)
         assert await store.kv_get("half") is None  # rolled back
         assert await store.kv_put("a", b"1") == b"1"  # the thread lives on
     finally:
@@ -305,3 +307,39 @@ async def test_two_stores_writing_one_file_never_lose_an_update(tmp_path: Path) 
     finally:
         await a.close()
         await b.close()
+
+
+class _CountingQueue:
+    """The worker's job queue, counting the jobs handed to it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.puts = 0
+
+    def put(self, job: object) -> None:
+        self.puts += 1
+        self.inner.put(job)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_queued_operations_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callers beyond QUEUED_OPERATIONS_MAX wait for a slot instead of growing the thread's queue."""
+    monkeypatch.setattr(sqlite_module, "QUEUED_OPERATIONS_MAX", 8)
+    store = await SqliteMetadataStore.open(tmp_path / "m.db")
+    jobs = _CountingQueue(store._worker._jobs)
+    monkeypatch.setattr(store._worker, "_jobs", jobs)
+    release = threading.Event()
+    try:
+        blocker = asyncio.ensure_future(store._worker.call(lambda c: release.wait(10), write=False))
+        puts = [asyncio.ensure_future(store.kv_put(f"k{i}", b"v")) for i in range(40)]
+        await asyncio.sleep(0.2)  # the thread is stuck in the blocker's batch
+        assert jobs.puts == 8  # the blocker and 7 puts; 33 callers wait for a slot
+        release.set()
+        await blocker
+        assert await asyncio.gather(*puts) == [b"v"] * 40
+        assert jobs.puts == 41
+    finally:
+        release.set()
+        await store.close()

@@ -136,14 +136,7 @@ class AppendPath:
             self.live.submitted(seq, batch_count=live_count, size_bytes=len(body))
         for handle in handles.values():
             handle.queue.append(pending)
-        in_wal = self._in_wal
-        in_wal[seq] = self.clock()
-        try:
-            offset = await self.wal.append(body)
-        except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
-            offset = await self._after_failed_write(exc, body, pending, handles.values(), kv_entry)
-        finally:
-            del in_wal[seq]
+        offset = await self._write(body, pending, handles.values(), kv_entry)
         self.live.written(offset, seq)
         pending.persisted = True
         if kv_entry is not None:
@@ -216,14 +209,7 @@ class AppendPath:
         seq = self.next_seq()
         kv_entry = self.kv.submit(seq, [mutation])
         self.live.submitted(seq, batch_count=1, size_bytes=len(body))
-        in_wal = self._in_wal
-        in_wal[seq] = self.clock()
-        try:
-            offset = await self.wal.append(body)
-        except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
-            offset = await self._after_failed_write(exc, body, PendingAppend(seq, {}, 0), (), kv_entry)
-        finally:
-            del in_wal[seq]
+        offset = await self._write(body, PendingAppend(seq, {}, 0), (), kv_entry)
         self.live.written(offset, seq)
         self.kv.persisted(kv_entry)
         (result,) = await kv_entry.future
@@ -256,6 +242,19 @@ class AppendPath:
             room.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(room.wait(), timeout=min(remaining, 0.1))
+
+    async def _write(
+        self, body: bytes, pending: PendingAppend, handles: Iterable[StreamHandle], kv_entry: KvEntry | None
+    ) -> int:
+        """The WAL write of a record (``append_one`` has its own copy inline: the hot path)."""
+        in_wal = self._in_wal
+        in_wal[pending.seq] = self.clock()
+        try:
+            return await self.wal.append(body)
+        except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
+            return await self._after_failed_write(exc, body, pending, handles, kv_entry)
+        finally:
+            del in_wal[pending.seq]
 
     async def _after_failed_write(
         self,

@@ -169,15 +169,10 @@ def decode_body(buf: bytes | bytearray | memoryview, *, source: str = "<wal>", p
         if len(buf) - pos < KV_HEADER_SIZE:
             raise CorruptionError("truncated KV put header", source=source, position=position + pos)
         key_len, value_len = KV_HEADER.unpack_from(buf, pos)
-        start = pos + KV_HEADER_SIZE
-        end = start + key_len + value_len
-        if end > len(buf):
-            raise CorruptionError("truncated KV put", source=source, position=position + pos)
-        try:
-            key = bytes(buf[start : start + key_len]).decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptionError("KV key is not UTF-8", source=source, position=position + pos) from exc
-        kv_puts.append((key, bytes(buf[start + key_len : end])))
+        key, value, end = _key_value(
+            buf, pos, KV_HEADER_SIZE, key_len, value_len, what="KV put", source=source, position=position
+        )
+        kv_puts.append((key, value))
         pos = end
     if pos != len(buf):
         raise CorruptionError("trailing bytes after an atomic group", source=source, position=position + pos)
@@ -209,16 +204,35 @@ def _decode_kv(buf: bytes | bytearray | memoryview, *, source: str, position: in
         op = KvOp(op_byte)
         if op is KvOp.DELETE and value_len != 0:
             raise CorruptionError("KV delete with a value", source=source, position=position + pos)
-        start = pos + KV_MUTATION_HEADER_SIZE
-        end = start + key_len + value_len
-        if end > len(buf):
-            raise CorruptionError("truncated KV mutation", source=source, position=position + pos)
-        try:
-            key = bytes(buf[start : start + key_len]).decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptionError("KV key is not UTF-8", source=source, position=position + pos) from exc
-        mutations.append(KvMutation(op, key, bytes(buf[start + key_len : end])))
+        key, value, end = _key_value(
+            buf, pos, KV_MUTATION_HEADER_SIZE, key_len, value_len, what="KV mutation", source=source,
+            position=position,
+        )  # fmt: skip
+        mutations.append(KvMutation(op, key, value))
         pos = end
     if pos != len(buf):
         raise CorruptionError("trailing bytes after KV mutations", source=source, position=position + pos)
     return WalBody((), (), tuple(mutations))
+
+
+def _key_value(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header_size: int,
+    key_len: int,
+    value_len: int,
+    *,
+    what: str,
+    source: str,
+    position: int,
+) -> tuple[str, bytes, int]:
+    """The key and value after the item header at ``pos``, and the position after them."""
+    start = pos + header_size
+    end = start + key_len + value_len
+    if end > len(buf):
+        raise CorruptionError(f"truncated {what}", source=source, position=position + pos)
+    try:
+        key = bytes(buf[start : start + key_len]).decode()
+    except UnicodeDecodeError as exc:
+        raise CorruptionError("KV key is not UTF-8", source=source, position=position + pos) from exc
+    return key, bytes(buf[start + key_len : end]), end

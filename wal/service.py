@@ -604,8 +604,7 @@ class BlockWAL:
         group = _Group(start, pad_len, slot)
         futs = group.futs
         offs = group.offs
-        buf = self._wbufs[slot]
-        view = self._wviews[slot]
+        view = self._wviews[slot]  # (packing into the memoryview is faster than into the mmap)
         pack = RECORD_HEADER.pack_into
         pack_crc = _CRC.pack_into
         wal_id = self._wal_id
@@ -629,13 +628,13 @@ class BlockWAL:
                     p = pos + _H
                     for part in data:
                         crc = crc32c(part, crc)
-                        buf[p : p + len(part)] = part
+                        view[p : p + len(part)] = part
                         p += len(part)
                 else:
                     crc = crc32c(data)
-                    buf[pos + _H : pos + _H + n] = data
-                pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc, 0)
-                pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
+                    view[pos + _H : pos + _H + n] = data
+                pack(view, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc, 0)
+                pack_crc(view, pos + span, crc32c(view[pos : pos + span]))
                 futs.append(fut)
                 offs.append(off)
                 single_bytes += nxt - off
@@ -654,9 +653,9 @@ class BlockWAL:
             req_offs: list[int] = []
             for body in req.bodies[i:j]:
                 n = len(body)
-                pack(buf, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
-                pack_crc(buf, pos + span, crc32c(view[pos : pos + span]))
-                buf[pos + _H : pos + _H + n] = body
+                pack(view, pos, DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body), 0)
+                pack_crc(view, pos + span, crc32c(view[pos : pos + span]))
+                view[pos + _H : pos + _H + n] = body
                 req_offs.append(off)
                 pos += _H + n
                 off += _H + n
@@ -674,7 +673,7 @@ class BlockWAL:
         self._groups.append((start, off))
         end = align_up(pos, layout.block)
         if end != pos:
-            buf[pos:end] = self._zeros[: end - pos]
+            view[pos:end] = self._zeros[: end - pos]
         group.end = end
         return group
 
@@ -706,7 +705,7 @@ class BlockWAL:
     def _complete(self, group: _Group) -> None:
         released = group.single_bytes
         for fut, off in zip(group.futs, group.offs, strict=True):
-            if not fut.done():
+            if not fut.done():  # (cancelled by its caller)
                 fut.set_result(off)
         for req, offsets in group.reqs:
             req.offsets += offsets

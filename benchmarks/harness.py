@@ -216,6 +216,20 @@ def _git_commit() -> str:
     return ""
 
 
+def _git_dirty() -> bool | None:
+    """Whether the working tree differs from ``git_commit`` (None outside a git checkout)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0:
+            return bool(done.stdout.strip())
+    return None
+
+
 def machine_info(work_dir: Path) -> dict[str, Any]:
     from s3stream._loop import uvloop_available
 
@@ -231,6 +245,7 @@ def machine_info(work_dir: Path) -> dict[str, Any]:
         "disk": _disk(work_dir),
         "packages": _package_versions(),
         "git_commit": _git_commit(),
+        "git_dirty": _git_dirty(),
     }
 
 

@@ -7,7 +7,7 @@ JSON schema (``schema`` = ``s3stream-bench/1``)::
       "started_at": ISO-8601 UTC, "finished_at": ..., "duration_s": float,
       "machine": {cpu_count, cpu_model, memory_bytes, python, implementation, kernel, platform,
                   event_loop, disk: {path, device, fs_type, total_bytes, free_bytes, rotational},
-                  packages: {name: version}, git_commit},
+                  packages: {name: version}, git_commit, git_dirty},
       "parameters": {workloads, quick, seed, run_id, params, target: {kind, endpoint, bucket, region}},
       "workloads": {name: {status: ok|error|missing|interrupted, error, duration_s, cpu_s, cpu_util,
                            peak_rss_bytes, s3_requests: {by_class, by_operation, bytes_written,

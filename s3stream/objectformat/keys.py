@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from s3stream.errors import InvalidArgumentError
+from s3stream.storage.keys import SEGMENT_CHARS_MAX
 
 DEFAULT_NAMESPACE = "DEFAULT"
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -16,8 +17,16 @@ OBJECT_ID_MAX = (1 << 63) - 1
 
 
 def _check_namespace(namespace: str) -> None:
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise InvalidArgumentError(f"bad object key namespace {namespace!r}: use letters, digits, _ . -")
+    """Letters, digits, ``_ . -``: one valid key segment (:mod:`s3stream.storage.keys`), so not ``.``/``..``."""
+    if (
+        not isinstance(namespace, str)
+        or not _NAMESPACE.fullmatch(namespace)
+        or namespace in (".", "..")
+        or len(namespace) > SEGMENT_CHARS_MAX
+    ):
+        raise InvalidArgumentError(
+            f"bad object key namespace {namespace!r:.80}: use 1..{SEGMENT_CHARS_MAX} of letters, digits, _ . -"
+        )
 
 
 def object_key(object_id: int, namespace: str = DEFAULT_NAMESPACE) -> str:

@@ -47,7 +47,8 @@ def test_parse_object_key_rejects_anything_else(key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("object_id", "namespace"), [(-1, "ns"), (1 << 63, "ns"), (True, "ns"), (1, ""), (1, "a/b")]
+    ("object_id", "namespace"),
+    [(-1, "ns"), (1 << 63, "ns"), (True, "ns"), (1, ""), (1, "a/b"), (1, "."), (1, ".."), (1, "n" * 201)],
 )
 def test_object_key_rejects_bad_ids_and_namespaces(object_id: int, namespace: str) -> None:
     with pytest.raises(InvalidArgumentError):

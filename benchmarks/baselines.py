@@ -430,7 +430,7 @@ async def slatedb_writer(
     """The same durable writes through SlateDB: ``put`` then ``await_durable`` per record, its WAL
     flushed every ``flush_interval_ms``, on ``target`` under ``prefix`` (or in ``local_dir`` when
     ``target`` is None). S3 requests come from SlateDB's own object-store metrics."""
-    from slatedb.uniffi import DbBuilder, DefaultMetricsRecorder, ObjectStore, Settings  # type: ignore[import-untyped]
+    from slatedb.uniffi import DbBuilder, DefaultMetricsRecorder, ObjectStore, Settings
 
     result = Measured(name=f"SlateDB put + await_durable ({spec.label()})")
     if target is not None:

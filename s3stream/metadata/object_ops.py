@@ -190,11 +190,22 @@ def commit_stream_set_object(txn: Txn, req: CommitStreamSetObjectRequest, *, now
             ranges=tuple(req.stream_ranges),
         )
         txn.write(PutStreamSetObject(sso))
+    if not _commit_stream_objects(txn, req, data_time_ms=data_time_ms, now_ms=now_ms):
+        txn.changes.clear()  # REDUNDANT_OPERATION on a stream object: the whole request is a no-op
+        return
+    if not compaction:
+        _advance_end_offsets(txn, req)
+
+
+def _commit_stream_objects(
+    txn: Txn, req: CommitStreamSetObjectRequest, *, data_time_ms: int, now_ms: int
+) -> bool:
+    """Commit the request's new stream objects; False if one is committed already (a retry)."""
+    view = txn.view
     for nso in req.stream_objects:
         obj = _committable(view, nso.object_id)
         if obj is None:
-            txn.changes.clear()  # REDUNDANT_OPERATION on a stream object: the whole request is a no-op
-            return
+            return False
         committed = _committed(obj, size_bytes=nso.size_bytes, kind=ObjectKind.STREAM, now_ms=now_ms)
         if view.stream(nso.stream_id) is None:
             txn.write(PutObject(marked(committed, now_ms)))  # its stream is gone already
@@ -204,8 +215,7 @@ def commit_stream_set_object(txn: Txn, req: CommitStreamSetObjectRequest, *, now
             nso.object_id, nso.stream_id, nso.start_offset, nso.end_offset, nso.size_bytes, data_time_ms
         )
         txn.write(PutStreamObject(so))
-    if not compaction:
-        _advance_end_offsets(txn, req)
+    return True
 
 
 def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:

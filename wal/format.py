@@ -52,6 +52,9 @@ RECORD_HEADER = struct.Struct(
 )
 RECORD_HEADER_SIZE = RECORD_HEADER.size
 _RECORD_HEADER_CRC_SPAN = RECORD_HEADER_SIZE - 4
+_RECORD_HEADER_PREFIX = struct.Struct(RECORD_HEADER.format[:-1])
+"""The record header without its ``header_crc``: what that CRC covers (the write path packs it as
+bytes, CRCs it, then appends the CRC)."""
 DATA_MAGIC = 0x57414C52
 PAD_MAGIC = 0x57414C50
 FLAG_FIRST = 0x01
@@ -59,6 +62,7 @@ _CRC = struct.Struct(">I")
 
 assert WAL_HEADER_SIZE == 84
 assert RECORD_HEADER_SIZE == 36
+assert _RECORD_HEADER_PREFIX.size == _RECORD_HEADER_CRC_SPAN
 assert WAL_HEADER_SIZE <= 512, "a header copy must fit in one sector"
 
 

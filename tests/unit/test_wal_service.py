@@ -422,3 +422,22 @@ async def test_non_contiguous_or_oversized_parts_are_argument_errors() -> None:
         await wal.append("text")  # type: ignore[arg-type]
     assert await wal.append([b"still", b" fine"]) == 0
     await wal.close()
+
+
+async def test_small_and_large_bodies_mixed_in_one_group_round_trip() -> None:
+    # bodies up to 4 KiB are joined with their headers, larger ones copied in place: mix both ways
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    sizes = [100, 5000, 4096, 4097, 1, 0, 6000, 300]
+    singles = [body(i, n) for i, n in enumerate(sizes)]
+    calls = [wal.append(b) if i % 3 else wal.append([b[:7], b[7:]]) for i, b in enumerate(singles)]
+    many = [body(100 + i, n) for i, n in enumerate(reversed(sizes))]
+    many_call = asyncio.ensure_future(wal.append_many(many))
+    offsets = await asyncio.gather(*calls)
+    many_offsets = await many_call
+    assert wal.stats["groups"] < 5
+    await wal.close()
+    wal, recs = await reopen(dev)
+    expected = sorted([*zip(offsets, singles, strict=True), *zip(many_offsets, many, strict=True)])
+    assert recs == expected
+    await wal.close()

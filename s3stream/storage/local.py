@@ -331,9 +331,10 @@ class LocalObjectStorage:
             yield info
 
     async def close(self) -> None:
+        """Refuse new calls, then wait (off the event loop) for the disk work already running."""
         if not self._closed:
             self._closed = True
-            self._executor.shutdown(wait=True)
+            await asyncio.to_thread(self._executor.shutdown, wait=True)
 
 
 class _LocalUpload:

@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -82,6 +83,35 @@ async def test_a_cancelled_upload_step_finishes_on_its_disk_thread_before_abort_
         await write
     assert events == ["flush started", "flush done", "discard"]
     assert all_files(storage.root) == ["a"]
+
+
+async def test_close_waits_for_running_disk_work_without_blocking_the_loop(
+    storage: LocalObjectStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: close() joined the disk threads on the event loop, freezing it meanwhile."""
+    real_put = LocalObjectStorage._put_sync
+
+    def slow_put(self: LocalObjectStorage, key: str, data: bytes, if_absent: bool) -> None:
+        time.sleep(0.3)
+        real_put(self, key, data, if_absent)
+
+    monkeypatch.setattr(LocalObjectStorage, "_put_sync", slow_put)
+    put = asyncio.ensure_future(storage.put("k", b"v"))
+    await asyncio.sleep(0.05)  # the put is on its disk thread
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.ensure_future(tick())
+    await storage.close()
+    ticker.cancel()
+    await put  # it finished before close returned
+    assert (storage.root / "k").read_bytes() == b"v"
+    assert ticks >= 5
 
 
 async def test_stale_temporary_files_are_swept(storage: LocalObjectStorage) -> None:

@@ -65,6 +65,7 @@ from s3stream.storage.base import (
 )
 from s3stream.storage.keys import resolve_range, validate_key, validate_prefix, validate_range
 from s3stream.storage.retry import RetryPolicy, call_with_retries
+from s3stream.storage.s3body import Piece, PiecesReader, send_pieces_as_views
 from s3stream.storage.stats import StorageStats
 
 T = TypeVar("T")
@@ -247,7 +248,9 @@ class S3ObjectStorage:
                             aws_secret_access_key=secret_key,
                             config=self._client_config(),
                         )
-                        self._client = await self._stack.enter_async_context(creator)
+                        client = await self._stack.enter_async_context(creator)
+                        client.meta.events.register("before-send.s3", send_pieces_as_views)
+                        self._client = client
                     except (ValueError, botocore.exceptions.BotoCoreError) as exc:
                         raise InvalidArgumentError(f"cannot create an S3 client for {self!r}: {exc}") from exc
         return self._client
@@ -297,32 +300,39 @@ class S3ObjectStorage:
                 f"conditional put of {key!r}: {size} bytes is above S3's single PUT limit"
             )
         body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
-        await self.put_body(full, key, body, if_absent=if_absent)
+        await self.put_pieces(full, key, [(body, 0, len(body))], if_absent=if_absent)
 
-    async def put_body(self, full: str, key: str, body: bytes | bytearray, *, if_absent: bool) -> None:
+    async def put_pieces(
+        self, full: str, key: str, pieces: Sequence[Piece], *, if_absent: bool = False
+    ) -> None:
+        """One PutObject whose body is ``pieces`` (sent without joining or copying them)."""
         extra = {"IfNoneMatch": "*"} if if_absent else {}
+        size = sum(end - start for _, start, end in pieces)
 
         async def attempt(client: Any) -> None:
-            await client.put_object(Bucket=self.config.bucket, Key=full, Body=body, **extra)
+            await client.put_object(Bucket=self.config.bucket, Key=full, Body=PiecesReader(pieces), **extra)
 
         try:
-            await self.call("PUT", repr(key), attempt, size_bytes=len(body))
+            await self.call("PUT", repr(key), attempt, size_bytes=size)
         except ConflictError:
             # Our retry, or aiohttp's silent resend of an idempotent PUT on a reset keep-alive
             # connection, may meet the object an earlier attempt of ours created.
-            if not await self._holds(full, key, body):
+            if not await self._holds(full, key, pieces, size):
                 raise
-        self.stats.record("put", len(body))
+        self.stats.record("put", size)
 
-    async def _holds(self, full: str, key: str, body: bytes | bytearray) -> bool:
-        """Whether ``key`` holds exactly ``body`` (an earlier attempt of ours won after all)."""
+    async def _holds(self, full: str, key: str, pieces: Sequence[Piece], size: int) -> bool:
+        """Whether ``key`` holds exactly ``pieces`` (an earlier attempt of ours won after all)."""
         try:
             info = await self._head(full, key)
         except NotFoundError:
             return False
-        return (
-            info.size_bytes == len(body) and info.etag == hashlib.md5(body, usedforsecurity=False).hexdigest()
-        )
+        if info.size_bytes != size:
+            return False
+        md5 = hashlib.md5(usedforsecurity=False)
+        for buffer, start, end in pieces:
+            md5.update(memoryview(buffer)[start:end])
+        return info.etag == md5.hexdigest()
 
     def upload(self, key: str) -> Upload:
         from s3stream.storage.s3upload import S3Upload

@@ -2,60 +2,58 @@
 
 The writer follows AutoMQ's ProxyWriter / MultiPartWriter (reference section 6.3):
 
-* **Staged** while the total stays <= ``multipart_threshold_bytes``: writes are kept (immutable
-  ``bytes`` by reference, anything mutable copied once) and copies are kept as ranges; ``complete``
-  range-reads the copies and issues a single PutObject.
-* **Multipart** once the total passes the threshold: the staged operations are replayed in order.
-  Writes fill the current part; a part is sent once it reaches ``part_size_bytes`` (big writes are
-  cut into exact part-size pieces). A copy ``[start, end)`` (split into <= 5 GiB chunks) becomes:
-  with no buffered part, an UploadPartCopy if the chunk is >= 5 MiB, else a range read into the
-  buffer; with a buffered part that the chunk would push past ``part_size_bytes``, a range read that
-  tops the buffer up to 5 MiB, the part sent, and the rest as UploadPartCopy (or read, if < 5 MiB);
-  otherwise a range read into the buffer.
+* **Staged** while the total stays <= ``multipart_threshold_bytes``: written bytes are kept and
+  copies are kept as ranges; ``complete`` range-reads the copies and issues a single PutObject.
+* **Multipart** as soon as a write or copy would take the total past the threshold: the staged
+  operations are replayed in order (written bytes become the first part(s) without a copy). Writes fill the current part; a part is sent once it holds
+  ``part_size_bytes``. A copy ``[start, end)`` (split into <= 5 GiB chunks) becomes: with no
+  buffered part, an UploadPartCopy if the chunk is >= 5 MiB, else a range read into the buffer; with
+  a buffered part that the chunk would push past ``part_size_bytes``, a range read that tops the
+  buffer up to 5 MiB, the part sent, and the rest as UploadPartCopy (or read, if < 5 MiB);
+  otherwise a range read into the buffer. A threshold of at most ``part_size_bytes`` makes a long
+  streamed object go multipart as soon as its first part is full.
 
-Parts go out concurrently, at most ``part_concurrency_max`` per upload (``write`` waits for a slot,
-so buffered memory is bounded). Any failure of a part, a copy or ``complete`` aborts the upload
-(AbortMultipartUpload) before the error is raised: nothing of the object ever becomes visible. The
-object's size is our own tally; the ETag of CompleteMultipartUpload is never read.
+Memory (the bound compaction relies on): written bytes are copied exactly once, into pages of at
+most ``PAGE_BYTES`` that the upload owns; nothing of the caller's buffer is kept, except a whole
+immutable ``bytes`` object (kept by reference: it pins only itself). Pages are never joined: a
+body is a list of page slices that botocore reads through :class:`~s3stream.storage.s3body.PiecesReader`
+and aiohttp sends as memoryviews (:mod:`s3stream.storage.s3body`). So an upload holds at most
+``multipart_threshold_bytes`` while staged, and at most ``(part_concurrency_max + 1) *
+part_size_bytes`` (plus one page) in multipart mode: ``write`` waits for a free part slot.
+
+Any failure of a part, a copy or ``complete`` aborts the upload (AbortMultipartUpload) before the
+error is raised: nothing of the object ever becomes visible. The object's size is our own tally;
+the ETag of CompleteMultipartUpload is never read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from s3stream.errors import ClosedError, InvalidArgumentError, NotFoundError, S3StreamError
 from s3stream.storage.base import MAX_PART_COUNT, MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import resolve_range, validate_key, validate_range
+from s3stream.storage.s3body import Piece, PiecesReader
 
 if TYPE_CHECKING:
     from s3stream.storage.s3 import S3ObjectStorage
 
 log = logging.getLogger(__name__)
 
-_Chunk = bytes | memoryview
-"""Immutable bytes (or a view of immutable bytes) owned by the upload."""
+PAGE_BYTES = 1024 * 1024
+"""Largest page written bytes are copied into."""
+SMALL_PAGE_BYTES = 64 * 1024
+"""Smallest page (a small object does not allocate a whole ``PAGE_BYTES`` page)."""
+KEEP_BYTES_MIN = 64 * 1024
+"""A whole ``bytes`` write at least this large is kept by reference instead of copied."""
+assert SMALL_PAGE_BYTES <= PAGE_BYTES <= MIN_PART_SIZE_BYTES
 
 
-def _join(pieces: list[_Chunk]) -> bytes:
-    """One ``bytes`` body; no copy when it is a single whole ``bytes`` object already."""
-    if len(pieces) == 1:
-        only = pieces[0]
-        if isinstance(only, bytes):
-            return only
-        if isinstance(only.obj, bytes) and only.nbytes == len(only.obj):
-            return only.obj
-    return b"".join(pieces)
-
-
-def _owned(data: bytes | bytearray | memoryview) -> _Chunk:
-    """The data as something the caller cannot change under us (copying only mutable buffers)."""
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, memoryview) and isinstance(data.obj, bytes) and data.contiguous:
-        return data.cast("B") if data.format != "B" or data.ndim != 1 else data
-    return bytes(data)
+def _size_of(pieces: Sequence[Piece]) -> int:
+    return sum(end - start for _, start, end in pieces)
 
 
 class S3Upload:
@@ -70,12 +68,16 @@ class S3Upload:
         self._size_bytes = 0
         self._done = False
         self._source_sizes: dict[str, int] = {}
-        # staged mode
-        self._staged: list[_Chunk | tuple[str, int, int]] | None = []
+        # written bytes not yet sent (staged: the whole object so far; multipart: the current part)
+        self._pieces: list[Piece] = []
+        self._pieces_bytes = 0
+        self._page: bytearray | None = None  # page being filled; its filled part ends the pieces
+        self._page_fill = 0
+        # staged mode: copies to range-read at complete, as (index in self._pieces, key, start, end)
+        self._staged = True
+        self._staged_copies: list[tuple[int, str, int, int]] = []
         # multipart mode
         self._upload_id: str | None = None
-        self._buffer: list[_Chunk] = []
-        self._buffer_bytes = 0
         self._next_part = 1
         self._etags: dict[int, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -86,11 +88,13 @@ class S3Upload:
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         self._check_active()
-        chunk = _owned(data)
-        size = len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
-        if size == 0:
+        view = memoryview(data)
+        if not view.contiguous:
+            raise InvalidArgumentError(f"write to {self.key!r}: the buffer is not contiguous")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        if view.nbytes == 0:
             return
-        await self._guard(self._write(chunk, size))
+        await self._guard(self._write(data, view))
 
     async def copy(self, source_key: str, start: int, end: int) -> None:
         self._check_active()
@@ -106,8 +110,7 @@ class S3Upload:
         if self._done:
             return
         self._done = True
-        self._staged = None
-        self._buffer = []
+        self._drop_buffers()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -147,13 +150,18 @@ class S3Upload:
             await self.abort()
             raise
 
-    async def _write(self, chunk: _Chunk, size: int) -> None:
-        self._size_bytes += size
-        if self._staged is not None:
-            self._staged.append(chunk)
-            await self._maybe_go_multipart()
+    def _drop_buffers(self) -> None:
+        self._pieces, self._pieces_bytes, self._page, self._page_fill = [], 0, None, 0
+        self._staged_copies = []
+
+    async def _write(self, data: bytes | bytearray | memoryview, view: memoryview) -> None:
+        if self._staged and self._size_bytes + view.nbytes > self._config.multipart_threshold_bytes:
+            await self._go_multipart()
+        self._size_bytes += view.nbytes
+        if isinstance(data, bytes) and view.nbytes >= KEEP_BYTES_MIN:
+            await self._add_bytes(data)
         else:
-            await self._buffer_write(chunk)
+            await self._add_copy_of(view)
 
     async def _copy(self, source_key: str, start: int, end: int) -> None:
         validate_key(source_key)
@@ -163,18 +171,72 @@ class S3Upload:
         resolve_range(source_key, start, end, self._source_sizes[source_key])
         if start == end:
             return
+        if self._staged and self._size_bytes + end - start > self._config.multipart_threshold_bytes:
+            await self._go_multipart()
         self._size_bytes += end - start
         self._storage.stats.record("copy", end - start)
-        if self._staged is not None:
-            self._staged.append((source_key, start, end))
-            await self._maybe_go_multipart()
+        if self._staged:
+            self._seal_page()
+            self._staged_copies.append((len(self._pieces), source_key, start, end))
+            self._pieces.append((b"", 0, 0))  # filled by _read_staged_copies
         else:
             await self._multipart_copy(source_key, start, end)
 
-    async def _maybe_go_multipart(self) -> None:
-        if self._size_bytes <= self._config.multipart_threshold_bytes:
-            return
-        staged, self._staged = self._staged or [], None
+    # -- buffering ---------------------------------------------------------------------------
+
+    def _seal_page(self) -> None:
+        """Close the page being filled: its unused tail is never written again."""
+        self._page, self._page_fill = None, 0
+
+    async def _add_bytes(self, data: bytes) -> None:
+        """Keep a whole immutable ``bytes`` by reference (multipart: cut at part boundaries)."""
+        self._seal_page()
+        await self._add_piece((data, 0, len(data)))
+
+    async def _add_copy_of(self, view: memoryview) -> None:
+        """Copy ``view`` into owned pages; in multipart mode a page never crosses a part boundary."""
+        while view.nbytes:
+            if self._page is None or self._page_fill == len(self._page):
+                room = PAGE_BYTES
+                if not self._staged:
+                    room = min(room, self._part_size - self._pieces_bytes)
+                self._page = bytearray(min(room, max(SMALL_PAGE_BYTES, self._size_bytes)))
+                self._page_fill = 0
+            page, at = self._page, self._page_fill
+            n = min(len(page) - at, view.nbytes)
+            page[at : at + n] = view[:n]
+            view = view[n:]
+            self._page_fill = at + n
+            last = self._pieces[-1] if self._pieces else None
+            if last is not None and last[0] is page and last[2] == at:
+                self._pieces[-1] = (page, last[1], at + n)
+                self._pieces_bytes += n
+                if not self._staged and self._pieces_bytes >= self._part_size:
+                    await self._send_part()
+            else:
+                await self._add_piece((page, at, at + n))
+
+    async def _add_piece(self, piece: Piece) -> None:
+        buffer, start, end = piece
+        while start < end:
+            n = end - start
+            if not self._staged:
+                n = min(n, self._part_size - self._pieces_bytes)
+            self._pieces.append((buffer, start, start + n))
+            self._pieces_bytes += n
+            start += n
+            if not self._staged and self._pieces_bytes >= self._part_size:
+                await self._send_part()
+
+    # -- multipart ---------------------------------------------------------------------------
+
+    async def _go_multipart(self) -> None:
+        """Start the multipart upload; the staged data so far becomes its first part(s)."""
+        staged, self._pieces, self._pieces_bytes = self._pieces, [], 0
+        copies = {index: (key, start, end) for index, key, start, end in self._staged_copies}
+        self._staged_copies = []
+        self._staged = False
+        self._seal_page()
 
         async def attempt(client: Any) -> str:
             response = await client.create_multipart_upload(Bucket=self._config.bucket, Key=self._full_key)
@@ -182,53 +244,48 @@ class S3Upload:
 
         self._upload_id = await self._storage.call("CreateMultipartUpload", repr(self.key), attempt)
         self._storage.stats.record("create_multipart")
-        for op in staged:
-            if isinstance(op, tuple):
-                await self._multipart_copy(*op)
+        for index, piece in enumerate(staged):
+            if index in copies:
+                await self._multipart_copy(*copies[index])
             else:
-                await self._buffer_write(op)
+                await self._add_piece(piece)
 
     async def _read(self, source_key: str, start: int, end: int) -> bytes:
         return await self._storage.get(source_key, start, end)
 
-    async def _buffer_write(self, chunk: _Chunk) -> None:
-        view = memoryview(chunk)
-        while view.nbytes:
-            room = self._part_size - self._buffer_bytes
-            piece, view = view[:room], view[room:]
-            self._buffer.append(piece)
-            self._buffer_bytes += piece.nbytes
-            if self._buffer_bytes >= self._part_size:
-                await self._send_buffer()
+    async def _read_into_buffer(self, source_key: str, start: int, end: int) -> None:
+        data = await self._read(source_key, start, end)
+        self._seal_page()
+        await self._add_piece((data, 0, len(data)))
 
-    async def _send_buffer(self) -> None:
-        if not self._buffer_bytes:
+    async def _send_part(self) -> None:
+        if not self._pieces_bytes:
             return
-        pieces, self._buffer, self._buffer_bytes = self._buffer, [], 0
-        body = _join(pieces)
-        await self._start_part(lambda number: self._upload_part(number, body))
+        pieces, self._pieces, self._pieces_bytes = self._pieces, [], 0
+        self._seal_page()
+        await self._start_part(lambda number: self._upload_part(number, pieces))
 
     async def _multipart_copy(self, source_key: str, start: int, end: int) -> None:
         for chunk_start in range(start, end, MAX_PART_SIZE_BYTES):
             chunk_end = min(end, chunk_start + MAX_PART_SIZE_BYTES)
             size = chunk_end - chunk_start
-            if self._buffer_bytes == 0:
+            if self._pieces_bytes == 0:
                 if size < MIN_PART_SIZE_BYTES:
-                    await self._buffer_write(await self._read(source_key, chunk_start, chunk_end))
+                    await self._read_into_buffer(source_key, chunk_start, chunk_end)
                 else:
                     await self._start_copy_part(source_key, chunk_start, chunk_end)
-            elif self._buffer_bytes + size > self._part_size:
-                top_up = max(0, MIN_PART_SIZE_BYTES - self._buffer_bytes)
+            elif self._pieces_bytes + size > self._part_size:
+                top_up = max(0, MIN_PART_SIZE_BYTES - self._pieces_bytes)
                 if top_up:
-                    await self._buffer_write(await self._read(source_key, chunk_start, chunk_start + top_up))
-                await self._send_buffer()
+                    await self._read_into_buffer(source_key, chunk_start, chunk_start + top_up)
+                await self._send_part()
                 rest_start = chunk_start + top_up
                 if chunk_end - rest_start >= MIN_PART_SIZE_BYTES:
                     await self._start_copy_part(source_key, rest_start, chunk_end)
                 elif rest_start < chunk_end:
-                    await self._buffer_write(await self._read(source_key, rest_start, chunk_end))
+                    await self._read_into_buffer(source_key, rest_start, chunk_end)
             else:
-                await self._buffer_write(await self._read(source_key, chunk_start, chunk_end))
+                await self._read_into_buffer(source_key, chunk_start, chunk_end)
 
     async def _start_copy_part(self, source_key: str, start: int, end: int) -> None:
         source = {"Bucket": self._config.bucket, "Key": self._storage.full_key(source_key)}
@@ -255,8 +312,9 @@ class S3Upload:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _upload_part(self, number: int, body: bytes) -> None:
+    async def _upload_part(self, number: int, pieces: list[Piece]) -> None:
         upload_id = self._upload_id
+        size = _size_of(pieces)
 
         async def attempt(client: Any) -> str:
             response = await client.upload_part(
@@ -264,14 +322,14 @@ class S3Upload:
                 Key=self._full_key,
                 UploadId=upload_id,
                 PartNumber=number,
-                Body=body,
+                Body=PiecesReader(pieces),
             )
             return str(response["ETag"])
 
         self._etags[number] = await self._storage.call(
-            "UploadPart", f"{self.key!r} #{number}", attempt, size_bytes=len(body)
+            "UploadPart", f"{self.key!r} #{number}", attempt, size_bytes=size
         )
-        self._storage.stats.record("upload_part", len(body))
+        self._storage.stats.record("upload_part", size)
 
     async def _upload_part_copy(self, number: int, source: dict[str, str], start: int, end: int) -> None:
         upload_id = self._upload_id
@@ -292,11 +350,15 @@ class S3Upload:
         )
         self._storage.stats.record("upload_part_copy", end - start)
 
+    # -- complete ----------------------------------------------------------------------------
+
     async def _complete(self) -> None:
-        if self._staged is not None:
-            await self._complete_single_put(self._staged)
+        if self._staged:
+            await self._read_staged_copies()
+            await self._storage.put_pieces(self._full_key, self.key, self._pieces)
+            self._drop_buffers()
             return
-        await self._send_buffer()
+        await self._send_part()
         await asyncio.gather(*list(self._tasks))
         if self._failure is not None:
             raise self._failure
@@ -324,19 +386,22 @@ class S3Upload:
         self._upload_id = None  # completed: nothing left to abort
         self._storage.stats.record("complete_multipart")
 
-    async def _complete_single_put(self, staged: list[_Chunk | tuple[str, int, int]]) -> None:
-        reads = {
-            index: asyncio.ensure_future(self._read(*op))
-            for index, op in enumerate(staged)
-            if isinstance(op, tuple)
-        }
+    async def _read_staged_copies(self) -> None:
+        """Range-read the staged copies (concurrently, at most ``part_concurrency_max`` at once)."""
+        copies, self._staged_copies = self._staged_copies, []
+        slots = asyncio.Semaphore(self._config.part_concurrency_max)
+
+        async def read(index: int, source_key: str, start: int, end: int) -> None:
+            async with slots:
+                data = await self._read(source_key, start, end)
+            self._pieces[index] = (data, 0, len(data))
+            self._pieces_bytes += len(data)
+
+        reads = [asyncio.ensure_future(read(*copy)) for copy in copies]
         try:
-            await asyncio.gather(*reads.values())
+            await asyncio.gather(*reads)
         except BaseException:
-            for future in reads.values():
+            for future in reads:
                 future.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
             raise
-        pieces = [reads[i].result() if isinstance(op, tuple) else op for i, op in enumerate(staged)]
-        body = _join(pieces)
-        await self._storage.put_body(self._full_key, self.key, body, if_absent=False)
-        self._staged = None

@@ -1,0 +1,115 @@
+"""Request bodies made of pieces, handed to botocore and aiohttp without being joined or copied.
+
+An S3 upload keeps its data as *pieces*: ``(buffer, start, end)`` slices of pages it owns (or of
+immutable ``bytes`` it was given whole). :class:`PiecesReader` is the body botocore sees: a seekable
+file-like object, so it validates, measures (``len``), hashes (SigV4 payload hash, CRC32 checksum)
+and rewinds the body by reading it in chunks. :func:`send_pieces_as_views`, registered on the
+client's ``before-send`` event, then replaces the reader by :class:`PiecesPayload`, which hands
+aiohttp one ``memoryview`` per piece (cut into ``WRITE_CHUNK_BYTES``): no joined copy, and no
+copy in aiohttp (its ``BytesPayload`` slices ``bytes`` to the content length, and its header
+coalescing joins the first chunk with the headers: both copy a whole body).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
+
+Piece = tuple[bytes | bytearray, int, int]
+"""``(buffer, start, end)``: bytes ``[start, end)`` of a buffer the upload owns or may keep."""
+
+WRITE_CHUNK_BYTES = 1024 * 1024
+"""Largest slice handed to the transport at once (aiohttp drains between writes)."""
+
+
+class PiecesReader(io.RawIOBase):
+    """A read-only, seekable file over pieces (what botocore reads to hash and size the body)."""
+
+    def __init__(self, pieces: Sequence[Piece]) -> None:
+        super().__init__()
+        self.pieces = tuple(pieces)
+        self._size_bytes = sum(end - start for _, start, end in self.pieces)
+        self._position = 0
+        self._index = 0  # piece holding self._position (or len(pieces) at the end)
+        self._index_start = 0  # body position where piece self._index starts
+
+    def __len__(self) -> int:
+        return self._size_bytes - self._position
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size_bytes}[whence]
+        position = min(max(0, base + offset), self._size_bytes)
+        self._position, self._index, self._index_start = position, 0, 0
+        while self._index < len(self.pieces):
+            _, start, end = self.pieces[self._index]
+            if position < self._index_start + end - start:
+                break
+            self._index_start += end - start
+            self._index += 1
+        return position
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        done = 0
+        while done < target.nbytes and self._index < len(self.pieces):
+            source, start, end = self.pieces[self._index]
+            at = start + self._position - self._index_start
+            n = min(end - at, target.nbytes - done)
+            target[done : done + n] = memoryview(source)[at : at + n]
+            done += n
+            self._position += n
+            if at + n == end:
+                self._index_start += end - start
+                self._index += 1
+        return done
+
+
+class PiecesPayload(Payload):
+    """An aiohttp payload that writes pieces as memoryviews; reusable (aiohttp may resend it)."""
+
+    _autoclose = True
+
+    def __init__(self, pieces: Sequence[Piece]) -> None:
+        super().__init__(tuple(pieces), content_type="application/octet-stream")
+        self._size = sum(end - start for _, start, end in pieces)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(memoryview(b)[s:e] for b, s, e in self._value).decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"".join(memoryview(b)[s:e] for b, s, e in self._value)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        size = sum(end - start for _, start, end in self._value)
+        left = size if content_length is None else min(content_length, size)
+        for source, start, end in self._value:
+            view = memoryview(source)
+            for at in range(start, end, WRITE_CHUNK_BYTES):
+                n = min(end, at + WRITE_CHUNK_BYTES, at + left) - at
+                if n <= 0:
+                    return
+                await writer.write(view[at : at + n])
+                left -= n
+
+
+def send_pieces_as_views(request: Any, **_: Any) -> None:
+    """``before-send`` handler: after botocore has sized, hashed and signed a :class:`PiecesReader`
+    body, send it as a :class:`PiecesPayload` (returns None: the request goes on as usual)."""
+    if isinstance(request.body, PiecesReader):
+        request.body = PiecesPayload(request.body.pieces)

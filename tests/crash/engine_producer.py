@@ -91,8 +91,10 @@ async def main(argv: list[str]) -> None:
             sys.stdout.flush()
 
     async def atomic_producer() -> None:
-        """Atomic pairs across the first two streams with a KV put: all or nothing after a crash."""
-        n = int((await client.kv.get("crash/atomic") or b"0").decode())
+        """Atomic pairs across the first two streams with a KV put: all or nothing after a crash.
+        Each is followed by a plain ``kv.put`` of the same key (value ``n.1`` after the group's
+        ``n.0``): a replayed group must never put its older value back over the plain one."""
+        n = int((await client.kv.get("crash/atomic") or b"0").decode().split(".")[0])
         while True:
             n += 1
             a, b = streams[0], streams[1]
@@ -100,11 +102,15 @@ async def main(argv: list[str]) -> None:
             got = await client.append_atomic(
                 [(a, RecordBatch(payload(a.stream_id, base_a, 1, 500))),
                  (b, RecordBatch(payload(b.stream_id, base_b, 1, 500)))],
-                kv={"crash/atomic": str(n).encode()},
+                kv={"crash/atomic": f"{n}.0".encode()},
             )  # fmt: skip
             assert got == [base_a, base_b]
-            sys.stdout.write(f"ACK {a.stream_id} {base_a} 1\nACK {b.stream_id} {base_b} 1\nKV {n}\n")
+            sys.stdout.write(f"ACK {a.stream_id} {base_a} 1\nACK {b.stream_id} {base_b} 1\nKV {n} 0\n")
             sys.stdout.flush()
+            await client.kv.put("crash/atomic", f"{n}.1".encode())
+            sys.stdout.write(f"KV {n} 1\n")
+            sys.stdout.flush()
+            await asyncio.sleep(0.02)  # most kills land here: the group is in the WAL, the plain put after it
 
     await asyncio.gather(*(producer(i) for i in range(len(streams))), atomic_producer())
 

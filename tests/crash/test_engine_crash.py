@@ -32,7 +32,7 @@ MODES = ["append", "before_upload", "before_commit", "after_commit"]
 
 
 def run_producer(
-    data_dir: Path, run: int, seed: int, mode: str, rng: random.Random, kv_acks: list[int]
+    data_dir: Path, run: int, seed: int, mode: str, rng: random.Random, kv_acks: list[tuple[int, int]]
 ) -> list[tuple[int, int, int]]:
     """Start the producer, let it be killed (by itself at a hook, or by us mid-append); return its acks."""
     args = [
@@ -53,7 +53,7 @@ def run_producer(
     ack_target = rng.randint(20, 400) if mode == "append" else None
     for line in proc.stdout:
         if line.startswith("KV "):
-            kv_acks.append(int(line.split()[1]))
+            kv_acks.append(_kv_ack(line))
         if line.startswith("ACK "):
             _, sid, base, count = line.split()
             acks.append((int(sid), int(base), int(count)))
@@ -69,18 +69,28 @@ def run_producer(
             _, sid, base, count = line.split()
             acks.append((int(sid), int(base), int(count)))
         elif line.startswith("KV "):
-            kv_acks.append(int(line.split()[1]))
+            kv_acks.append(_kv_ack(line))
     proc.wait(timeout=30)
     stderr = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == -signal.SIGKILL, f"producer exited with {proc.returncode}: {stderr[-3000:]}"
     return acks
 
 
-async def verify(data_dir: Path, acked: dict[int, dict[int, int]], epoch: int, kv_acked: int) -> None:
+def _kv_ack(line: str) -> tuple[int, int]:
+    """``KV n k``: the KV value ``n.k`` was acknowledged (k 0: by an atomic group, 1: by a plain put)."""
+    _, n, k = line.split()
+    return int(n), int(k)
+
+
+async def verify(
+    data_dir: Path, acked: dict[int, dict[int, int]], epoch: int, kv_acked: tuple[int, int]
+) -> None:
     client = await open_client(data_dir, config=CONFIG)
     try:
-        stored = int((await client.kv.get("crash/atomic") or b"0").decode())
-        assert stored >= kv_acked, f"acknowledged atomic KV put {kv_acked} lost (stored {stored})"
+        n, _, k = (await client.kv.get("crash/atomic") or b"0.0").decode().partition(".")
+        stored = (int(n), int(k))
+        # KV changes keep one order across crashes: never older than the last acknowledged one.
+        assert stored >= kv_acked, f"acknowledged KV value {kv_acked} lost or overwritten (stored {stored})"
         for sid, by_base in acked.items():
             stream = await client.streams.open_stream(sid, epoch=epoch)  # type: ignore[arg-type]
             end = stream.confirm_offset
@@ -124,7 +134,7 @@ def test_kill_during_appends_and_uploads_loses_nothing(tmp_path: Path, rng_seed:
     rng = random.Random(seed)
     iterations = int(os.environ.get("S3STREAM_CRASH_ITERATIONS", "10"))
     acked: dict[int, dict[int, int]] = {}
-    kv_acks: list[int] = [0]
+    kv_acks: list[tuple[int, int]] = [(0, 0)]
     for run in range(iterations):
         mode = MODES[(run + chain) % len(MODES)]
         acks = run_producer(tmp_path, run, seed * 1000 + run, mode, rng, kv_acks)

@@ -19,12 +19,10 @@ from s3stream.storage.base import Upload
 class BlockCopyWriter:
     """Writes one object from whole blocks. Calls must not overlap; ``abort`` after any failure."""
 
-    def __init__(self, upload: Upload, *, detach: bool = False) -> None:
-        """``detach``: hand the upload a copy of each block rather than the caller's view. An upload may
-        keep a view (and so its whole GET buffer) until it sends; an object written across several
-        compaction steps detaches so every step's GET buffers are freed when the step ends."""
+    def __init__(self, upload: Upload) -> None:
+        """Every backend's upload copies a block it is handed as a view (keeping only whole ``bytes``),
+        so a block's GET buffer is free once the step drops it, even for an object written across steps."""
         self._upload = upload
-        self._detach = detach
         self._entries: list[IndexEntry] = []
         self._crcs: list[int] = []
         self._position = 0
@@ -62,9 +60,7 @@ class BlockCopyWriter:
         self._crcs.append(crc if crc is not None else crc32c(block))
         self._position += entry.size_bytes
         try:
-            await self._upload.write(
-                bytes(block) if self._detach and isinstance(block, memoryview) else block
-            )
+            await self._upload.write(block)
         except BaseException:
             self._closed = True
             raise

@@ -71,8 +71,8 @@ class StreamSetCompactionExecutor:
         self.prepared_ttl_ms = prepared_ttl_ms
         self.hooks = hooks or CompactionHooks()
 
-    def _writer(self, object_id: ObjectId, *, detach: bool = False) -> BlockCopyWriter:
-        return BlockCopyWriter(self.storage.upload(object_key(object_id, self.namespace)), detach=detach)
+    def _writer(self, object_id: ObjectId) -> BlockCopyWriter:
+        return BlockCopyWriter(self.storage.upload(object_key(object_id, self.namespace)))
 
     async def execute(
         self, plan: CommitPlan, sources: Mapping[ObjectId, SourceObject], start_offsets: Mapping[int, int]
@@ -83,7 +83,7 @@ class StreamSetCompactionExecutor:
         sso_writer: BlockCopyWriter | None = None
         if plan.has_stream_set_object:
             sso_id = await self.metadata.prepare_objects(count=1, ttl_ms=self.prepared_ttl_ms)
-            sso_writer = self._writer(sso_id, detach=True)  # written across steps
+            sso_writer = self._writer(sso_id)  # written across steps
         new_objects: list[NewStreamObject] = []
         bytes_read = bytes_written = 0
         try:

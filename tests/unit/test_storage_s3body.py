@@ -1,0 +1,85 @@
+"""PiecesReader and PiecesPayload: the body botocore reads and the views aiohttp sends match the joined
+bytes exactly, for any split into pieces, any seek and any content length."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+
+from s3stream.storage import s3body
+from s3stream.storage.s3body import Piece, PiecesPayload, PiecesReader, send_pieces_as_views
+
+
+def _pieces(rng: random.Random, total: int) -> tuple[list[Piece], bytes]:
+    data = rng.randbytes(total)
+    pieces: list[Piece] = []
+    at = 0
+    while at < total:
+        n = rng.randint(1, max(1, total // 3))
+        chunk = data[at : at + n]
+        pad = rng.randint(0, 5)
+        buffer = bytearray(rng.randbytes(pad) + chunk + rng.randbytes(pad)) if rng.random() < 0.5 else chunk
+        start = pad if isinstance(buffer, bytearray) else 0
+        pieces.append((buffer, start, start + len(chunk)))
+        at += len(chunk)
+    return pieces, data
+
+
+class _RecordingWriter:
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.views = 0
+
+    async def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        self.views += isinstance(chunk, memoryview)
+        self.chunks.append(bytes(chunk))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reader_reads_and_seeks_like_the_joined_bytes(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces, data = _pieces(rng, rng.randint(0, 5000))
+    reader = PiecesReader(pieces)
+    assert len(reader) == len(data)
+    assert reader.read() == data
+    assert reader.read(10) == b""
+    assert len(reader) == 0
+    for _ in range(20):
+        position = rng.randint(0, len(data) + 3)
+        assert reader.seek(position) == min(position, len(data))
+        n = rng.randint(0, 700)
+        assert reader.read(n) == data[min(position, len(data)) : position + n]
+    reader.seek(-7, io.SEEK_END)
+    assert reader.read() == data[max(0, len(data) - 7) :]
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_payload_writes_views_of_the_pieces(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3body, "WRITE_CHUNK_BYTES", 64)
+    rng = random.Random(seed)
+    pieces, data = _pieces(rng, rng.randint(1, 3000))
+    payload = PiecesPayload(pieces)
+    assert payload.size == len(data)
+    for limit in (None, len(data), rng.randint(0, len(data))):
+        writer = _RecordingWriter()
+        await payload.write_with_length(writer, limit)  # type: ignore[arg-type]
+        assert b"".join(writer.chunks) == data[:limit]
+        assert writer.views == len(writer.chunks)
+        assert all(len(c) <= 64 for c in writer.chunks)
+    assert await payload.as_bytes() == data
+
+
+def test_before_send_swaps_only_pieces_readers() -> None:
+    class Request:
+        body: object
+
+    request = Request()
+    request.body = PiecesReader([(b"abc", 1, 3)])
+    send_pieces_as_views(request)
+    assert isinstance(request.body, PiecesPayload)
+    assert request.body.size == 2
+    request.body = b"plain"
+    send_pieces_as_views(request)
+    assert request.body == b"plain"

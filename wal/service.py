@@ -1,14 +1,15 @@
 """The block WAL service: pipelined group commit, in-order completions, trim, recovery, close.
 
-Write path: ``append`` queues the body and awaits a future. One writer task seals the queued records
-into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the physical end of the
-device), assigns their offsets, packs headers, CRC32Cs and bodies into a reused aligned buffer and
-hands one ``pwrite`` to an I/O thread (the descriptor is O_DSYNC: durable on return, and the thread
-needs the GIL only around that call). Meanwhile the next group accumulates. Up to
-``groups_inflight_max`` (K) groups are written at once, one per I/O thread; they complete (futures
-resolve) strictly in offset order, and group n + K starts only after group n completed, which bounds
-what a crash can leave behind (the recovery rule in docs/format.md section 4.6 and
-:mod:`wal.recovery` depends on this).
+Write path: ``append`` queues the body (or its parts) and awaits a future. One writer task seals the
+queued records into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the
+physical end of the device), assigns their offsets and, in the same pass, packs headers, CRC32Cs and
+bodies into a reused aligned buffer; then hands one ``pwrite`` to an I/O thread (the descriptor is
+O_DSYNC: durable on return, and the thread needs the GIL only around that call). Meanwhile the next
+group accumulates. Up to ``groups_inflight_max`` (K) groups are written at once, one per I/O thread;
+they complete (futures resolve, from the I/O completion callback) strictly in offset order, and
+group n + K starts only after group n completed, which bounds what a crash can leave behind (the
+recovery rule in docs/format.md section 4.6 and :mod:`wal.recovery` depends on this). The writer
+runs after the appenders a completion woke, so what they append next joins the next group.
 
 Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
 Space freed by a trim is reused only once that header write is durable.

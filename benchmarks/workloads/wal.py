@@ -6,7 +6,9 @@
 - **1 KiB appends** with 1, 16 and 256 producers: appends/s vs a minimal asyncio group-commit loop
   (take everything queued, one aligned ``pwrite`` + ``fdatasync`` in a thread, resolve; goal >= 1.0x).
   Both stay open on files of their own and take turns in short slices (order alternating), so both
-  see the same moments of the shared machine; per-slice ratios and their median are in ``extra``.
+  see the same moments of the shared machine; per-slice ratios and their median are in ``extra``,
+  with a third loop in the same turns: the minimal loop plus the WAL's per-record format work (header
+  and two CRC32Cs), which tells the format's share of the gap from the WAL's own overhead.
 - **append_many**: batches of 10,000 records of 100 bytes, records/s (goal >= 500k/s) vs a raw
   O_DIRECT write of the same record bytes in 1 MiB writes, counted in records.
 - **latency at half load**: open-loop 1 KiB appends at half the best 1 KiB rate measured above;
@@ -25,10 +27,13 @@ import collections
 import mmap
 import os
 import statistics
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from crc32c import crc32c
 
 from benchmarks.core import Context, Result
 from benchmarks.measure import LatencyRecorder
@@ -180,27 +185,47 @@ PAIRED_SLICES = 8
 """1 KiB appends: the WAL and the minimal loop take turns in this many slices each (order alternating)."""
 
 
+class FormattedGroupCommit(MinimalGroupCommit):
+    """The minimal loop plus the WAL's per-record format work (36-byte header, two CRC32Cs, done in
+    its write thread under the GIL): how much of the gap to the minimal loop is the format itself."""
+
+    _PREFIX = struct.Struct(">IBBHIQQI")  # the record header without its CRC (docs/format.md 4.3)
+    _CRC = struct.Struct(">I")
+
+    def _write(self, items: list[tuple[bytes, asyncio.Future[int]]]) -> None:
+        pieces: list[bytes] = []
+        off = 0
+        for data, _ in items:
+            head = self._PREFIX.pack(0x57414C52, 1, 0, 0, 1, len(data), off, crc32c(data))
+            pieces += (head, self._CRC.pack(crc32c(head)), data)
+            off += 36 + len(data)
+        super()._write([(b"".join(pieces), items[0][1])])
+
+
 async def _paired_appends(
     work: Path, config: WalConfig, producers: int, duration_s: float, data: bytes
-) -> tuple[float, float, list[float]]:
-    """Appends/s of the WAL and of the minimal loop, measured in alternating slices of the same run.
+) -> tuple[dict[str, float], list[float]]:
+    """Appends/s of the WAL, of the minimal loop and of the minimal loop with the WAL's record format,
+    measured in turns in the same run.
 
-    Both stay open on their own files; slice i runs the WAL then the loop (i even) or the loop then
-    the WAL (i odd), ``duration_s / PAIRED_SLICES`` each, so both see the same moments of a noisy
-    shared machine. Returns the two rates over all slices and the per-slice ratios.
+    Each stays open on its own file; every slice runs all three, ``duration_s / PAIRED_SLICES`` each,
+    in an order that alternates, so all see the same moments of a noisy shared machine. Returns the
+    rates over all slices and the per-slice ratios WAL / minimal loop.
     """
     wal_path = work / "wal-paired.dat"
     base_path = work / "baseline-paired.dat"
+    fmt_path = work / "format-paired.dat"
     wal = await BlockWAL.open(wal_path, config)
     await wal.recover_all()
     base = MinimalGroupCommit(base_path, create=True)
+    fmt = FormattedGroupCommit(fmt_path, create=True)
     trimmer = asyncio.ensure_future(_trimmer(wal))
     slice_s = duration_s / PAIRED_SLICES
-    totals = {"wal": [0, 0.0], "base": [0, 0.0]}
+    totals = {"wal": [0, 0.0], "base": [0, 0.0], "format": [0, 0.0]}
     ratios: list[float] = []
     try:
         for i in range(PAIRED_SLICES):
-            runs = [("wal", wal.append), ("base", base.append)]
+            runs = [("wal", wal.append), ("base", base.append), ("format", fmt.append)]
             rates: dict[str, float] = {}
             for name, append in runs if i % 2 == 0 else runs[::-1]:
                 started = time.perf_counter()
@@ -215,9 +240,10 @@ async def _paired_appends(
         await asyncio.gather(trimmer, return_exceptions=True)
         await wal.close()
         await base.close()
-        os.remove(wal_path)
-        os.remove(base_path)
-    return totals["wal"][0] / totals["wal"][1], totals["base"][0] / totals["base"][1], ratios
+        await fmt.close()
+        for path in (wal_path, base_path, fmt_path):
+            os.remove(path)
+    return {name: n / elapsed for name, (n, elapsed) in totals.items()}, ratios
 
 
 async def _trimmer(wal: BlockWAL) -> None:
@@ -362,7 +388,8 @@ async def run(ctx: Context) -> list[Result]:
     best_rate = 0.0
     for producers in (1, 16, 256):
         ctx.status(f"wal: 1 KiB appends, {producers} producers")
-        rate, base, ratios = await _paired_appends(work, config, producers, 2 * duration_s, small)
+        rates, ratios = await _paired_appends(work, config, producers, 3 * duration_s, small)
+        rate, base = rates["wal"], rates["base"]
         best_rate = max(best_rate, rate)
         results.append(
             Result(
@@ -376,6 +403,8 @@ async def run(ctx: Context) -> list[Result]:
                     "goal_ratio": 1.0,
                     "slice_ratios": ratios,
                     "median_slice_ratio": statistics.median(ratios),
+                    "format_loop_appends_per_s": rates["format"],
+                    "ratio_vs_format_loop": rate / rates["format"],
                 },
             )
         )

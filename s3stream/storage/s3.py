@@ -1,8 +1,9 @@
 """S3ObjectStorage: the ObjectStorage protocol over S3 (AWS, MinIO, Ceph RGW) through aiobotocore.
 
-Requests: single PutObject up to ``multipart_threshold_bytes`` (32 MiB), multipart above it with
-parts of ``part_size_bytes`` (>= 5 MiB) uploaded concurrently (at most ``part_concurrency_max`` per
-upload); ranged GetObject; HeadObject; DeleteObjects in batches of <= 1000 keys; ListObjectsV2 by
+Requests: single PutObject up to ``multipart_threshold_bytes`` (32 MiB; a streamed upload stages at
+most ``part_concurrency_max * part_size_bytes`` of it), multipart above it with parts of
+``part_size_bytes`` (>= 5 MiB) uploaded concurrently (at most ``part_concurrency_max`` per upload,
+which bounds an upload's buffers, see :mod:`s3stream.storage.s3upload`); ranged GetObject; HeadObject; DeleteObjects in batches of <= 1000 keys; ListObjectsV2 by
 prefix, ``list_page_size`` keys per page; UploadPartCopy for copied ranges of >= 5 MiB (AutoMQ's
 rules, see :mod:`s3stream.storage.s3upload`); conditional create with ``If-None-Match: *``. At most
 ``inflight_requests_max`` requests are on the wire at once; every attempt runs under a timeout.

@@ -24,6 +24,8 @@ Piece = tuple[bytes | bytearray, int, int]
 
 WRITE_CHUNK_BYTES = 1024 * 1024
 """Largest slice handed to the transport at once (aiohttp drains between writes)."""
+FIRST_CHUNK_BYTES = 16 * 1024
+"""The first slice is small: aiohttp joins it with the request headers (a copy)."""
 
 
 class PiecesReader(io.RawIOBase):
@@ -60,6 +62,23 @@ class PiecesReader(io.RawIOBase):
             self._index_start += end - start
             self._index += 1
         return position
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left if negative), built with one allocation."""
+        left = self._size_bytes - self._position
+        n = left if size is None or size < 0 else min(size, left)
+        if self._index < len(self.pieces):
+            source, start, end = self.pieces[self._index]
+            at = start + self._position - self._index_start
+            if end - at >= n:  # within one piece: a single copy
+                self.seek(self._position + n)
+                return bytes(memoryview(source)[at : at + n])
+        out = bytearray(n)
+        done = self.readinto(out)
+        return bytes(out[:done]) if done < n else bytes(out)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
@@ -98,14 +117,15 @@ class PiecesPayload(Payload):
     async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
         size = sum(end - start for _, start, end in self._value)
         left = size if content_length is None else min(content_length, size)
-        for source, start, end in self._value:
+        chunk = FIRST_CHUNK_BYTES
+        for source, at, end in self._value:
             view = memoryview(source)
-            for at in range(start, end, WRITE_CHUNK_BYTES):
-                n = min(end, at + WRITE_CHUNK_BYTES, at + left) - at
-                if n <= 0:
-                    return
+            while at < end and left > 0:
+                n = min(end - at, chunk, left)
                 await writer.write(view[at : at + n])
+                at += n
                 left -= n
+                chunk = WRITE_CHUNK_BYTES
 
 
 def send_pieces_as_views(request: Any, **_: Any) -> None:

@@ -2,24 +2,26 @@
 
 The writer follows AutoMQ's ProxyWriter / MultiPartWriter (reference section 6.3):
 
-* **Staged** while the total stays <= ``multipart_threshold_bytes``: written bytes are kept and
-  copies are kept as ranges; ``complete`` range-reads the copies and issues a single PutObject.
-* **Multipart** as soon as a write or copy would take the total past the threshold: the staged
+* **Staged** while the total stays <= the staging limit, ``min(multipart_threshold_bytes,
+  part_concurrency_max * part_size_bytes)``: written bytes are kept and copies are kept as ranges;
+  ``complete`` range-reads the copies and issues a single PutObject. (The second term keeps a
+  staged upload from holding more than a multipart one would: with 5 MiB parts and one in flight,
+  a long streamed object goes multipart as soon as its first part is full.)
+* **Multipart** as soon as a write or copy would take the total past the staging limit: the staged
   operations are replayed in order (written bytes become the first part(s) without a copy). Writes fill the current part; a part is sent once it holds
   ``part_size_bytes``. A copy ``[start, end)`` (split into <= 5 GiB chunks) becomes: with no
   buffered part, an UploadPartCopy if the chunk is >= 5 MiB, else a range read into the buffer; with
   a buffered part that the chunk would push past ``part_size_bytes``, a range read that tops the
   buffer up to 5 MiB, the part sent, and the rest as UploadPartCopy (or read, if < 5 MiB);
-  otherwise a range read into the buffer. A threshold of at most ``part_size_bytes`` makes a long
-  streamed object go multipart as soon as its first part is full.
+  otherwise a range read into the buffer.
 
 Memory (the bound compaction relies on): written bytes are copied exactly once, into pages of at
 most ``PAGE_BYTES`` that the upload owns; nothing of the caller's buffer is kept, except a whole
 immutable ``bytes`` object (kept by reference: it pins only itself). Pages are never joined: a
 body is a list of page slices that botocore reads through :class:`~s3stream.storage.s3body.PiecesReader`
 and aiohttp sends as memoryviews (:mod:`s3stream.storage.s3body`). So an upload holds at most
-``multipart_threshold_bytes`` while staged, and at most ``(part_concurrency_max + 1) *
-part_size_bytes`` (plus one page) in multipart mode: ``write`` waits for a free part slot.
+``(part_concurrency_max + 1) * part_size_bytes`` plus one page of written bytes in either mode
+(``write`` waits for a free part slot); staged copies are read only at ``complete``.
 
 Any failure of a part, a copy or ``complete`` aborts the upload (AbortMultipartUpload) before the
 error is raised: nothing of the object ever becomes visible. The object's size is our own tally;
@@ -65,6 +67,9 @@ class S3Upload:
         self._config = storage.config
         self._full_key = full_key
         self._part_size = self._config.part_size_bytes
+        self._staged_max_bytes = min(
+            self._config.multipart_threshold_bytes, self._config.part_concurrency_max * self._part_size
+        )
         self._size_bytes = 0
         self._done = False
         self._source_sizes: dict[str, int] = {}
@@ -155,7 +160,7 @@ class S3Upload:
         self._staged_copies = []
 
     async def _write(self, data: bytes | bytearray | memoryview, view: memoryview) -> None:
-        if self._staged and self._size_bytes + view.nbytes > self._config.multipart_threshold_bytes:
+        if self._staged and self._size_bytes + view.nbytes > self._staged_max_bytes:
             await self._go_multipart()
         self._size_bytes += view.nbytes
         if isinstance(data, bytes) and view.nbytes >= KEEP_BYTES_MIN:
@@ -171,7 +176,7 @@ class S3Upload:
         resolve_range(source_key, start, end, self._source_sizes[source_key])
         if start == end:
             return
-        if self._staged and self._size_bytes + end - start > self._config.multipart_threshold_bytes:
+        if self._staged and self._size_bytes + end - start > self._staged_max_bytes:
             await self._go_multipart()
         self._size_bytes += end - start
         self._storage.stats.record("copy", end - start)

@@ -58,6 +58,7 @@ def test_reader_reads_and_seeks_like_the_joined_bytes(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(10))
 async def test_payload_writes_views_of_the_pieces(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(s3body, "WRITE_CHUNK_BYTES", 64)
+    monkeypatch.setattr(s3body, "FIRST_CHUNK_BYTES", 16)
     rng = random.Random(seed)
     pieces, data = _pieces(rng, rng.randint(1, 3000))
     payload = PiecesPayload(pieces)
@@ -68,6 +69,7 @@ async def test_payload_writes_views_of_the_pieces(seed: int, monkeypatch: pytest
         assert b"".join(writer.chunks) == data[:limit]
         assert writer.views == len(writer.chunks)
         assert all(len(c) <= 64 for c in writer.chunks)
+        assert len(writer.chunks[0]) <= 16 if writer.chunks else True
     assert await payload.as_bytes() == data
 
 

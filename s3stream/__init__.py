@@ -1,5 +1,6 @@
 """s3stream: a stream storage engine on object storage, in the design of AutoMQ's S3Stream."""
 
+from s3stream.assembly import open_client, open_sync
 from s3stream.config import Config
 from s3stream.engine.client import Client, KVClient, Stream, StreamClient
 from s3stream.errors import (
@@ -14,12 +15,12 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
-from s3stream.facade import SyncClient, SyncKVClient, SyncStream, SyncStreamClient, open_sync
+from s3stream.facade import SyncClient, SyncKVClient, SyncStream, SyncStreamClient
 from s3stream.ids import StreamId
 from s3stream.model import FetchedBatch, RecordBatch
 
-open = Client.open
-"""``await s3stream.open(data_dir, bucket_uri=None, config=None)``: the embedded engine (see Client.open)."""
+open = open_client
+"""``await s3stream.open(data_dir, bucket_uri=None, config=None)``: the embedded engine (see the assembly)."""
 
 __all__ = [
     "CapacityError",

@@ -6,8 +6,9 @@
 ``mem://name``) puts objects there instead. Components start in dependency order and close in
 reverse; the :class:`PreparedObjectReaper` (expiry of prepared objects left by crashed uploads and
 deletion of their bytes) and the :class:`~compaction.compactor.Compactor` are background components of
-the client. Nothing else imports this module
-except ``Client.open``.
+the client. ``open_sync`` is the same behind the blocking facade. It is the top of the package:
+``s3stream.open`` / ``s3stream.open_sync`` are these functions, and nothing in the engine, the facade,
+the storage or the metadata layers imports this module (``tests/unit/test_engine_layering.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
+from s3stream.facade import SyncClient
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import ObjectReaderCache, object_key
@@ -258,6 +260,13 @@ async def open_client(
     client = Client(engine, metadata, closers=list(reversed(closers)))
     client.components.update(reaper=reaper, compactor=compactor, reader=reader)
     return client
+
+
+def open_sync(
+    data_dir: str | os.PathLike[str], *, bucket_uri: str | None = None, config: Config | None = None
+) -> SyncClient:
+    """Open a :class:`~s3stream.facade.SyncClient`: like ``await open_client(...)`` but blocking."""
+    return SyncClient.start(lambda: open_client(data_dir, bucket_uri=bucket_uri, config=config))
 
 
 async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:

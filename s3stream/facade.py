@@ -15,14 +15,12 @@ inside its own loop thread would deadlock and raises :class:`~s3stream.errors.In
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 from s3stream._loop import new_event_loop
-from s3stream.config import Config
 from s3stream.engine.client import Client, KVClient, Stream, StreamClient
 from s3stream.errors import ClosedError, InvalidArgumentError
 from s3stream.ids import StreamId
@@ -163,7 +161,7 @@ class SyncStreamClient:
 
 
 class SyncClient:
-    """Blocking :class:`~s3stream.engine.client.Client`; ``with`` closes it. Build with :func:`open_sync`."""
+    """Blocking :class:`~s3stream.engine.client.Client`; ``with`` closes it. Build with ``s3stream.open_sync``."""
 
     def __init__(self, client: Client, runner: _LoopThread) -> None:
         self.client = client
@@ -191,6 +189,20 @@ class SyncClient:
         finally:
             self._run.stop()
 
+    @classmethod
+    def start(cls, opener: Callable[[], Coroutine[Any, Any, Client]]) -> SyncClient:
+        """Start a loop thread, run ``opener()`` on it and wrap the client it returns.
+
+        The assembly passes its own opener (``s3stream.open_sync``); this module never builds engines.
+        """
+        runner = _LoopThread()
+        try:
+            client = runner.run(opener())
+        except BaseException:
+            runner.stop()
+            raise
+        return cls(client, runner)
+
     def __enter__(self) -> SyncClient:
         return self
 
@@ -198,16 +210,3 @@ class SyncClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def open_sync(
-    data_dir: str | os.PathLike[str], *, bucket_uri: str | None = None, config: Config | None = None
-) -> SyncClient:
-    """Open a :class:`SyncClient`: like ``await Client.open(...)`` but blocking."""
-    runner = _LoopThread()
-    try:
-        client = runner.run(Client.open(data_dir, bucket_uri=bucket_uri, config=config))
-    except BaseException:
-        runner.stop()
-        raise
-    return SyncClient(client, runner)

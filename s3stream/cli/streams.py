@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from s3stream import assembly
 from s3stream._loop import run
 from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
@@ -46,7 +47,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, tabular: bool = True) ->
 async def open_client(args: argparse.Namespace) -> Client:
     """The client of ``--data-dir``; config from ``--config`` and the ``S3STREAM_*`` environment."""
     config = Config.from_sources(args.config)
-    return await Client.open(args.data_dir, bucket_uri=args.bucket_uri, config=config)
+    return await assembly.open_client(args.data_dir, bucket_uri=args.bucket_uri, config=config)
 
 
 def next_epoch(meta: StreamMetadata) -> int:

@@ -1,17 +1,15 @@
 """The public async API: Client, StreamClient, Stream, KVClient (AutoMQ's ``com.automq.stream.api``).
 
 These are thin, typed front doors over :class:`~s3stream.engine.core.Engine` (which owns every
-behaviour) and the metadata store (streams, KV). ``Client.open`` builds the components through
-:mod:`s3stream.assembly`, the one module that wires them together.
+behaviour) and the metadata store (streams, KV). ``s3stream.open`` (:func:`s3stream.assembly.open_client`)
+builds the components and hands them to a :class:`Client`; nothing in the engine imports the assembly.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 
-from s3stream.config import Config
 from s3stream.engine.core import Engine, StreamHandle
 from s3stream.engine.walbody import KV_KEY_MAX_BYTES
 from s3stream.errors import ClosedError, InvalidArgumentError
@@ -167,7 +165,7 @@ class KVClient:
 
 
 class Client:
-    """An open engine on one data dir. Build with :meth:`open` (or ``s3stream.open``)."""
+    """An open engine on one data dir. Build with ``s3stream.open`` (the assembly)."""
 
     def __init__(
         self,
@@ -185,19 +183,6 @@ class Client:
         self.kv = KVClient(engine, self._check_open)
         self.components: dict[str, object] = {}
         """Background components wired in by the assembly (reaper, compactor, reader), for tools and tests."""
-
-    @classmethod
-    async def open(
-        cls,
-        data_dir: str | os.PathLike[str],
-        *,
-        bucket_uri: str | None = None,
-        config: Config | None = None,
-    ) -> Client:
-        """Open (creating if needed) the engine in ``data_dir``; objects go to ``bucket_uri`` if given."""
-        from s3stream.assembly import open_client  # the assembly wires; nothing below imports it
-
-        return await open_client(data_dir, bucket_uri=bucket_uri, config=config)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from s3stream.assembly import build_reader
+from s3stream.assembly import build_reader, open_sync
 from s3stream.config import Config
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine
 from s3stream.engine.walport import MemoryWal
 from s3stream.errors import ClosedError, FencedError, InvalidArgumentError, OffsetOutOfRangeError
-from s3stream.facade import SyncClient, _LoopThread, open_sync
+from s3stream.facade import SyncClient, _LoopThread
 from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from s3stream.assembly import open_sync
 from s3stream.config import Config
 from s3stream.errors import ConflictError, InvalidArgumentError
-from s3stream.facade import SyncClient, SyncStream, open_sync
+from s3stream.facade import SyncClient, SyncStream
 from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
 from spark_sink.columns import normalize

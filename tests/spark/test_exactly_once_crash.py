@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from s3stream.facade import open_sync
+from s3stream.assembly import open_sync
 from spark_sink.reader import read_records
 from spark_sink.sink import KILL_ENV
 

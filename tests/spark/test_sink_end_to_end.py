@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from s3stream.assembly import open_sync
 from s3stream.errors import InvalidArgumentError
-from s3stream.facade import open_sync
 from spark_sink.reader import fetch_payloads, read_records, read_topic
 from spark_sink.sink import S3StreamSink
 

@@ -29,8 +29,12 @@ def _check_batch(batch: RecordBatch) -> RecordBatch:
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"KV key must be a non-empty str, got {key!r}")
-    if len(key.encode()) > KV_KEY_MAX_BYTES:
-        raise InvalidArgumentError(f"KV key of {len(key.encode())} bytes is above {KV_KEY_MAX_BYTES}")
+    try:
+        key_bytes = key.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"KV key {key!r} is not encodable as UTF-8: {exc.reason}") from exc
+    if len(key_bytes) > KV_KEY_MAX_BYTES:
+        raise InvalidArgumentError(f"KV key of {len(key_bytes)} bytes is above {KV_KEY_MAX_BYTES}")
     return key
 
 

@@ -240,6 +240,24 @@ async def test_kv_client() -> None:
     await client.close()
 
 
+async def test_kv_key_that_is_not_encodable_utf8_is_an_invalid_argument() -> None:
+    client = await Node().open()
+    lone_surrogate = "key-\ud800"
+    for call in (
+        client.kv.put(lone_surrogate, b"x"),
+        client.kv.put_if_absent(lone_surrogate, b"x"),
+        client.kv.get(lone_surrogate),
+        client.kv.delete(lone_surrogate),
+    ):
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            await call
+    stream = await client.streams.create_and_open_stream()
+    with pytest.raises(InvalidArgumentError, match="UTF-8"):
+        await client.append_atomic([(stream, RecordBatch(b"a"))], kv={lone_surrogate: b"x"})
+    assert stream.next_offset == 0
+    await client.close()
+
+
 async def test_append_atomic_writes_one_wal_record_and_applies_kv() -> None:
     node = Node()
     client = await node.open()

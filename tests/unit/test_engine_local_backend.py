@@ -1,0 +1,74 @@
+"""The engine's API suite and stateful test on the local backend: LocalObjectStorage and SQLite files.
+
+Every ``test_*`` of ``tests.unit.test_engine`` is re-run here with the ``Node`` helper's object
+storage swapped for a :class:`~s3stream.storage.local.LocalObjectStorage` in a tmp dir and its
+metadata for a :class:`~s3stream.metadata.sqlite.SqliteMetadataStore` in a tmp file (see
+``tests/engine_backends.py``; the WAL stays the twin the suite inspects). Node ids name this module,
+and a failing test's captured output names the backend and its directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+import tests.unit.test_engine as suite
+from tests.engine_backends import (
+    Backend,
+    backend_machine,
+    check_full_cache_gives_capacity_error_when_storage_is_down,
+    export_suite,
+    is_suite_test,
+    patch_suite,
+)
+
+TWIN_ONLY: dict[str, str] = {
+    "test_full_cache_gives_capacity_error_when_storage_is_down": (
+        "asserts an upload retry right when the cache fills; on real storage the failing upload is "
+        "still writing then: run below as test_full_cache_..._on_local_backend, which waits for it"
+    ),
+}
+"""Suite tests not re-run as they are, with the reason; each has a backend-tolerant twin below. The
+other outage tests patch ``upload`` on the storage instance, which works on every backend."""
+
+globals().update(export_suite(suite, TWIN_ONLY))
+
+
+@pytest.fixture
+async def local_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """The suite's ``Node`` builds on LocalObjectStorage and SQLite under ``tmp_path``."""
+    backend = Backend("local", tmp_path)
+    try:
+        await backend.open_metadata()
+        with patch_suite(monkeypatch, suite, backend):
+            yield
+    finally:
+        await backend.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _suite_on_local_backend(request: pytest.FixtureRequest) -> None:
+    if is_suite_test(request, suite):
+        request.getfixturevalue("local_backend")
+
+
+@pytest.mark.usefixtures("local_backend")
+async def test_full_cache_gives_capacity_error_when_storage_is_down_on_local_backend() -> None:
+    await check_full_cache_gives_capacity_error_when_storage_is_down(suite)
+
+
+def test_engine_stateful_on_local_backend() -> None:
+    machine = backend_machine(lambda root: Backend("local", root))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=15,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

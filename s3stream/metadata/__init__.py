@@ -3,6 +3,6 @@
 - ``base``: the MetadataStore protocol and its value types;
 - ``controller``, ``stream_ops``, ``object_ops``, ``queries``: the operations, written once as pure
   decisions (preconditions in AutoMQ's order -> ``changes``), shared by both stores;
-- ``sqlite`` (+ ``sqlite_schema``): the durable store, schema in docs/format.md section 5;
+- ``sqlite`` (+ ``sqlite_schema``): the durable store, schema in docs/format.md section 6;
 - ``memory``: the in-memory twin; ``store``: the async methods over a backend's transact/query.
 """

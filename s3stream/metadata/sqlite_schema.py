@@ -1,6 +1,6 @@
 """The SQLite metadata schema: its migrations and every statement run against it.
 
-The tables are documented in ``docs/format.md`` section 5. Synchronous code; it runs on the store's
+The tables are documented in ``docs/format.md`` section 6. Synchronous code; it runs on the store's
 dedicated SQLite thread, inside a transaction the caller holds. Row values read back are validated:
 a value outside its domain raises :class:`~s3stream.errors.CorruptionError`.
 """

@@ -208,3 +208,27 @@ def test_conditional_create_is_exact_across_processes(tmp_path: Path) -> None:
     winner = results.index(True)
     assert (tmp_path / "lease").read_bytes() == f"process-{winner}".encode()
     assert os.listdir(tmp_path) == ["lease"]
+
+
+async def test_a_large_mutable_part_is_written_without_a_copy_on_the_event_loop(
+    storage: LocalObjectStorage,
+) -> None:
+    import tracemalloc
+
+    part_bytes = 16 * 1024 * 1024
+    part = bytearray(os.urandom(1024) * (part_bytes // 1024))
+    expected = bytes(part)
+    upload = storage.upload("big/part")
+    tracemalloc.start()
+    try:
+        await upload.write(part)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_bytes < part_bytes // 8  # before: a private 16 MiB copy made on the loop
+    part[:4] = b"XXXX"  # the caller reuses its buffer once write returns
+    small = bytearray(b"tail")
+    await upload.write(small)
+    small[:] = b"YYYY"
+    assert await upload.complete() == part_bytes + 4
+    assert await storage.get("big/part") == expected + b"tail"

@@ -2,7 +2,9 @@
 
 One event loop (uvloop where installed) runs in a daemon thread owned by the :class:`SyncClient`;
 every blocking method hands its coroutine to that loop with ``asyncio.run_coroutine_threadsafe`` and
-waits for the result. There is no logic here beyond that: arguments go through unchanged and errors
+waits for the result; if the waiting thread is interrupted (KeyboardInterrupt, a signal handler's
+exception) the engine call is cancelled on the loop before the interruption propagates. There is no
+logic here beyond that: arguments go through unchanged and errors
 come back unchanged (the same exception objects the async API raised). Calling a facade method from
 inside its own loop thread would deadlock and raises :class:`~s3stream.errors.InvalidArgumentError`.
 
@@ -51,7 +53,15 @@ class _LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise InvalidArgumentError("a synchronous s3stream call was made from its own event loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted while waiting (KeyboardInterrupt, a signal handler's exception): the engine
+            # call must not run on unobserved. Cancelling the concurrent future cancels its task on
+            # the loop; a call that already finished is left as it is.
+            future.cancel()
+            raise
 
     def call(self, fn: Callable[[], T]) -> T:
         """Evaluate ``fn`` on the loop thread (reads of engine state)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import threading
 from pathlib import Path
 
@@ -148,3 +150,37 @@ def test_open_sync_on_an_embedded_data_dir_survives_a_reopen(tmp_path: Path) -> 
         assert (meta.stream_id, meta.end_offset, dict(meta.tags)) == (stream_id, 5, {"name": "t"})
         with client.streams.open_stream(stream_id, epoch=meta.epoch + 1) as stream:
             assert [b.payload for b in stream.fetch(0, 5)] == [f"r{i}".encode() for i in range(5)]
+
+
+class Interrupted(Exception):
+    """Raised by a signal handler in the waiting thread, as KeyboardInterrupt is by SIGINT."""
+
+
+def test_an_interrupted_blocking_call_cancels_its_engine_call() -> None:
+    assert threading.current_thread() is threading.main_thread()  # signal handlers run here
+    runner = _LoopThread()
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def engine_call() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        with pytest.raises(Interrupted):
+            runner.run(engine_call())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert started.is_set()
+    assert cancelled.wait(5), "the engine call kept running after its caller was interrupted"
+    assert runner.run(asyncio.sleep(0, result=7)) == 7  # the loop thread still serves calls
+    runner.stop()

@@ -17,25 +17,26 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import tests.unit.test_engine as suite
+from s3stream.metadata.sqlite import SqliteMetadataStore
+from s3stream.storage.local import LocalObjectStorage
 from tests.engine_backends import (
+    WAITING_VARIANTS,
     Backend,
     backend_machine,
-    check_full_cache_gives_capacity_error_when_storage_is_down,
+    check_suite_builds_on,
     export_suite,
     is_suite_test,
     patch_suite,
+    waiting_variant_tests,
 )
 
-TWIN_ONLY: dict[str, str] = {
-    "test_full_cache_gives_capacity_error_when_storage_is_down": (
-        "asserts an upload retry right when the cache fills; on real storage the failing upload is "
-        "still writing then: run below as test_full_cache_..._on_local_backend, which waits for it"
-    ),
-}
-"""Suite tests not re-run as they are, with the reason; each has a backend-tolerant twin below. The
-other outage tests patch ``upload`` on the storage instance, which works on every backend."""
+RUN_AS_VARIANTS: dict[str, str] = {name: reason for name, (reason, _) in WAITING_VARIANTS.items()}
+"""Suite tests not re-run as they are, with the reason: they assume the twin's timing, and run as
+``<name>_waiting`` variants instead (``tests/engine_backends.py``). The outage tests patch ``upload``
+on the storage instance, which works on every backend, so none is left out for its hooks."""
 
-globals().update(export_suite(suite, TWIN_ONLY))
+globals().update(export_suite(suite, RUN_AS_VARIANTS))
+globals().update(waiting_variant_tests(suite, "local_backend"))
 
 
 @pytest.fixture
@@ -57,8 +58,8 @@ def _suite_on_local_backend(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.usefixtures("local_backend")
-async def test_full_cache_gives_capacity_error_when_storage_is_down_on_local_backend() -> None:
-    await check_full_cache_gives_capacity_error_when_storage_is_down(suite)
+async def test_the_suite_builds_its_nodes_on_local_backend() -> None:
+    check_suite_builds_on(suite, LocalObjectStorage, SqliteMetadataStore)
 
 
 def test_engine_stateful_on_local_backend() -> None:

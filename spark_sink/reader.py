@@ -3,19 +3,25 @@
 The driver fetches whole Kafka RecordBatch payloads from the partitions' streams (no per-record
 work), hands them to Spark as one Arrow table, and ``mapInArrow`` decodes the records into the
 columns of :data:`READ_DDL` on the executors, keeping only offsets inside the requested ranges.
+
+Read-committed: a partition is readable up to the end offset the sink committed with the last chunk
+of its last finished micro-batch (:class:`~spark_sink.protocol.Committed`), never further; the
+chunks of an unfinished micro-batch stay invisible until its replay completes it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from s3stream.errors import InvalidArgumentError, NotFoundError, OffsetOutOfRangeError
+from s3stream.errors import InvalidArgumentError, NotFoundError, OffsetOutOfRangeError, UnavailableError
 from s3stream.facade import SyncClient, SyncStream
 from spark_sink.kafka_codec import KafkaRecord, decode_batch
+from spark_sink.protocol import Committed, committed_key
 from spark_sink.topic import Topic, describe_topic, open_partitions
 
 if TYPE_CHECKING:
@@ -62,18 +68,48 @@ class PartitionRange:
     end_offset: int
 
 
-def _streams_for(source: S3StreamSink | SyncClient, topic_name: str) -> tuple[Topic, list[SyncStream]]:
+def _streams_for(
+    source: S3StreamSink | SyncClient, topic_name: str
+) -> tuple[SyncClient, Topic, list[SyncStream]]:
     from spark_sink.sink import S3StreamSink
 
     if isinstance(source, S3StreamSink) and source.topic_name == topic_name:
         streams = source._ensure_streams()
         assert source._topic is not None
-        return source._topic, streams
+        return source.client, source._topic, streams
     client = source.client if isinstance(source, S3StreamSink) else source
     topic = describe_topic(client, topic_name)
     if topic is None:
         raise NotFoundError(f"topic {topic_name!r} does not exist")
-    return topic, open_partitions(client, topic)
+    return client, topic, open_partitions(client, topic)
+
+
+COMMIT_WAIT_S_MAX = 2.0
+"""How long a reader waits for a stream's confirm offset to reach a just-committed end."""
+
+
+def committed_ends(client: SyncClient, topic: Topic, streams: list[SyncStream]) -> list[int]:
+    """Each partition's committed end offset (0 where no micro-batch completed).
+
+    The KV record is read before the streams' confirm offsets: the engine applies the record and
+    advances the confirm offsets of one ``append_atomic`` at about the same moment, so a reader can
+    briefly see the record ahead; it waits for the streams (at most :data:`COMMIT_WAIT_S_MAX`).
+    """
+    key = committed_key(topic.name)
+    raw = client.kv.get(key)
+    if raw is None:
+        return [0] * topic.partition_count
+    ends = list(Committed.decode(raw, key=key, partition_count=topic.partition_count).ends)
+    deadline = time.monotonic() + COMMIT_WAIT_S_MAX
+    for p, stream in enumerate(streams):
+        while stream.confirm_offset < ends[p]:
+            if time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"topic {topic.name!r} partition {p}: committed end {ends[p]} is above the stream's "
+                    f"confirm offset {stream.confirm_offset} after {COMMIT_WAIT_S_MAX} s"
+                )
+            time.sleep(0.001)
+    return ends
 
 
 def fetch_payloads(
@@ -81,14 +117,15 @@ def fetch_payloads(
     topic_name: str,
     ranges: Mapping[int, tuple[int, int]] | None = None,
 ) -> tuple[pa.Table, list[PartitionRange]]:
-    """The payloads covering ``ranges`` (partition -> (start, end); default: everything readable).
+    """The payloads covering ``ranges`` (partition -> (start, end); default: everything committed).
 
     Streams opened here for a client stay open (a client opens a stream once); the sink's own
     streams are reused.
     """
-    topic, streams = _streams_for(source, topic_name)
+    client, topic, streams = _streams_for(source, topic_name)
+    ends = committed_ends(client, topic, streams)
     if ranges is None:
-        wanted = [PartitionRange(p, s.start_offset, s.confirm_offset) for p, s in enumerate(streams)]
+        wanted = [PartitionRange(p, min(s.start_offset, ends[p]), ends[p]) for p, s in enumerate(streams)]
     else:
         wanted = []
         for p, (start, end) in sorted(ranges.items()):
@@ -100,10 +137,10 @@ def fetch_payloads(
     cols: dict[str, list[object]] = {name: [] for name in _PAYLOAD_SCHEMA.names}
     for r in wanted:
         stream = streams[r.partition]
-        if r.start_offset < stream.start_offset or r.end_offset > stream.confirm_offset:
+        if r.start_offset < stream.start_offset or r.end_offset > ends[r.partition]:
             raise OffsetOutOfRangeError(
-                f"partition {r.partition}: [{r.start_offset}, {r.end_offset}) is outside the readable "
-                f"[{stream.start_offset}, {stream.confirm_offset})"
+                f"partition {r.partition}: [{r.start_offset}, {r.end_offset}) is outside the committed "
+                f"[{stream.start_offset}, {ends[r.partition]})"
             )
         pos = r.start_offset
         while pos < r.end_offset:

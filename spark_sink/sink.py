@@ -13,7 +13,10 @@ Per micro-batch (all on the driver except step 2):
 3. order the payloads deterministically, cut them into chunks below the WAL record limit
    (:func:`~spark_sink.protocol.chunk_payloads`) and plan the replay
    (:func:`~spark_sink.protocol.plan_batch`) from the progress record in the engine's KV;
-4. append each remaining chunk with ``append_atomic``, the progress record in the same WAL record.
+4. check that every partition ends where the protocol says (committed end plus this batch's
+   committed chunks), then append each remaining chunk with ``append_atomic``, the progress record
+   in the same WAL record, and with the last chunk the topic's committed end offsets (read-committed
+   visibility: :mod:`spark_sink.reader` stops there).
 
 The engine is opened once per sink (lazily, in the driver) and kept until :meth:`S3StreamSink.close`.
 """
@@ -48,13 +51,18 @@ from spark_sink.encode import (
 from spark_sink.payloads import PayloadTable
 from spark_sink.protocol import (
     KV_OVERHEAD_BYTES,
+    Committed,
     Progress,
     chunk_payloads,
+    committed_after,
+    committed_bytes_max,
+    committed_key,
+    expected_next_offsets,
     plan_batch,
     progress_after,
     progress_key,
 )
-from spark_sink.topic import Topic, ensure_topic, open_partitions
+from spark_sink.topic import PARTITION_COUNT_MAX, Topic, ensure_topic, open_partitions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -126,6 +134,10 @@ class S3StreamSink:
         self._client = client
         self._owns_client = client is None
         self.topic_name = topic
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidArgumentError(f"partitions must be an int, got {partitions!r}")
+        if not 1 <= partitions <= PARTITION_COUNT_MAX:
+            raise InvalidArgumentError(f"partitions must be in [1, {PARTITION_COUNT_MAX}], got {partitions}")
         self.partition_count = partitions
         self.stream_column = stream_column
         self.batch_bytes_target = batch_bytes_target
@@ -146,6 +158,9 @@ class S3StreamSink:
         self._topic: Topic | None = None
         self._streams: list[SyncStream] = []
         self._lock = threading.Lock()
+        self._broken: ConflictError | None = None
+        """Set when the engine committed a chunk at offsets other than the sink wrote into it."""
+        self._kv_bytes_max = KV_OVERHEAD_BYTES + committed_bytes_max(partitions)
         self.history: deque[BatchStats] = deque(maxlen=HISTORY_MAX)
         """What the last micro-batches did, newest last."""
 
@@ -158,7 +173,8 @@ class S3StreamSink:
                 f"batch_bytes_target + record_bytes_max ({payload_max} with overhead) must fit "
                 f"s3.record.size.max ({self._config.record_size_max_bytes})"
             )
-        if payload_max + KV_OVERHEAD_BYTES + 1024 > self.chunk_bytes_max:
+        kv_bytes_max = KV_OVERHEAD_BYTES + committed_bytes_max(self.partition_count)
+        if payload_max + kv_bytes_max + 1024 > self.chunk_bytes_max:
             raise InvalidArgumentError(f"chunk_bytes_max {self.chunk_bytes_max} is too small for one payload")
         if self.chunk_bytes_max > self._config.wal_record_size_max_bytes:
             raise InvalidArgumentError(
@@ -181,6 +197,32 @@ class S3StreamSink:
             self._streams = open_partitions(self.client, self._topic)
         return self._streams
 
+    def _committed(self) -> Committed:
+        """The topic's committed end offsets (nothing committed if no micro-batch completed yet)."""
+        key = committed_key(self.topic_name)
+        raw = self.client.kv.get(key)
+        if raw is None:
+            return Committed.empty(self.partition_count)
+        return Committed.decode(raw, key=key, partition_count=self.partition_count)
+
+    def _check_next_offsets(self, streams: list[SyncStream], expected: list[int], batch_id: int) -> None:
+        """Before anything is written: every stream ends where the protocol says, else ConflictError.
+
+        A stream holding more records than the committed ends plus this micro-batch's committed
+        chunks was written outside this protocol: another writer, or an interrupted micro-batch of
+        another query (its chunks are past the committed ends; appending after them would make them
+        visible).
+        """
+        for p, (stream, want) in enumerate(zip(streams, expected, strict=True)):
+            got = stream.next_offset
+            if got != want:
+                raise ConflictError(
+                    f"micro-batch {batch_id}: partition {p} of topic {self.topic_name!r} ends at offset "
+                    f"{got}, the sink expected {want} (committed end plus this batch's committed "
+                    "chunks): another writer appended to the topic, or another query left a micro-batch "
+                    "unfinished; nothing of this micro-batch was written"
+                )
+
     def close(self) -> None:
         """Close the streams (forcing their data up) and, if the sink opened it, the engine."""
         with self._lock:
@@ -202,6 +244,8 @@ class S3StreamSink:
     # -- foreachBatch ----------------------------------------------------------------------------
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self._lock:
+            if self._broken is not None:
+                raise self._broken
             self.history.append(self._write_batch(df, batch_id))
 
     def _query_id_of(self, df: DataFrame) -> str:
@@ -271,12 +315,14 @@ class S3StreamSink:
         self, batch_id: int, query_id: str, payloads: PayloadTable, t0: float, encode_s: float
     ) -> BatchStats:
         refs = payloads.refs()
-        chunks = chunk_payloads(refs, self.chunk_bytes_max)
         streams = self._ensure_streams()
+        chunks = chunk_payloads(refs, self.chunk_bytes_max, kv_bytes_max=self._kv_bytes_max)
         key = progress_key(query_id)
         raw = self.client.kv.get(key)
         progress = None if raw is None else Progress.decode(raw, key=key)
         plan = plan_batch(progress, batch_id, chunks)
+        committed = self._committed()
+        self._check_next_offsets(streams, expected_next_offsets(committed, chunks, plan), batch_id)
         t1 = time.perf_counter()
         written = 0
         for index in range(plan.first_chunk, plan.chunk_count):
@@ -294,13 +340,20 @@ class S3StreamSink:
                 batch = RecordBatch(cast(bytes, payload), ref.record_count)
                 appends.append((streams[ref.partition], batch))
                 written += len(payload)
-            commit = progress_after(plan, chunks, index)
-            bases = self.client.append_atomic(appends, kv={key: commit.encode()})
+            kv = {key: progress_after(plan, chunks, index).encode()}
+            if index == plan.chunk_count - 1:
+                kv[committed_key(self.topic_name)] = committed_after(
+                    committed, chunks, plan, query_id=query_id
+                ).encode()
+            bases = self.client.append_atomic(appends, kv=kv)
             if bases != predicted:
-                raise ConflictError(
-                    f"micro-batch {batch_id}: the engine assigned offsets {bases[:3]}..., the sink expected "
-                    f"{predicted[:3]}...: another writer appends to topic {self.topic_name!r}"
+                self._broken = ConflictError(
+                    f"micro-batch {batch_id}: chunk {index} was committed at offsets {bases[:3]}..., the "
+                    f"sink expected {predicted[:3]}...: something appended to topic {self.topic_name!r} "
+                    "through this sink's client during the call; the topic's records and its committed "
+                    "offsets no longer agree, so this sink refuses further micro-batches"
                 )
+                raise self._broken
             _kill_hook(f"after_chunk:{batch_id}:{index}")
         _kill_hook(f"after_batch:{batch_id}")
         return BatchStats(

@@ -1,0 +1,150 @@
+"""Read-committed visibility and the sink's offset checks, on real Spark and the real engine.
+
+Faults are injected by wrapping the sink client's ``append_atomic`` (the engine underneath is real):
+a failure after chunk 0 of a multi-chunk micro-batch (the in-process twin of the SIGKILL in
+``test_exactly_once_crash.py``), and a foreign append slipped in before the sink's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from s3stream.errors import ConflictError, OffsetOutOfRangeError, UnavailableError
+from s3stream.facade import SyncStream
+from s3stream.model import RecordBatch
+from spark_sink.kafka_codec import encode_batch
+from spark_sink.protocol import Progress, progress_key
+from spark_sink.reader import read_records
+from spark_sink.sink import S3StreamSink
+
+pytestmark = pytest.mark.spark
+
+ROWS = 400
+Appends = Sequence[tuple[SyncStream, RecordBatch]]
+
+
+def _sink(tmp_path: Path, query_id: str) -> S3StreamSink:
+    # 400 rows of ~300 bytes in 2 partitions, Kafka batches cut at 8 KiB, chunks of 20 kB: 7-8 chunks
+    return S3StreamSink(
+        tmp_path / "engine",
+        topic="t",
+        partitions=2,
+        stream_column="p",
+        query_id=query_id,
+        batch_bytes_target=8192,
+        record_bytes_max=4096,
+        chunk_bytes_max=20_000,
+    )
+
+
+def _rows(spark: Any, first: int) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(first, first + ROWS, numPartitions=2).select(
+        F.col("id").cast("string").alias("key"),
+        F.concat(F.col("id").cast("string"), F.lit(":"), F.expr("repeat('v', 300)")).alias("value"),
+        (F.col("id") % 2).cast("int").alias("p"),
+    )
+
+
+def _keys(sink: S3StreamSink) -> list[int]:
+    return sorted(int(r.key or b"") for recs in read_records(sink, "t").values() for r in recs)
+
+
+def _raw_count(sink: S3StreamSink) -> int:
+    return sum(s.next_offset for s in sink._ensure_streams())
+
+
+def _wrap_append_atomic(sink: S3StreamSink, before: Callable[[int], None]) -> Any:
+    """Run ``before(call number)`` ahead of each ``append_atomic``; returns the real method."""
+    real = sink.client.append_atomic
+    calls = [0]
+
+    def wrapper(appends: Appends, *, kv: Mapping[str, bytes] | None = None) -> list[int]:
+        before(calls[0])
+        calls[0] += 1
+        return real(appends, kv=kv)
+
+    sink.client.append_atomic = wrapper  # type: ignore[method-assign]
+    return real
+
+
+def test_an_unfinished_micro_batch_is_invisible_until_its_replay_completes_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    with _sink(tmp_path, "q") as sink:
+        sink(_rows(spark, 0), 0)
+        assert sink.history[-1].chunks >= 3
+        assert _keys(sink) == list(range(ROWS))
+
+        def fail_after_chunk_0(call: int) -> None:
+            if call == 1:
+                raise UnavailableError("injected: the driver dies after chunk 0")
+
+        real = _wrap_append_atomic(sink, fail_after_chunk_0)
+        with pytest.raises(UnavailableError, match="injected"):
+            sink(_rows(spark, ROWS), 1)
+        assert ROWS < _raw_count(sink) < 2 * ROWS, "chunk 0 of batch 1 is in the streams"
+        assert _keys(sink) == list(range(ROWS)), "... and invisible through the reader"
+        ends = {p: (0, s.next_offset) for p, s in enumerate(sink._ensure_streams())}
+        with pytest.raises(OffsetOutOfRangeError, match="outside the committed"):
+            read_records(sink, "t", ends)
+
+        # another query must not write after the unfinished batch (that would expose it)
+        other = S3StreamSink(client=sink.client, topic="t", partitions=2, stream_column="p", query_id="q2")
+        other._streams = sink._ensure_streams()
+        other._topic = sink._topic
+        raw = _raw_count(sink)
+        with pytest.raises(ConflictError, match="left a micro-batch unfinished"):
+            other(_rows(spark, 10 * ROWS), 0)
+        assert _raw_count(sink) == raw
+
+        sink.client.append_atomic = real  # type: ignore[method-assign]
+        sink(_rows(spark, ROWS), 1)  # Spark's replay of batch 1
+        stats = sink.history[-1]
+        assert 0 < stats.chunks_written < stats.chunks, "the replay resumed after chunk 0"
+        assert _keys(sink) == list(range(2 * ROWS)), "all of batch 1, exactly once"
+        assert _raw_count(sink) == 2 * ROWS
+
+
+def test_a_foreign_append_is_refused_before_anything_is_written(spark: Any, tmp_path: Path) -> None:
+    with _sink(tmp_path, "q") as sink:
+        sink(_rows(spark, 0), 0)
+        progress = sink.client.kv.get(progress_key("q"))
+        stream = sink._ensure_streams()[1]
+        stream.append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
+        with pytest.raises(
+            ConflictError, match=r"partition 1 of topic 't' ends at offset \d+, the sink expected"
+        ):
+            sink(_rows(spark, ROWS), 1)
+        assert _raw_count(sink) == ROWS + 1, "nothing of batch 1 was written"
+        assert sink.client.kv.get(progress_key("q")) == progress
+        assert _keys(sink) == list(range(ROWS)), "the foreign record is past the committed end"
+
+
+def test_offsets_moved_under_the_sink_during_a_call_stop_the_sink(spark: Any, tmp_path: Path) -> None:
+    with _sink(tmp_path, "q") as sink:
+        sink(_rows(spark, 0), 0)
+        stream = sink._ensure_streams()[0]
+
+        def foreign_append_first(call: int) -> None:
+            if call == 0:
+                stream.append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
+
+        real = _wrap_append_atomic(sink, foreign_append_first)
+        with pytest.raises(ConflictError, match="chunk 0 was committed at offsets"):
+            sink(_rows(spark, ROWS), 1)
+        # committed with the chunk: the progress record says chunk 0 of batch 1 is done
+        raw = sink.client.kv.get(progress_key("q"))
+        assert raw is not None
+        assert Progress.decode(raw, key="k").batch_id == 1
+        sink.client.append_atomic = real  # type: ignore[method-assign]
+        with pytest.raises(ConflictError, match="refuses further micro-batches"):
+            sink(_rows(spark, ROWS), 1)
+        assert _keys(sink) == list(range(ROWS)), "batch 1 never became visible"
+    with _sink(tmp_path, "q") as sink, pytest.raises(ConflictError, match="ends at offset"):
+        sink(_rows(spark, ROWS), 1)  # a new sink finds the streams off the protocol before writing

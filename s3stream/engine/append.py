@@ -4,7 +4,7 @@ An append (one batch, or an atomic group of batches and KV puts) takes its offse
 without awaiting in between, so offsets follow submission order; it becomes ONE WAL record; once
 durable, the per-stream sequencer (:mod:`s3stream.engine.sequencer`) releases it into the LogCache in
 offset order and acknowledges it. KV changes are WAL records too; :mod:`s3stream.engine.kvlog`
-applies them to metadata in the same order. When the LogCache or the WAL has no room, appends wait up to
+applies (and acknowledges) them in WAL order, the order recovery replays them in. When the LogCache or the WAL has no room, appends wait up to
 ``append_backpressure_wait_ms`` for a commit to free some, then fail with CapacityError: never loss.
 """
 
@@ -140,7 +140,7 @@ class AppendPath:
         self.live.written(offset, seq)
         pending.persisted = True
         if kv_entry is not None:
-            self.kv.persisted(kv_entry)
+            self.kv.persisted(kv_entry, offset)
         for handle in handles.values():
             release_ready(handle, self.pipeline.put)
         await pending.outcome()
@@ -211,7 +211,7 @@ class AppendPath:
         self.live.submitted(seq, batch_count=1, size_bytes=len(body))
         offset = await self._write(body, PendingAppend(seq, {}, 0), (), kv_entry)
         self.live.written(offset, seq)
-        self.kv.persisted(kv_entry)
+        self.kv.persisted(kv_entry, offset)
         (result,) = await kv_entry.future
         return result
 

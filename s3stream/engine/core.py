@@ -370,20 +370,25 @@ class Engine:
             log.error("WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
                       gap.stream_id, gap.expected_offset, gap.found_offset)  # fmt: skip
         self._live.written(plan.wal_end_offset - 1)
-        replayed = 0
-        for record in plan.records:
+        seqs = []
+        for record in plan.records:  # WAL order: the trim tracker follows WAL offsets
             seq = self._appends.next_seq()
+            seqs.append(seq)
             self._live.submitted(
                 seq,
                 batch_count=len(record.batches),
                 size_bytes=record.body_size_bytes,
                 offset=record.wal_offset,
             )
-            for batch in record.batches:
-                self._pipeline.put(
-                    (batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload), seq
-                )
-                replayed += 1
+        replayed = 0
+        for (
+            index,
+            batch,
+        ) in plan.release:  # each stream in offset order (held batches after their predecessor)
+            self._pipeline.put(
+                (batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload), seqs[index]
+            )
+            replayed += 1
         self.stats.recovered_records = replayed
         if replayed:
             log.info("recovered %d record batches from the WAL", replayed)

@@ -1,11 +1,15 @@
 """KV changes applied to metadata in WAL order: the engine's one total order of KV mutations.
 
 Every KV change (``kv.put``, ``kv.put_if_absent``, ``kv.delete`` and an atomic group's puts) is
-written to the WAL first, then applied to metadata strictly in WAL submission order, one record at a
-time, and acknowledged only once applied. Metadata therefore always holds the result of a prefix of
-the WAL's KV changes, and replaying the untrimmed suffix after a crash (``plan_replay``) leaves it as
-the WAL says: an older atomic group's put can never overwrite a newer plain put. A record stays live
-for the WAL trim until it is applied (:class:`~s3stream.engine.waltrim.WalTrimTracker`).
+written to the WAL first, then applied to metadata strictly in WAL offset order, one record at a
+time, and acknowledged only once applied. WAL offset order is usually submission order, but not
+always: a write retried after "WAL full" lands after records submitted later. Applying (and so
+acknowledging) in WAL order keeps metadata the result of a prefix of the WAL's KV changes, so that
+replaying the untrimmed suffix after a crash (``plan_replay``, WAL order) leaves it exactly as
+acknowledged: an older atomic group's put can never overwrite a newer plain put, and a retried put
+can never be replayed in an order other than the one its caller saw. The WAL completes appends in
+offset order, so records become durable (:meth:`KvApplier.persisted`) in that order. A record stays
+live for the WAL trim until it is applied (:class:`~s3stream.engine.waltrim.WalTrimTracker`).
 """
 
 from __future__ import annotations
@@ -36,39 +40,47 @@ async def apply_mutation(metadata: MetadataStore, mutation: KvMutation) -> bytes
 class KvEntry:
     """The KV changes of one WAL record, waiting for durability and their turn."""
 
-    __slots__ = ("future", "mutations", "persisted", "seq")
+    __slots__ = ("future", "mutations", "seq", "wal_offset")
 
     def __init__(self, seq: int, mutations: Sequence[KvMutation], future: asyncio.Future[list[bytes | None]]):
         self.seq = seq
         self.mutations = tuple(mutations)
         self.future = future
-        self.persisted = False
+        self.wal_offset = -1
+        """Set once durable."""
 
 
 class KvApplier:
-    """Applies the KV changes of durable WAL records to metadata in submission order."""
+    """Applies the KV changes of durable WAL records to metadata in WAL offset order."""
 
     def __init__(self, metadata: MetadataStore, live: WalTrimTracker, supervisor: Supervisor) -> None:
         self.metadata = metadata
         self.live = live
         self.supervisor = supervisor
+        self._unapplied: dict[int, KvEntry] = {}
+        """seq -> every entry submitted and not yet applied (durable or not)."""
         self._queue: deque[KvEntry] = deque()
+        """Durable entries not yet applied, in WAL offset order."""
+        self._last_wal_offset = -1
         self._draining = False
 
     def submit(self, seq: int, mutations: Sequence[KvMutation]) -> KvEntry:
-        """Queue a record's changes; call in seq order, before its WAL write (no await between)."""
-        assert not self._queue or self._queue[-1].seq < seq, "seqs must grow"
+        """Register a record's changes before its WAL write (no await between)."""
         entry = KvEntry(seq, mutations, asyncio.get_running_loop().create_future())
-        self._queue.append(entry)
+        self._unapplied[seq] = entry
         return entry
 
-    def persisted(self, entry: KvEntry) -> None:
-        """The record is durable in the WAL: apply it once every earlier one is applied."""
-        entry.persisted = True
+    def persisted(self, entry: KvEntry, wal_offset: int) -> None:
+        """The record is durable at ``wal_offset``: apply it after every record durable before it."""
+        assert wal_offset > self._last_wal_offset, "the WAL completes appends in offset order"
+        self._last_wal_offset = wal_offset
+        entry.wal_offset = wal_offset
+        self._queue.append(entry)
         self._kick()
 
     def failed(self, entry: KvEntry) -> None:
         """The record's WAL write failed: it changes nothing (its writer raises its own error)."""
+        self._unapplied.pop(entry.seq, None)
         if entry in self._queue:
             self._queue.remove(entry)
         if not entry.future.done():
@@ -76,37 +88,40 @@ class KvApplier:
         self._kick()
 
     def fail_all(self, error: S3StreamError) -> None:
-        for entry in self._queue:
+        for entry in self._unapplied.values():
             if not entry.future.done():
                 entry.future.set_exception(error)
                 entry.future.exception()  # retrieved: its writer may have failed on its own
+        self._unapplied.clear()
         self._queue.clear()
 
     def _kick(self) -> None:
-        if not self._draining and self._queue and self._queue[0].persisted:
+        if not self._draining and self._queue:
             self._draining = True
             self.supervisor.spawn(self._drain(), name="s3stream-kv-apply")
 
     async def _drain(self) -> None:
         try:
             queue = self._queue
-            while queue and queue[0].persisted:
+            while queue:
                 entry = queue[0]
                 try:
                     results = [await apply_mutation(self.metadata, m) for m in entry.mutations]
                 except S3StreamError as exc:
                     # The change stays in the WAL: a restart re-applies it in order. Tell the writer.
-                    log.warning("KV change of WAL record %d failed to apply: %s", entry.seq, exc)
-                    if queue and queue[0] is entry:
-                        queue.popleft()
-                    self.live.committed([entry.seq])
+                    log.warning("KV change of WAL record %d failed to apply: %s", entry.wal_offset, exc)
+                    self._applied(entry)
                     if not entry.future.done():
                         entry.future.set_exception(exc)
                     continue
-                if queue and queue[0] is entry:
-                    queue.popleft()
-                self.live.committed([entry.seq])
+                self._applied(entry)
                 if not entry.future.done():
                     entry.future.set_result(results)
         finally:
             self._draining = False
+
+    def _applied(self, entry: KvEntry) -> None:
+        if self._queue and self._queue[0] is entry:
+            self._queue.popleft()
+        self._unapplied.pop(entry.seq, None)
+        self.live.committed([entry.seq])

@@ -1,10 +1,13 @@
 """What to replay from the WAL after a restart (decide); the engine carries it out (act).
 
 The rule is ``docs/format.md`` section 5.3 (AutoMQ reference 3.11 step 5): every body is decoded;
-KV changes (atomic groups' puts and KV mutation bodies) are kept in WAL order; a batch is kept only when its stream is one this node left open, its
-epoch is that stream's epoch and it starts exactly at the stream's next expected offset (beginning
-at the committed end offset). Batches below that offset were committed already; a batch above it
-follows a gap and is dropped, as is everything after it. Pure: records in, a frozen plan out.
+KV changes (atomic groups' puts and KV mutation bodies) are kept in WAL order, which is the order
+they were applied and acknowledged in (:mod:`s3stream.engine.kvlog`). A batch is kept only when its
+stream is one this node left open and its epoch is that stream's epoch; batches below the stream's
+next expected offset (beginning at the committed end offset) were committed already. A batch above
+it is held until its predecessor turns up later in the WAL (a write retried after "WAL full" lands
+after appends submitted after it), as AutoMQ buffers out-of-order records; batches still held at
+the end of the WAL follow a gap and are dropped. Pure: records in, a frozen plan out.
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ class ReplayPlan:
     kv_ops: tuple[KvMutation, ...]
     """Every KV change in WAL order: re-applied in this order, they leave metadata as the WAL says."""
     records: tuple[ReplayRecord, ...]
-    """WAL records with at least one kept batch, in WAL order."""
+    """WAL records with at least one kept batch, in WAL order (each record's batches in body order)."""
     wal_end_offset: int
     """One past the last WAL record's offset (0 when the WAL held nothing)."""
     gaps: tuple[GapInfo, ...] = ()
     dropped_batch_count: int = 0
+    release: tuple[tuple[int, StreamRecordBatch], ...] = ()
+    """Every kept batch as ``(index into records, batch)``, in the order to put into the LogCache:
+    each stream's batches in offset order, which differs from WAL order where a held batch waited."""
 
     @property
     def batch_count(self) -> int:
@@ -53,35 +59,63 @@ def plan_replay(records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMe
     """The replay plan of the WAL's untrimmed ``(offset, body)`` records (CorruptionError on a bad body)."""
     expected = {int(m.stream_id): m.end_offset for m in opening}
     epochs = {int(m.stream_id): m.epoch for m in opening}
-    gapped: set[int] = set()
+    waiting: dict[int, dict[int, tuple[int, int, StreamRecordBatch]]] = {}
+    """stream -> base offset -> (record index, position in the body, batch): batches held until their
+    predecessor turns up."""
     kv_ops: list[KvMutation] = []
-    kept_records: list[ReplayRecord] = []
-    gaps: list[GapInfo] = []
+    kept_by_record: list[tuple[int, int, list[tuple[int, StreamRecordBatch]]]] = []
+    release: list[tuple[int, StreamRecordBatch]] = []
     dropped = 0
     end = 0
     for offset, body in records:
         decoded = decode_body(body, source="WAL", position=offset)
         kv_ops.extend(decoded.kv_ops)
-        kept: list[StreamRecordBatch] = []
-        for batch in decoded.batches:
+        index = len(kept_by_record)
+        kept: list[tuple[int, StreamRecordBatch]] = []
+        kept_by_record.append((offset, len(body), kept))
+        for position, batch in enumerate(decoded.batches):
             sid = batch.stream_id
             next_offset = expected.get(sid)
-            if (
-                next_offset is None
-                or sid in gapped
-                or batch.epoch != epochs[sid]
-                or batch.base_offset < next_offset
-            ):
-                dropped += 1  # not ours any more, already committed, or after a gap
+            if next_offset is None or batch.epoch != epochs[sid] or batch.base_offset < next_offset:
+                dropped += 1  # not ours any more, or already committed
                 continue
             if batch.base_offset > next_offset:
-                gapped.add(sid)
-                gaps.append(GapInfo(sid, next_offset, batch.base_offset))
-                dropped += 1
+                # Out of order in the WAL (a write retried after "WAL full" lands after later ones):
+                # held until its predecessor turns up; dropped as a gap if it never does.
+                held = waiting.setdefault(sid, {})
+                if batch.base_offset in held:
+                    dropped += 1
+                else:
+                    held[batch.base_offset] = (index, position, batch)
                 continue
-            kept.append(batch)
+            kept.append((position, batch))
+            release.append((index, batch))
             expected[sid] = batch.end_offset
+            released = waiting.get(sid)
+            while released and expected[sid] in released:
+                held_index, held_position, held_batch = released.pop(expected[sid])
+                kept_by_record[held_index][2].append((held_position, held_batch))
+                release.append((held_index, held_batch))
+                expected[sid] = held_batch.end_offset
         end = max(end, offset + 1)
+    gaps = []
+    for sid, held in sorted(waiting.items()):
+        if held:
+            gaps.append(GapInfo(sid, expected[sid], min(held)))
+            dropped += len(held)
+    kept_records: list[ReplayRecord] = []
+    renumber: dict[int, int] = {}
+    for index, (offset, size, kept) in enumerate(kept_by_record):
         if kept:
-            kept_records.append(ReplayRecord(offset, len(body), tuple(kept)))
-    return ReplayPlan(tuple(kv_ops), tuple(kept_records), end, tuple(gaps), dropped)
+            renumber[index] = len(kept_records)
+            kept_records.append(
+                ReplayRecord(offset, size, tuple(b for _, b in sorted(kept, key=lambda item: item[0])))
+            )
+    return ReplayPlan(
+        tuple(kv_ops),
+        tuple(kept_records),
+        end,
+        tuple(gaps),
+        dropped,
+        tuple((renumber[index], batch) for index, batch in release),
+    )

@@ -88,3 +88,27 @@ def test_a_damaged_body_is_corruption_naming_its_wal_offset() -> None:
 def test_an_empty_wal_replays_nothing() -> None:
     plan = plan_replay([], [opened(1, epoch=1, end=3)])
     assert (plan.records, plan.kv_ops, plan.wal_end_offset) == ((), (), 0)
+
+
+def test_a_batch_ahead_of_its_predecessor_in_the_wal_is_held_until_it_arrives() -> None:
+    # Offsets 1 and 2 were written before offset 0 (a write retried after "WAL full").
+    wal = [
+        (0, encode_plain(batch(1, 1))),
+        (10, encode_group([batch(2, 0), batch(1, 2)], [])),
+        (20, encode_plain(batch(1, 0))),
+        (30, encode_plain(batch(1, 3))),
+    ]
+    plan = plan_replay(wal, [opened(1, epoch=1, end=0), opened(2, epoch=1, end=0)])
+    assert [(b.stream_id, b.base_offset) for _, b in plan.release] == [(2, 0), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [plan.records[i].wal_offset for i, _ in plan.release] == [10, 20, 0, 10, 30]
+    assert offsets(plan) == [(1, 1), (2, 0), (1, 2), (1, 0), (1, 3)]  # records in WAL order
+    assert plan.gaps == ()
+    assert plan.dropped_batch_count == 0
+
+
+def test_batches_held_to_the_end_of_the_wal_are_a_gap() -> None:
+    wal = [(0, encode_plain(batch(1, 0))), (10, encode_plain(batch(1, 3))), (20, encode_plain(batch(1, 2)))]
+    plan = plan_replay(wal, [opened(1, epoch=1, end=0)])
+    assert [b.base_offset for _, b in plan.release] == [0]
+    assert [(g.expected_offset, g.found_offset) for g in plan.gaps] == [(1, 2)]
+    assert plan.dropped_batch_count == 2

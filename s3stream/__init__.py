@@ -1,6 +1,10 @@
-"""s3stream: a stream storage engine on object storage, in the design of AutoMQ's S3Stream."""
+"""s3stream: a stream storage engine on object storage, in the design of AutoMQ's S3Stream.
 
-from s3stream.assembly import open_client, open_sync
+``await s3stream.open(data_dir, bucket_uri=None, config=None)`` opens the embedded engine.
+"""
+
+from typing import TYPE_CHECKING, Any
+
 from s3stream.config import Config
 from s3stream.engine.client import Client, KVClient, Stream, StreamClient
 from s3stream.errors import (
@@ -19,8 +23,23 @@ from s3stream.facade import SyncClient, SyncKVClient, SyncStream, SyncStreamClie
 from s3stream.ids import StreamId
 from s3stream.model import FetchedBatch, RecordBatch
 
-open = open_client
-"""``await s3stream.open(data_dir, bucket_uri=None, config=None)``: the embedded engine (see the assembly)."""
+if TYPE_CHECKING:
+    from s3stream.assembly import open_client as open
+    from s3stream.assembly import open_sync
+
+
+def __getattr__(name: str) -> Any:
+    """``s3stream.open`` / ``s3stream.open_sync`` come from the assembly, imported on first use.
+
+    The assembly wires the compactor, which imports s3stream's lower layers; importing it here eagerly
+    would make ``import compaction...`` (or any ``s3stream.<module>`` first) circular.
+    """
+    if name in ("open", "open_sync"):
+        from s3stream import assembly
+
+        return assembly.open_client if name == "open" else assembly.open_sync
+    raise AttributeError(f"module 's3stream' has no attribute {name!r}")
+
 
 __all__ = [
     "CapacityError",

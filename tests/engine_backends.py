@@ -5,7 +5,9 @@ which looks up ``MemoryObjectStorage`` and ``MemoryMetadataStore`` in the suite'
 call time. A backend module re-exports the suite's ``test_*`` functions (:func:`export_suite`) and
 patches those two names with the factories of a :class:`Backend` for the duration of each test
 (:func:`patch_suite`). The stateful test's machine is subclassed (:func:`backend_machine`) so each
-hypothesis example gets a fresh backend of its own.
+hypothesis example gets a fresh backend of its own. Suite tests that assume the twin's timing are
+left out by name and run as waiting variants (:data:`WAITING_VARIANTS`); a name the suite drops
+fails the import, so nothing is left out silently.
 
 The WAL stays the in-memory twin: the suite observes it through twin-only attributes (``records``,
 ``append_count``, ``fail_next``, ``gate``); the real block WAL on a file is covered by

@@ -5,7 +5,15 @@ become separate stream objects (AutoMQ's rule, reference 5.2): a stream with at 
 ``split_size_bytes`` of payload gets its own stream object; when the block holds exactly one stream,
 or every stream is that large, there is no StreamSet object at all. :class:`ObjectUploader` carries a
 plan out: one ``prepare_objects`` call for all ids (StreamSet object first, then stream objects in
-ascending stream id), the object writes (concurrent), and the commit request.
+ascending stream id), the object writes (at most ``OBJECT_WRITES_INFLIGHT_MAX`` at once), and the
+commit request.
+
+Memory: the block's records stay in the LogCache until the commit; each object writer encodes
+(copies) its records into data blocks and holds up to one part (``part_size_bytes``) plus one data
+block before handing them to the upload. Writing every object of a block at once could therefore
+hold a second copy of the whole block (peak ~2x the LogCache limit); with the bound, what writers
+hold beyond the LogCache is at most ``OBJECT_WRITES_INFLIGHT_MAX * (part_size_bytes + block_size_bytes)``
+per upload (plus the slice being encoded).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
 StreamRecords = tuple[int, Sequence[StreamRecordBatch]]
+OBJECT_WRITES_INFLIGHT_MAX = 4
+"""Objects of one upload written at the same time (the rest wait their turn, in plan order)."""
 WRITE_SLICE_BYTES = 256 * 1024
 """Payload bytes handed to the object writer per call (~2 ms of encoding); the event loop runs other
 work (appends) between slices."""
@@ -87,7 +97,9 @@ class ObjectUploader:
         block_size_bytes: int,
         part_size_bytes: int,
         prepared_ttl_ms: int,
+        object_writes_max: int = OBJECT_WRITES_INFLIGHT_MAX,
     ) -> None:
+        assert object_writes_max >= 1, object_writes_max
         self.storage = storage
         self.metadata = metadata
         self.namespace = namespace
@@ -96,6 +108,7 @@ class ObjectUploader:
         self.block_size_bytes = block_size_bytes
         self.part_size_bytes = part_size_bytes
         self.prepared_ttl_ms = prepared_ttl_ms
+        self.object_writes_max = object_writes_max
 
     async def prepare(self, plan: UploadPlan) -> ObjectId:
         """Allocate the plan's object ids; returns the first."""
@@ -103,7 +116,13 @@ class ObjectUploader:
         return await self.metadata.prepare_objects(count=plan.object_count, ttl_ms=self.prepared_ttl_ms)
 
     async def write(self, plan: UploadPlan, first_id: ObjectId) -> CommitStreamSetObjectRequest:
-        """Write every object of the plan (concurrently); returns the commit request."""
+        """Write every object of the plan (``object_writes_max`` at a time); returns the commit request."""
+        slots = asyncio.Semaphore(self.object_writes_max)
+
+        async def bounded(object_id: ObjectId, batches: list[StreamRecordBatch]) -> int:
+            async with slots:
+                return await self._write_object(object_id, batches)
+
         next_id = first_id
         jobs: list[asyncio.Task[int]] = []
         sso_id = NOOP_OBJECT_ID
@@ -111,11 +130,11 @@ class ObjectUploader:
             sso_id = next_id
             next_id = ObjectId(next_id + 1)
             batches = [r for _, recs in plan.stream_set for r in recs]
-            jobs.append(asyncio.ensure_future(self._write_object(sso_id, batches)))
+            jobs.append(asyncio.ensure_future(bounded(sso_id, batches)))
         so_ids: list[ObjectId] = []
         for _, recs in plan.stream_objects:
             so_ids.append(next_id)
-            jobs.append(asyncio.ensure_future(self._write_object(next_id, list(recs))))
+            jobs.append(asyncio.ensure_future(bounded(next_id, list(recs))))
             next_id = ObjectId(next_id + 1)
         try:
             sizes = await asyncio.gather(*jobs)

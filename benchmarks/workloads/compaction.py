@@ -254,10 +254,9 @@ async def run(ctx: Context) -> list[Result]:
             await storage.close()
     if ctx.s3 is not None:
         ctx.notes.append(
-            "compaction peak memory on S3 is dominated by the multipart upload layer (per upload: the part "
-            "buffer, its joined body and aiohttp's payload copy, times parts in flight), not by compaction's "
-            "own read/write buffers: an upload of up to 32 MiB (the single-PUT threshold) is staged whole, and "
-            "each part is copied twice more (joined body, aiohttp payload); the second memory figure bounds "
+            "compaction peak memory on S3 includes the multipart upload layer: each upload copies blocks once "
+            "into its own pages and holds at most (parts in flight + 1) parts, so with the default part size "
+            "(16 MiB) and parallelism it exceeds a small budget; the second memory figure bounds "
             "that layer to one small part in flight; botocore's one-time model loading is excluded"
         )
     return results

@@ -23,7 +23,9 @@ Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 
 * The result starts with the batch containing ``start_offset`` and continues without gap or
   overlap; anything else is a :class:`~s3stream.errors.CorruptionError`, never data.
 
-:func:`merge_fetch` joins the object-storage head of a fetch with the LogCache tail.
+:func:`~s3stream.engine.fetchmerge.merge_fetch` joins the object-storage head of a fetch with the
+LogCache tail; reader states and the readahead sizing rule are in :mod:`s3stream.engine.readstate`.
+Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,10 +37,18 @@ import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
 
 from s3stream.engine.blockcache import BlockCache, BlockKey, BlockRequest
+from s3stream.engine.fetchmerge import merge_fetch
+from s3stream.engine.readstate import (
+    READAHEAD_TASKS_MAX,
+    BlockRef,
+    ReadaheadSettings,
+    ReadState,
+    ReadStates,
+    readahead_size,
+)
 from s3stream.errors import (
     ClosedError,
     CorruptionError,
@@ -46,9 +56,9 @@ from s3stream.errors import (
     NotFoundError,
     S3StreamError,
 )
-from s3stream.ids import ObjectId, StreamId
+from s3stream.ids import StreamId
 from s3stream.metadata.base import MetadataStore, ObjectSlice
-from s3stream.objectformat import DataBlock, IndexEntry, ObjectReader, ObjectReaderCache, object_key
+from s3stream.objectformat import DataBlock, ObjectReader, ObjectReaderCache, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
@@ -61,166 +71,24 @@ READ_RETRY_MAX = 2
 """Retries of a read whose objects were replaced under it."""
 MERGED_GET_MAX_BYTES = 4 * MiB
 """Largest span of consecutive blocks fetched by one GET (AutoMQ's MAX_MERGE_READ_SIZE)."""
-READAHEAD_TASKS_MAX = 4
-"""Readahead loads in flight per reader state (each of at most the readahead size)."""
-STATE_COUNT_MAX = 1024
-STATE_IDLE_S = 60.0
-"""Reader states unused this long are dropped (AutoMQ: 1 min)."""
+__all__ = [
+    "GET_OBJECTS_STEP",
+    "MERGED_GET_MAX_BYTES",
+    "READAHEAD_TASKS_MAX",
+    "READ_RETRY_MAX",
+    "ObjectStreamReader",
+    "ReadaheadSettings",
+    "ReaderStats",
+    "merge_fetch",
+]
+
 _UNBOUNDED = (1 << 63) - 1
 _BASE_OFFSET = operator.attrgetter("base_offset")
 _COUNT = operator.attrgetter("count")
 
 
-@dataclass(frozen=True, slots=True)
-class ReadaheadSettings:
-    """AutoMQ's readahead: 512 KiB growing by 512 KiB per miss to 32 MiB, 32 MiB free guard, 1 min pause."""
-
-    initial_bytes: int = 512 * KiB
-    step_bytes: int = 512 * KiB
-    max_bytes: int = 32 * MiB
-    free_guard_bytes: int = 32 * MiB
-    pause_s: float = 60.0
-    enabled: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_bytes <= self.max_bytes:
-            raise InvalidArgumentError("readahead initial size must be in (0, max]")
-        if self.step_bytes < 0 or self.free_guard_bytes < 0 or self.pause_s < 0:
-            raise InvalidArgumentError("readahead step, guard and pause must not be negative")
-
-
-# -- merging the LogCache tail with the object head ---------------------------------------------
-
-
-class Batch(Protocol):
-    @property
-    def base_offset(self) -> int: ...
-
-    @property
-    def end_offset(self) -> int: ...
-
-    @property
-    def payload(self) -> bytes: ...
-
-
-B = TypeVar("B", bound=Batch)
-
-
-def merge_fetch(
-    cached: Sequence[B],
-    from_objects: Sequence[B],
-    *,
-    start_offset: int,
-    end_offset: int,
-    max_bytes: int,
-    source: str = "fetch",
-) -> list[B]:
-    """One contiguous, ordered fetch result from the object-storage head and the LogCache tail.
-
-    ``cached`` is what the LogCache holds for the range (possibly empty, possibly starting after
-    ``start_offset``); ``from_objects`` is what :meth:`ObjectStreamReader.read` returned for
-    ``[start_offset, cached[0].base_offset)`` (or the whole range) with the same ``max_bytes``.
-    If the cache holds ``start_offset`` the objects are not needed and ignored.
-
-    The result starts with the batch containing ``start_offset``, has no gap or overlap, stops
-    before ``end_offset`` and once ``max_bytes`` payload bytes are reached (at least one batch).
-    A gap between the two parts, or inside either, raises :class:`CorruptionError`.
-    """
-    if start_offset < 0 or end_offset < start_offset or max_bytes <= 0:
-        raise InvalidArgumentError(f"bad fetch range [{start_offset}, {end_offset}) or max_bytes {max_bytes}")
-    out: list[B] = []
-    if start_offset == end_offset:
-        return out
-    budget = max_bytes
-    next_offset = start_offset
-
-    def take(batch: B) -> bool:
-        """Append ``batch``; False once the range or the byte budget is used up."""
-        nonlocal budget, next_offset
-        if batch.base_offset >= end_offset or (out and budget <= 0):
-            return False
-        if out:
-            if batch.base_offset != next_offset:
-                kind = "gap" if batch.base_offset > next_offset else "overlap"
-                raise CorruptionError(
-                    f"{kind} in fetch result: batch at offset {batch.base_offset} follows one ending at "
-                    f"{next_offset}",
-                    source=source,
-                )
-        elif not batch.base_offset <= start_offset < batch.end_offset:
-            raise CorruptionError(
-                f"fetch from offset {start_offset} begins with the batch [{batch.base_offset}, "
-                f"{batch.end_offset})",
-                source=source,
-            )
-        out.append(batch)
-        next_offset = batch.end_offset
-        budget -= len(batch.payload)
-        return True
-
-    cache_start = cached[0].base_offset if cached else _UNBOUNDED
-    if cache_start > start_offset:
-        for batch in from_objects:
-            if not out and batch.end_offset <= start_offset:
-                continue
-            if batch.base_offset >= cache_start or not take(batch):
-                break
-        if out and (next_offset >= end_offset or budget <= 0):
-            return out
-        if cached and next_offset < cache_start:
-            raise CorruptionError(
-                f"no data for [{next_offset}, {cache_start}) between object storage and the LogCache",
-                source=source,
-            )
-    for batch in cached:
-        if not out and batch.end_offset <= start_offset:
-            continue
-        if not take(batch):
-            break
-    return out
-
-
-# -- the object reader --------------------------------------------------------------------------
-
-
 class _ObjectGoneError(Exception):
     """An object of the window vanished or the window does not continue: refresh and retry."""
-
-
-@dataclass(slots=True)
-class _BlockRef:
-    object_id: ObjectId
-    key: str
-    object_size_bytes: int
-    entry: IndexEntry
-
-    @property
-    def cache_key(self) -> BlockKey:
-        return BlockKey(self.object_id, self.entry.start_position)
-
-
-@dataclass(slots=True, eq=False)
-class _ReadState:
-    """One sequential reader of one stream: its index window, held blocks and readahead."""
-
-    stream_id: StreamId
-    next_offset: int
-    readahead_bytes: int
-    window: list[_BlockRef] = field(default_factory=list)
-    """Blocks in offset order, each continuing the previous one."""
-    held: set[BlockKey] = field(default_factory=set)
-    readahead_end_offset: int = 0
-    readahead_tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    paused_until_s: float = 0.0
-    evicted_seen: int = 0
-    last_used_s: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    dropped: bool = False
-    """Serializes window extension between the read and its readahead."""
-
-    @property
-    def window_end(self) -> int:
-        return self.window[-1].entry.end_offset if self.window else self.next_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,14 +121,22 @@ class ObjectStreamReader:
         self._readers = reader_cache
         self._readahead = readahead or ReadaheadSettings()
         self._clock = clock
-        self._states: OrderedDict[tuple[StreamId, int], _ReadState] = OrderedDict()
-        self._active: set[_ReadState] = set()
+        self._state_registry = ReadStates(
+            initial_readahead_bytes=self._readahead.initial_bytes,
+            release=lambda keys: block_cache.release(keys, read=False),
+            clock=clock,
+        )
         self._closed = False
         self._read_count = 0
         self._retry_count = 0
         self._readahead_count = 0
         self._miss_count = 0
         self._hit_count = 0
+
+    @property
+    def _states(self) -> OrderedDict[tuple[StreamId, int], ReadState]:
+        """Idle reader states by ``(stream, next offset)`` (for tests)."""
+        return self._state_registry.idle
 
     def stats(self) -> ReaderStats:
         return ReaderStats(
@@ -283,7 +159,7 @@ class ObjectStreamReader:
         if start_offset == end_offset:
             return []
         self._read_count += 1
-        state = self._take_state(stream_id, start_offset)
+        state = self._state_registry.take(stream_id, start_offset)
         try:
             for attempt in range(READ_RETRY_MAX + 1):
                 try:
@@ -300,13 +176,13 @@ class ObjectStreamReader:
                         task.cancel()
                     await self._reset_window(state)
         except BaseException:
-            self._drop_state(state)
+            self._state_registry.drop(state)
             raise
         state.next_offset = batches[-1].end_offset if batches else start_offset
         if self._closed:  # closed while this read ran: keep nothing
-            self._drop_state(state)
+            self._state_registry.drop(state)
             return batches
-        self._put_state(state)
+        self._state_registry.put(state)
         self._maybe_readahead(state, miss_count)
         return batches
 
@@ -315,10 +191,7 @@ class ObjectStreamReader:
         if self._closed:
             return
         self._closed = True
-        states = list(self._states.values()) + list(self._active)
-        self._states.clear()
-        for state in states:
-            self._drop_state(state)
+        states = self._state_registry.drop_all()
         tasks = [t for s in states for t in s.readahead_tasks]
         for task in tasks:
             task.cancel()
@@ -326,7 +199,7 @@ class ObjectStreamReader:
 
     # -- one attempt ------------------------------------------------------------------------
     async def _read_once(
-        self, state: _ReadState, start_offset: int, end_offset: int, max_bytes: int
+        self, state: ReadState, start_offset: int, end_offset: int, max_bytes: int
     ) -> tuple[list[StreamRecordBatch], int]:
         out: list[StreamRecordBatch] = []
         budget = max_bytes
@@ -386,7 +259,7 @@ class ObjectStreamReader:
                 break
         return out, miss_count
 
-    def _consume(self, state: _ReadState, next_offset: int, read_keys: list[BlockKey]) -> None:
+    def _consume(self, state: ReadState, next_offset: int, read_keys: list[BlockKey]) -> None:
         """Drop fully read blocks from the window and free them in the cache."""
         held = [k for k in read_keys if k in state.held]
         state.held.difference_update(held)
@@ -397,19 +270,19 @@ class ObjectStreamReader:
         del state.window[:drop]
 
     async def _blocks_for(
-        self, state: _ReadState, next_offset: int, end_offset: int, budget: int
-    ) -> list[_BlockRef]:
+        self, state: ReadState, next_offset: int, end_offset: int, budget: int
+    ) -> list[BlockRef]:
         """Window blocks from the one holding ``next_offset`` until ``end_offset`` is covered or
         their estimated payload reaches ``budget`` (the first block counts only if it starts there)."""
         async with state.lock:
             return await self._blocks_for_locked(state, next_offset, end_offset, budget)
 
     async def _blocks_for_locked(
-        self, state: _ReadState, next_offset: int, end_offset: int, budget: int
-    ) -> list[_BlockRef]:
+        self, state: ReadState, next_offset: int, end_offset: int, budget: int
+    ) -> list[BlockRef]:
         if state.window and state.window[0].entry.start_offset > next_offset:
             await self._reset_window_locked(state)
-        refs: list[_BlockRef] = []
+        refs: list[BlockRef] = []
         estimate = 0
         i = 0
         while True:
@@ -425,7 +298,7 @@ class ObjectStreamReader:
             if ref.entry.end_offset >= end_offset or estimate >= budget:
                 return refs
 
-    async def _extend(self, state: _ReadState, next_offset: int, end_offset: int) -> bool:
+    async def _extend(self, state: ReadState, next_offset: int, end_offset: int) -> bool:
         """Append the blocks of the next objects to the window; False at the end of the stream's objects."""
         window_start = state.window_end if state.window else next_offset
         slices = await self._metadata.get_objects(
@@ -454,7 +327,7 @@ class ObjectStreamReader:
             raise _ObjectGoneError(f"object {key} is gone") from exc
 
     def _append_object(
-        self, state: _ReadState, object_slice: ObjectSlice, reader: ObjectReader, window_start: int
+        self, state: ReadState, object_slice: ObjectSlice, reader: ObjectReader, window_start: int
     ) -> None:
         key = reader.key
         start = max(object_slice.start_offset, state.window_end if state.window else window_start)
@@ -473,25 +346,25 @@ class ObjectStreamReader:
                     f"object {key} does not hold offset {window_start} (its block starts at "
                     f"{entry.start_offset})"
                 )
-            state.window.append(_BlockRef(object_slice.object_id, key, object_slice.size_bytes, entry))
+            state.window.append(BlockRef(object_slice.object_id, key, object_slice.size_bytes, entry))
         if not state.window or state.window_end < object_slice.end_offset:
             raise _ObjectGoneError(
                 f"object {key} ends stream {state.stream_id} at {state.window_end if state.window else '-'}, "
                 f"metadata says {object_slice.end_offset}"
             )
 
-    async def _reset_window(self, state: _ReadState) -> None:
+    async def _reset_window(self, state: ReadState) -> None:
         async with state.lock:
             await self._reset_window_locked(state)
 
-    async def _reset_window_locked(self, state: _ReadState) -> None:
+    async def _reset_window_locked(self, state: ReadState) -> None:
         self._cache.release(list(state.held), read=False)
         state.held.clear()
         state.window.clear()
         state.readahead_end_offset = 0
 
     # -- block data -------------------------------------------------------------------------
-    async def _get_blocks(self, state: _ReadState, refs: Sequence[_BlockRef]) -> CacheReadOfBlocks:
+    async def _get_blocks(self, state: ReadState, refs: Sequence[BlockRef]) -> CacheReadOfBlocks:
         by_key = {ref.cache_key: ref for ref in refs}
         requests = [
             BlockRequest(
@@ -515,7 +388,7 @@ class ObjectStreamReader:
         self._hit_count += got.hit_count
         return CacheReadOfBlocks(got.values, got.miss_count)
 
-    async def _load(self, refs: Sequence[_BlockRef]) -> list[DataBlock]:
+    async def _load(self, refs: Sequence[BlockRef]) -> list[DataBlock]:
         """Fetch blocks with merged GETs: runs of consecutive blocks of one object, each GET at most
         MERGED_GET_MAX_BYTES, all GETs concurrent. Results in the order of ``refs``."""
         runs: list[list[int]] = []
@@ -549,42 +422,25 @@ class ObjectStreamReader:
         return [b for b in out if b is not None]
 
     # -- readahead --------------------------------------------------------------------------
-    def _maybe_readahead(self, state: _ReadState, miss_count: int) -> None:
-        settings = self._readahead
-        if not settings.enabled or self._closed:
+    def _maybe_readahead(self, state: ReadState, miss_count: int) -> None:
+        if not self._readahead.enabled or self._closed:
             return
-        now = self._clock()
-        evicted = self._cache.evicted_unread_count
-        if evicted > state.evicted_seen:
-            state.evicted_seen = evicted
-            state.readahead_bytes = settings.initial_bytes
-            state.paused_until_s = now + settings.pause_s
-        if now < state.paused_until_s:
-            return
-        if miss_count:
-            state.readahead_bytes = min(
-                settings.max_bytes, state.readahead_bytes + settings.step_bytes * miss_count
-            )
-        state.readahead_tasks = {t for t in state.readahead_tasks if not t.done()}
-        if len(state.readahead_tasks) >= READAHEAD_TASKS_MAX:
-            return
-        ahead = sum(
-            r.entry.size_bytes
-            for r in state.window
-            if r.entry.start_offset >= state.next_offset and r.entry.end_offset <= state.readahead_end_offset
+        size_bytes = readahead_size(
+            state,
+            self._readahead,
+            miss_count=miss_count,
+            evicted_unread_count=self._cache.evicted_unread_count,
+            cache_free_bytes=self._cache.free_bytes,
+            now_s=self._clock(),
         )
-        if ahead > state.readahead_bytes * 3 // 4:  # refill in chunks of at least a quarter window
-            return
-        # what the free-space guard allows: the cache keeps free_guard_bytes free of readahead
-        size_bytes = min(state.readahead_bytes - ahead, self._cache.free_bytes - settings.free_guard_bytes)
-        if size_bytes < min(settings.initial_bytes, state.readahead_bytes - ahead):
+        if not size_bytes:
             return
         self._readahead_count += 1
         state.readahead_tasks.add(
             asyncio.create_task(self._run_readahead(state, size_bytes), name=f"readahead-{state.stream_id}")
         )
 
-    async def _run_readahead(self, state: _ReadState, size_bytes: int) -> None:
+    async def _run_readahead(self, state: ReadState, size_bytes: int) -> None:
         """Load blocks from the readahead mark (or the consumer's position) for ``size_bytes``."""
         with contextlib.suppress(_ObjectGoneError, S3StreamError):
             # Best effort: the consumer's own read meets and reports the same errors.
@@ -599,45 +455,6 @@ class ObjectStreamReader:
                 if not state.dropped:
                     self._maybe_readahead(state, 0)  # keep the pipeline full while the consumer works
 
-    # -- reader states ----------------------------------------------------------------------
-    def _take_state(self, stream_id: StreamId, start_offset: int) -> _ReadState:
-        now = self._clock()
-        self._expire_states(now)
-        state = self._states.pop((stream_id, start_offset), None)
-        if state is None:
-            state = _ReadState(stream_id, start_offset, self._readahead.initial_bytes)
-        state.last_used_s = now
-        self._active.add(state)
-        return state
-
-    def _put_state(self, state: _ReadState) -> None:
-        self._active.discard(state)
-        key = (state.stream_id, state.next_offset)
-        old = self._states.pop(key, None)
-        if old is not None:
-            self._drop_state(old)
-        self._states[key] = state
-        while len(self._states) > STATE_COUNT_MAX:
-            _, oldest = self._states.popitem(last=False)
-            self._drop_state(oldest)
-
-    def _drop_state(self, state: _ReadState) -> None:
-        state.dropped = True
-        self._active.discard(state)
-        for task in state.readahead_tasks:
-            task.cancel()
-        self._cache.release(list(state.held), read=False)
-        state.held.clear()
-        state.window.clear()
-
-    def _expire_states(self, now: float) -> None:
-        while self._states:
-            key, state = next(iter(self._states.items()))
-            if now - state.last_used_s < STATE_IDLE_S:
-                break
-            del self._states[key]
-            self._drop_state(state)
-
 
 @dataclass(frozen=True, slots=True)
 class CacheReadOfBlocks:
@@ -645,6 +462,6 @@ class CacheReadOfBlocks:
     miss_count: int
 
 
-def _needs_hold(state: _ReadState, key: BlockKey, cache: BlockCache[DataBlock]) -> bool:
+def _needs_hold(state: ReadState, key: BlockKey, cache: BlockCache[DataBlock]) -> bool:
     """A state holds each block once; a held block that was evicted since is held again when reloaded."""
     return key not in state.held or not cache.stored_or_loading(key)

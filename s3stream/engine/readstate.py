@@ -1,0 +1,197 @@
+"""Reader states of the object read path: one per sequential consumer, with its readahead sizing.
+
+A :class:`ReadState` is what :class:`~s3stream.engine.reader.ObjectStreamReader` remembers between
+two reads of one consumer: its index window (the data blocks ahead, in offset order), the block-cache
+entries it holds, and its readahead (size, how far loaded, the loads in flight, a pause after an
+unread block was evicted). :class:`ReadStates` keeps them keyed by ``(stream, next offset)``, at most
+:data:`STATE_COUNT_MAX`, dropping those idle for :data:`STATE_IDLE_S`. :func:`readahead_size` is
+the sizing rule (AutoMQ's, reference sections 6.4-6.5): how many bytes to load ahead now, if any.
+The reader does the I/O; nothing here awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from s3stream.engine.blockcache import BlockKey
+from s3stream.errors import InvalidArgumentError
+from s3stream.ids import ObjectId, StreamId
+from s3stream.objectformat import IndexEntry
+
+KiB = 1024
+MiB = 1024 * KiB
+
+READAHEAD_TASKS_MAX = 4
+"""Readahead loads in flight per reader state (each of at most the readahead size)."""
+STATE_COUNT_MAX = 1024
+STATE_IDLE_S = 60.0
+"""Reader states unused this long are dropped (AutoMQ: 1 min)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadaheadSettings:
+    """AutoMQ's readahead: 512 KiB growing by 512 KiB per miss to 32 MiB, 32 MiB free guard, 1 min pause."""
+
+    initial_bytes: int = 512 * KiB
+    step_bytes: int = 512 * KiB
+    max_bytes: int = 32 * MiB
+    free_guard_bytes: int = 32 * MiB
+    pause_s: float = 60.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_bytes <= self.max_bytes:
+            raise InvalidArgumentError("readahead initial size must be in (0, max]")
+        if self.step_bytes < 0 or self.free_guard_bytes < 0 or self.pause_s < 0:
+            raise InvalidArgumentError("readahead step, guard and pause must not be negative")
+
+
+@dataclass(slots=True)
+class BlockRef:
+    """One data block of the window: where it is and what its index entry says."""
+
+    object_id: ObjectId
+    key: str
+    object_size_bytes: int
+    entry: IndexEntry
+
+    @property
+    def cache_key(self) -> BlockKey:
+        return BlockKey(self.object_id, self.entry.start_position)
+
+
+@dataclass(slots=True, eq=False)
+class ReadState:
+    """One sequential reader of one stream: its index window, held blocks and readahead."""
+
+    stream_id: StreamId
+    next_offset: int
+    readahead_bytes: int
+    window: list[BlockRef] = field(default_factory=list)
+    """Blocks in offset order, each continuing the previous one."""
+    held: set[BlockKey] = field(default_factory=set)
+    readahead_end_offset: int = 0
+    readahead_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    paused_until_s: float = 0.0
+    evicted_seen: int = 0
+    last_used_s: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serializes window extension between the read and its readahead."""
+    dropped: bool = False
+
+    @property
+    def window_end(self) -> int:
+        return self.window[-1].entry.end_offset if self.window else self.next_offset
+
+
+def readahead_size(
+    state: ReadState,
+    settings: ReadaheadSettings,
+    *,
+    miss_count: int,
+    evicted_unread_count: int,
+    cache_free_bytes: int,
+    now_s: float,
+) -> int:
+    """Bytes to load ahead of ``state``'s consumer now (0: none), updating its readahead size.
+
+    An unread block evicted since the last look (``evicted_unread_count`` grew) resets the size and
+    pauses readahead for ``pause_s``; each block miss grows it by ``step_bytes`` up to ``max_bytes``.
+    Loads refill in chunks of at least a quarter window, at most :data:`READAHEAD_TASKS_MAX` at once,
+    and never into the cache's last ``free_guard_bytes``.
+    """
+    if evicted_unread_count > state.evicted_seen:
+        state.evicted_seen = evicted_unread_count
+        state.readahead_bytes = settings.initial_bytes
+        state.paused_until_s = now_s + settings.pause_s
+    if now_s < state.paused_until_s:
+        return 0
+    if miss_count:
+        state.readahead_bytes = min(
+            settings.max_bytes, state.readahead_bytes + settings.step_bytes * miss_count
+        )
+    state.readahead_tasks = {t for t in state.readahead_tasks if not t.done()}
+    if len(state.readahead_tasks) >= READAHEAD_TASKS_MAX:
+        return 0
+    ahead = sum(
+        r.entry.size_bytes
+        for r in state.window
+        if r.entry.start_offset >= state.next_offset and r.entry.end_offset <= state.readahead_end_offset
+    )
+    if ahead > state.readahead_bytes * 3 // 4:  # refill in chunks of at least a quarter window
+        return 0
+    # what the free-space guard allows: the cache keeps free_guard_bytes free of readahead
+    size_bytes = min(state.readahead_bytes - ahead, cache_free_bytes - settings.free_guard_bytes)
+    if size_bytes < min(settings.initial_bytes, state.readahead_bytes - ahead):
+        return 0
+    return size_bytes
+
+
+class ReadStates:
+    """The reader states of one reader: idle ones keyed by ``(stream, next offset)``, plus those in use."""
+
+    def __init__(
+        self,
+        *,
+        initial_readahead_bytes: int,
+        release: Callable[[Sequence[BlockKey]], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.idle: OrderedDict[tuple[StreamId, int], ReadState] = OrderedDict()
+        """Least recently used first."""
+        self.active: set[ReadState] = set()
+        self._initial_readahead_bytes = initial_readahead_bytes
+        self._release = release
+        self._clock = clock
+
+    def take(self, stream_id: StreamId, start_offset: int) -> ReadState:
+        """The state of the consumer that stopped at ``start_offset`` (a new one if none), now in use."""
+        now = self._clock()
+        self._expire(now)
+        state = self.idle.pop((stream_id, start_offset), None)
+        if state is None:
+            state = ReadState(stream_id, start_offset, self._initial_readahead_bytes)
+        state.last_used_s = now
+        self.active.add(state)
+        return state
+
+    def put(self, state: ReadState) -> None:
+        """``state`` is idle again, under its new next offset; the oldest beyond the limit are dropped."""
+        self.active.discard(state)
+        key = (state.stream_id, state.next_offset)
+        old = self.idle.pop(key, None)
+        if old is not None:
+            self.drop(old)
+        self.idle[key] = state
+        while len(self.idle) > STATE_COUNT_MAX:
+            _, oldest = self.idle.popitem(last=False)
+            self.drop(oldest)
+
+    def drop(self, state: ReadState) -> None:
+        """Forget ``state``: cancel its readahead and release its held blocks."""
+        state.dropped = True
+        self.active.discard(state)
+        for task in state.readahead_tasks:
+            task.cancel()
+        self._release(list(state.held))
+        state.held.clear()
+        state.window.clear()
+
+    def drop_all(self) -> list[ReadState]:
+        """Drop every state (the reader closes); returns them so their readahead can be awaited."""
+        states = list(self.idle.values()) + list(self.active)
+        self.idle.clear()
+        for state in states:
+            self.drop(state)
+        return states
+
+    def _expire(self, now: float) -> None:
+        while self.idle:
+            key, state = next(iter(self.idle.items()))
+            if now - state.last_used_s < STATE_IDLE_S:
+                break
+            del self.idle[key]
+            self.drop(state)

@@ -1,0 +1,71 @@
+"""Reader states and the readahead sizing rule (s3stream.engine.readstate), without I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from s3stream.engine.blockcache import BlockKey
+from s3stream.engine.readstate import (
+    STATE_COUNT_MAX,
+    STATE_IDLE_S,
+    ReadaheadSettings,
+    ReadState,
+    ReadStates,
+    readahead_size,
+)
+from s3stream.ids import ObjectId, StreamId
+
+SETTINGS = ReadaheadSettings(
+    initial_bytes=100, step_bytes=50, max_bytes=300, free_guard_bytes=1000, pause_s=60
+)
+
+
+def size(state: ReadState, *, misses: int = 0, evicted: int = 0, free: int = 10_000, now: float = 0.0) -> int:
+    return readahead_size(
+        state, SETTINGS, miss_count=misses, evicted_unread_count=evicted, cache_free_bytes=free, now_s=now
+    )
+
+
+def test_readahead_grows_per_miss_up_to_the_cap_and_respects_the_free_guard() -> None:
+    state = ReadState(StreamId(1), 0, SETTINGS.initial_bytes)
+    assert size(state) == 100
+    assert size(state, misses=1) == 150
+    assert size(state, misses=10) == 300
+    assert size(state, free=1000 + 120) == 120  # the cache keeps free_guard_bytes free of readahead
+    assert size(state, free=1000 + 50) == 0  # less than the initial size fits: none
+
+
+def test_an_evicted_unread_block_resets_and_pauses_readahead() -> None:
+    state = ReadState(StreamId(1), 0, 300)
+    assert size(state, evicted=1, now=10.0) == 0
+    assert state.readahead_bytes == SETTINGS.initial_bytes
+    assert size(state, evicted=1, now=10.0 + SETTINGS.pause_s - 1) == 0
+    assert size(state, evicted=1, now=10.0 + SETTINGS.pause_s) == 100
+
+
+def test_states_are_bounded_expire_when_idle_and_release_their_blocks() -> None:
+    released: list[BlockKey] = []
+    now = [0.0]
+
+    def release(keys: Sequence[BlockKey]) -> None:
+        released.extend(keys)
+
+    states = ReadStates(initial_readahead_bytes=100, release=release, clock=lambda: now[0])
+    first = states.take(StreamId(1), 0)
+    first.held.add(BlockKey(ObjectId(7), 0))
+    first.next_offset = 10
+    states.put(first)
+    assert states.take(StreamId(1), 10) is first  # the consumer continues where it stopped
+    states.put(first)
+    now[0] = STATE_IDLE_S
+    other = states.take(StreamId(2), 0)  # the idle one expires
+    assert first.dropped
+    assert released == [BlockKey(ObjectId(7), 0)]
+    assert list(states.idle) == []
+    assert states.active == {other}
+    for i in range(STATE_COUNT_MAX + 1):
+        states.put(ReadState(StreamId(3), i, 100, last_used_s=now[0]))
+    assert len(states.idle) == STATE_COUNT_MAX
+    assert (StreamId(3), 0) not in states.idle  # the least recently used one went
+    assert len(states.drop_all()) == STATE_COUNT_MAX + 1
+    assert states.idle == {}

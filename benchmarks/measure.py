@@ -385,8 +385,8 @@ class CountingStorage:
         await self.inner.put(key, data, if_absent=if_absent)
         self.counter.count("PutObject", written=len(data))
 
-    def upload(self, key: str) -> Upload:
-        return _CountingUpload(self.inner.upload(key), self.counter)
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+        return _CountingUpload(self.inner.upload(key, buffer_max_bytes=buffer_max_bytes), self.counter)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         data = await self.inner.get(key, start, end)

@@ -124,8 +124,8 @@ class FaultyObjectStorage:
     async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
         await self.run("put", key, lambda: self.inner.put(key, data, if_absent=if_absent))
 
-    def upload(self, key: str) -> Upload:
-        return FaultyUpload(self, self.inner.upload(key))
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+        return FaultyUpload(self, self.inner.upload(key, buffer_max_bytes=buffer_max_bytes))
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         data = await self.run("get", key, lambda: self.inner.get(key, start, end))

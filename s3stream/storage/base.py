@@ -16,12 +16,24 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from s3stream.errors import InvalidArgumentError
+
 MIN_PART_SIZE_BYTES = 5 * 1024 * 1024
 """S3's smallest multipart part (every part but the last)."""
 MAX_PART_SIZE_BYTES = 5 * 1024 * 1024 * 1024
 MAX_PART_COUNT = 10_000
 MAX_DELETE_BATCH = 1000
 """DeleteObjects takes at most this many keys per call."""
+
+
+def check_buffer_max_bytes(buffer_max_bytes: int | None) -> None:
+    """Reject a ``buffer_max_bytes`` (of :meth:`ObjectStorage.upload`) that is not None or a positive int."""
+    if buffer_max_bytes is not None and (
+        isinstance(buffer_max_bytes, bool) or not isinstance(buffer_max_bytes, int) or buffer_max_bytes < 1
+    ):
+        raise InvalidArgumentError(
+            f"buffer_max_bytes must be a positive int or None, got {buffer_max_bytes!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +76,15 @@ class ObjectStorage(Protocol):
         """Write a whole object atomically. ``if_absent`` makes it a conditional create."""
         ...
 
-    def upload(self, key: str) -> Upload:
-        """Start a streamed (possibly multipart) write of ``key``."""
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+        """Start a streamed (possibly multipart) write of ``key``.
+
+        ``buffer_max_bytes``: this upload may hold at most this many bytes buffered (written bytes not
+        yet sent, parts in flight, a staged single-PUT body). The backend picks its part size, parts
+        in flight and single-PUT threshold to stay under it, but never goes below one part of
+        ``MIN_PART_SIZE_BYTES``: a limit under that still holds up to ``MIN_PART_SIZE_BYTES``.
+        ``None``: the backend's own settings. A limit below 1 raises ``InvalidArgumentError``.
+        """
         ...
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:

@@ -41,7 +41,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
-from s3stream.storage.base import ObjectInfo, Upload
+from s3stream.storage.base import ObjectInfo, Upload, check_buffer_max_bytes
 from s3stream.storage.keys import TEMP_MARKER, resolve_range, validate_key, validate_prefix, validate_range
 from s3stream.storage.stats import StorageStats
 
@@ -299,8 +299,11 @@ class LocalObjectStorage:
         await self._run(self._put_sync, key, data, if_absent)
         self.stats.record("put", memoryview(data).nbytes)
 
-    def upload(self, key: str) -> Upload:
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+        """``buffer_max_bytes`` is validated and otherwise ignored: an upload never holds more than
+        ``UPLOAD_BUFFER_BYTES_MAX`` pending plus the write in hand (larger writes go to the file)."""
         validate_key(key)
+        check_buffer_max_bytes(buffer_max_bytes)
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         return _LocalUpload(self, key)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, NotFoundError
-from s3stream.storage.base import MAX_DELETE_BATCH, ObjectInfo, Upload
+from s3stream.storage.base import MAX_DELETE_BATCH, ObjectInfo, Upload, check_buffer_max_bytes
 from s3stream.storage.keys import resolve_range, validate_key, validate_prefix, validate_range
 from s3stream.storage.stats import StorageStats
 
@@ -78,8 +78,11 @@ class MemoryObjectStorage:
         self._publish(key, snapshot, if_absent=if_absent)
         self.stats.record("put", len(snapshot))
 
-    def upload(self, key: str) -> Upload:
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+        """``buffer_max_bytes`` is validated and otherwise ignored: the twin's upload holds the whole
+        object until ``complete`` (the twin is the store; it has no parts to size)."""
         validate_key(key)
+        check_buffer_max_bytes(buffer_max_bytes)
         self._check_open()
         return _MemoryUpload(self, key)
 

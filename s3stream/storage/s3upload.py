@@ -23,6 +23,14 @@ and aiohttp sends as memoryviews (:mod:`s3stream.storage.s3body`). So an upload 
 ``(part_concurrency_max + 1) * part_size_bytes`` plus one page of written bytes in either mode
 (``write`` waits for a free part slot); staged copies are read only at ``complete``.
 
+A caller may bound an upload's buffers (``ObjectStorage.upload(key, buffer_max_bytes=...)``):
+:func:`upload_shape` then picks the part size, parts in flight and staging limit so that
+``(part_concurrency_max + 1) * part_size_bytes <= buffer_max_bytes`` (keeping the configured part
+size while two parts fit, else smaller parts, never below ``MIN_PART_SIZE_BYTES``). Below two
+minimum parts the upload sends each part inline (``part_concurrency_max`` 0: ``write`` waits for
+the part to be stored), holding one part; below one minimum part it still holds one 5 MiB part.
+A partly filled page is trimmed when it is sealed, so page tails do not add up.
+
 Any failure of a part, a copy or ``complete`` aborts the upload (AbortMultipartUpload) before the
 error is raised: nothing of the object ever becomes visible. The object's size is our own tally;
 the ETag of CompleteMultipartUpload is never read.
@@ -31,12 +39,19 @@ the ETag of CompleteMultipartUpload is never read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from s3stream.errors import ClosedError, InvalidArgumentError, NotFoundError, S3StreamError
-from s3stream.storage.base import MAX_PART_COUNT, MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
+from s3stream.storage.base import (
+    MAX_PART_COUNT,
+    MAX_PART_SIZE_BYTES,
+    MIN_PART_SIZE_BYTES,
+    check_buffer_max_bytes,
+)
 from s3stream.storage.keys import resolve_range, validate_key, validate_range
 from s3stream.storage.s3body import Piece, PiecesReader
 
@@ -54,6 +69,54 @@ KEEP_BYTES_MIN = 64 * 1024
 assert SMALL_PAGE_BYTES <= PAGE_BYTES <= MIN_PART_SIZE_BYTES
 
 
+@dataclass(frozen=True, slots=True)
+class UploadShape:
+    """How one upload buffers: what :func:`upload_shape` picked."""
+
+    part_size_bytes: int
+    part_concurrency_max: int
+    """Parts sent in the background at once; 0: each part is sent inline (``write`` waits)."""
+    staged_max_bytes: int
+    """Largest object kept staged for a single PUT."""
+
+    @property
+    def held_max_bytes(self) -> int:
+        """Most written bytes the upload holds: the parts in flight plus the part being filled (the
+        part waiting for a slot, when all are busy); inline, the one part being sent."""
+        return (self.part_concurrency_max + 1) * self.part_size_bytes
+
+
+def upload_shape(
+    *,
+    part_size_bytes: int,
+    part_concurrency_max: int,
+    multipart_threshold_bytes: int,
+    buffer_max_bytes: int | None = None,
+) -> UploadShape:
+    """Part size, parts in flight and staging limit of one upload (pure; see the module docstring).
+
+    Without ``buffer_max_bytes`` the configured values hold. With it, the configured part size is
+    kept while at least two parts fit (one in flight, one being filled) and the parts in flight
+    shrink to fit; below that, parts of ``buffer_max_bytes // 2`` (at least ``MIN_PART_SIZE_BYTES``)
+    with one in flight; below two minimum parts, one part sent inline.
+    """
+    check_buffer_max_bytes(buffer_max_bytes)
+    part, inflight = part_size_bytes, part_concurrency_max
+    if buffer_max_bytes is not None and (inflight + 1) * part > buffer_max_bytes:
+        if buffer_max_bytes >= 2 * part:
+            inflight = buffer_max_bytes // part - 1
+        elif buffer_max_bytes >= 2 * MIN_PART_SIZE_BYTES:
+            part, inflight = buffer_max_bytes // 2, 1
+        else:
+            part, inflight = max(MIN_PART_SIZE_BYTES, min(part, buffer_max_bytes)), 0
+    staged_max = min(multipart_threshold_bytes, max(1, inflight) * part)
+    shape = UploadShape(part, inflight, staged_max)
+    assert MIN_PART_SIZE_BYTES <= shape.part_size_bytes <= part_size_bytes
+    assert shape.staged_max_bytes <= shape.held_max_bytes
+    assert buffer_max_bytes is None or shape.held_max_bytes <= max(buffer_max_bytes, MIN_PART_SIZE_BYTES)
+    return shape
+
+
 def _size_of(pieces: Sequence[Piece]) -> int:
     return sum(end - start for _, start, end in pieces)
 
@@ -61,15 +124,21 @@ def _size_of(pieces: Sequence[Piece]) -> int:
 class S3Upload:
     """See the module docstring. Created by :meth:`S3ObjectStorage.upload`."""
 
-    def __init__(self, storage: S3ObjectStorage, key: str, full_key: str) -> None:
+    def __init__(
+        self, storage: S3ObjectStorage, key: str, full_key: str, *, buffer_max_bytes: int | None = None
+    ) -> None:
         self.key = key
         self._storage = storage
         self._config = storage.config
         self._full_key = full_key
-        self._part_size = self._config.part_size_bytes
-        self._staged_max_bytes = min(
-            self._config.multipart_threshold_bytes, self._config.part_concurrency_max * self._part_size
+        self.shape = upload_shape(
+            part_size_bytes=self._config.part_size_bytes,
+            part_concurrency_max=self._config.part_concurrency_max,
+            multipart_threshold_bytes=self._config.multipart_threshold_bytes,
+            buffer_max_bytes=buffer_max_bytes,
         )
+        self._part_size = self.shape.part_size_bytes
+        self._staged_max_bytes = self.shape.staged_max_bytes
         self._size_bytes = 0
         self._done = False
         self._source_sizes: dict[str, int] = {}
@@ -86,7 +155,7 @@ class S3Upload:
         self._next_part = 1
         self._etags: dict[int, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(self._config.part_concurrency_max)
+        self._slots = asyncio.Semaphore(max(1, self.shape.part_concurrency_max))
         self._failure: BaseException | None = None
 
     # -- public ------------------------------------------------------------------------------
@@ -190,8 +259,13 @@ class S3Upload:
     # -- buffering ---------------------------------------------------------------------------
 
     def _seal_page(self) -> None:
-        """Close the page being filled: its unused tail is never written again."""
+        """Close the page being filled: its unused tail is never written again, so it is freed
+        (unless a body being sent still views the page: then it goes with that part)."""
+        page, fill = self._page, self._page_fill
         self._page, self._page_fill = None, 0
+        if page is not None and fill < len(page):
+            with contextlib.suppress(BufferError):
+                del page[fill:]
 
     async def _add_bytes(self, data: bytes) -> None:
         """Keep a whole immutable ``bytes`` by reference (multipart: cut at part boundaries)."""
@@ -313,6 +387,11 @@ class S3Upload:
             finally:
                 self._slots.release()
 
+        if self.shape.part_concurrency_max == 0:  # inline: the part's bytes go before the next write
+            await run()
+            if self._failure is not None:
+                raise self._failure
+            return
         task = asyncio.create_task(run(), name=f"s3-part-{self.key}-{number}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -394,7 +473,7 @@ class S3Upload:
     async def _read_staged_copies(self) -> None:
         """Range-read the staged copies (concurrently, at most ``part_concurrency_max`` at once)."""
         copies, self._staged_copies = self._staged_copies, []
-        slots = asyncio.Semaphore(self._config.part_concurrency_max)
+        slots = asyncio.Semaphore(max(1, self.shape.part_concurrency_max))
 
         async def read(index: int, source_key: str, start: int, end: int) -> None:
             async with slots:

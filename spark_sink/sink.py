@@ -42,7 +42,7 @@ from s3stream.errors import ConflictError, InvalidArgumentError
 from s3stream.facade import SyncClient, SyncStream
 from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
-from spark_sink.columns import normalize
+from spark_sink.columns import ColumnCache, normalize
 from spark_sink.encode import (
     OUTPUT_DDL,
     EncodeOptions,
@@ -158,6 +158,7 @@ class S3StreamSink:
         self._topic: Topic | None = None
         self._streams: list[SyncStream] = []
         self._lock = threading.Lock()
+        self._columns: ColumnCache = {}
         self._broken: ConflictError | None = None
         """Set when the engine committed a chunk at offsets other than the sink wrote into it."""
         self._kv_bytes_max = KV_OVERHEAD_BYTES + committed_bytes_max(partitions)
@@ -298,7 +299,11 @@ class S3StreamSink:
             spill_dir=None if spill_dir is None else str(spill_dir),
         )
         rows = normalize(
-            df, batch_id=batch_id, stream_column=self.stream_column, partition_count=self.partition_count
+            df,
+            batch_id=batch_id,
+            stream_column=self.stream_column,
+            partition_count=self.partition_count,
+            cache=self._columns,
         )
         table = rows.mapInArrow(map_in_arrow(options), OUTPUT_DDL).toArrow()
         encode_s = time.perf_counter() - t0
@@ -322,14 +327,14 @@ class S3StreamSink:
         progress = None if raw is None else Progress.decode(raw, key=key)
         plan = plan_batch(progress, batch_id, chunks)
         committed = self._committed()
-        self._check_next_offsets(streams, expected_next_offsets(committed, chunks, plan), batch_id)
+        next_offsets = expected_next_offsets(committed, chunks, plan)
+        self._check_next_offsets(streams, next_offsets, batch_id)
         t1 = time.perf_counter()
         written = 0
         for index in range(plan.first_chunk, plan.chunk_count):
             chunk = chunks[index]
             appends: list[tuple[SyncStream, RecordBatch]] = []
             predicted: list[int] = []
-            next_offsets = {p: streams[p].next_offset for p in {ref.partition for ref in chunk.payloads}}
             for ref in chunk.payloads:
                 payload = payloads.view(ref.index)
                 kafka_codec.set_base_offset(payload, 0, next_offsets[ref.partition])

@@ -76,3 +76,28 @@ def test_encoding_is_deterministic_across_runs(spark: Any) -> None:
     # timestamps default to the call's clock: compare what determines the rows, not the payload bytes
     cols = ["partition", "task_partition", "seq", "record_count", "content_crc"]
     assert first.select(cols).to_pylist() == second.select(cols).to_pylist()
+
+
+def test_cached_columns_serve_every_frame_of_a_schema_and_bad_schemas_still_fail(spark: Any) -> None:
+    import time
+
+    from s3stream.errors import InvalidArgumentError
+    from spark_sink.columns import ColumnCache
+    from spark_sink.encode import PARTITION_COLUMN, TIMESTAMP_MS_COLUMN
+
+    cache: ColumnCache = {}
+    a = spark.createDataFrame([("k1", b"v1"), (None, b"v2")], "key string, value binary")
+    b = spark.createDataFrame([("k3", b"v3")], "key string, value binary")
+    first = normalize(a, batch_id=0, stream_column=None, partition_count=3, cache=cache).collect()
+    time.sleep(0.01)
+    second = normalize(b, batch_id=1, stream_column=None, partition_count=3, cache=cache).collect()
+    assert len(cache) == 1, "one schema, one entry"
+    assert [(bytes(r["key"]), bytes(r["value"])) for r in second] == [(b"k3", b"v3")]
+    assert [bytes(r["value"]) for r in first] == [b"v1", b"v2"]
+    assert all(0 <= r[PARTITION_COLUMN] < 3 for r in first + second)
+    # no timestamp column: the clock is read per micro-batch, not frozen in the cache
+    assert second[0][TIMESTAMP_MS_COLUMN] > first[0][TIMESTAMP_MS_COLUMN]
+    bad = spark.createDataFrame([(1,)], "value int")
+    with pytest.raises(InvalidArgumentError, match="micro-batch 2: column 'value' has type int"):
+        normalize(bad, batch_id=2, stream_column=None, partition_count=3, cache=cache)
+    assert len(cache) == 1

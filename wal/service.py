@@ -540,13 +540,17 @@ class BlockWAL:
         return True
 
     def _io_done(self, io: asyncio.Future[None]) -> None:
-        """A group write finished: complete what is in order right here, then wake the writer.
-
-        The writer's wake-up is queued after those of the appenders just completed, so whatever they
-        append next (in the same loop turn) joins the next group rather than a group of one.
+        """A group write finished: complete what is in order right here; wake the writer only if it
+        has something to do now (queued records, a header write or close waiting for the drain, a
+        failed write). Otherwise the next append wakes it: the appenders just completed run first,
+        so whatever they append next (in the same loop turn) joins one group rather than many.
         """
-        if self._failure is None:
-            self._complete_done()
+        if (
+            self._failure is None
+            and self._complete_done()
+            and not (self._pending or self._header_waiters or self._closing)
+        ):
+            return
         self._kick()
 
     def _fail_pending(self, exc: BaseException) -> None:

@@ -114,16 +114,29 @@ def _raw_sync_latency(path: Path, count: int) -> LatencyRecorder:
 
 
 WRAP_BYTES = 512 * MiB
-"""The minimal loop writes circularly over this many bytes of its file."""
+"""The minimal loop writes circularly over this many bytes of its file (unless it created the file)."""
+
+
+def _zero_fill(path: Path, size_bytes: int) -> None:
+    zeros = bytes(MiB)
+    with open(path, "wb") as f:
+        for _ in range(-(-size_bytes // MiB)):
+            f.write(zeros)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class MinimalGroupCommit:
     """The baseline loop: queue (bytes, future); one task writes everything queued per cycle."""
 
-    def __init__(self, path: Path, *, create: bool = False) -> None:
-        if create:
-            with open(path, "wb") as f:
-                f.truncate(WRAP_BYTES + 64 * MiB)
+    def __init__(self, path: Path, *, create_bytes: int = 0) -> None:
+        """``create_bytes``: create ``path`` zero-filled and synced, like the WAL's own file (writes into
+        a sparse or new file allocate blocks and cost the loop far more per fdatasync), and write
+        circularly within it."""
+        self.wrap_bytes = WRAP_BYTES
+        if create_bytes:
+            _zero_fill(path, create_bytes)
+            self.wrap_bytes = create_bytes - 8192
         self.fd = _open_direct(path, True)
         self.buf = mmap.mmap(-1, 64 * MiB)
         self.queue: list[tuple[bytes, asyncio.Future[int]]] = []
@@ -144,7 +157,10 @@ class MinimalGroupCommit:
             self.buf[n : n + len(data)] = data
             n += len(data)
         n = -(-n // 4096) * 4096
-        os.pwrite(self.fd, memoryview(self.buf)[:n], 8192 + self.pos % WRAP_BYTES)
+        at = self.pos % self.wrap_bytes
+        if at + n > self.wrap_bytes:
+            at = self.pos = 0
+        os.pwrite(self.fd, memoryview(self.buf)[:n], 8192 + at)
         os.fdatasync(self.fd)
         self.pos += n
 
@@ -208,7 +224,7 @@ async def _paired_appends(
     """Appends/s of the WAL, of the minimal loop and of the minimal loop with the WAL's record format,
     measured in turns in the same run.
 
-    Each stays open on its own file; every slice runs all three, ``duration_s / PAIRED_SLICES`` each,
+    Each stays open on its own file of the same size, zero-filled; every slice runs all three, ``duration_s / PAIRED_SLICES`` each,
     in an order that alternates, so all see the same moments of a noisy shared machine. Returns the
     rates over all slices and the per-slice ratios WAL / minimal loop.
     """
@@ -217,8 +233,8 @@ async def _paired_appends(
     fmt_path = work / "format-paired.dat"
     wal = await BlockWAL.open(wal_path, config)
     await wal.recover_all()
-    base = MinimalGroupCommit(base_path, create=True)
-    fmt = FormattedGroupCommit(fmt_path, create=True)
+    base = MinimalGroupCommit(base_path, create_bytes=config.device_bytes)
+    fmt = FormattedGroupCommit(fmt_path, create_bytes=config.device_bytes)
     trimmer = asyncio.ensure_future(_trimmer(wal))
     slice_s = duration_s / PAIRED_SLICES
     totals = {"wal": [0, 0.0], "base": [0, 0.0], "format": [0, 0.0]}

@@ -150,12 +150,12 @@ class LocalObjectStorage:
 
     def _new_temp(self, key: str, path: Path) -> tuple[int, Path]:
         for _ in range(PUBLISH_RETRIES_MAX):
-            self._make_parents(key, path)
             temp = path.with_name(f".{path.name}{TEMP_MARKER}{uuid.uuid4().hex}")
             try:
+                self._make_parents(key, path)
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
-                continue  # a concurrent delete pruned the directory we just made
+                continue  # a concurrent delete pruned a directory we just made (or were making)
             return fd, temp
         raise UnavailableError(f"object {key!r}: directory keeps disappearing under concurrent deletes")
 

@@ -232,3 +232,21 @@ async def test_a_large_mutable_part_is_written_without_a_copy_on_the_event_loop(
     small[:] = b"YYYY"
     assert await upload.complete() == part_bytes + 4
     assert await storage.get("big/part") == expected + b"tail"
+
+
+async def test_a_put_retries_when_a_delete_prunes_a_parent_between_its_mkdirs(
+    storage: LocalObjectStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_mkdir = os.mkdir
+    pruned: list[str] = []
+
+    def mkdir_after_a_concurrent_prune(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        if str(path).endswith("hot/dir") and not pruned:
+            pruned.append(str(path))
+            os.rmdir(os.path.dirname(path))  # the last object of "hot" was just deleted
+        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "mkdir", mkdir_after_a_concurrent_prune)
+    await storage.put("hot/dir/obj", b"x")
+    assert pruned
+    assert await storage.get("hot/dir/obj") == b"x"

@@ -122,6 +122,8 @@ class Compactor:
             node_epoch=node_epoch,
             prepared_ttl_ms=ttl_ms,
             hooks=hooks,
+            writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes,
+            stream_object_buffer_max_bytes=self.limits.stream_object_buffer_max_bytes,
         )
         self.stream_objects = StreamObjectCompactor(
             metadata,
@@ -131,6 +133,7 @@ class Compactor:
             node_epoch=node_epoch,
             prepared_ttl_ms=ttl_ms,
             hooks=hooks,
+            memory_budget_bytes=self.limits.memory_budget_bytes,
         )
         self.gc = GarbageCollector(
             metadata,

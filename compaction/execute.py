@@ -10,6 +10,13 @@ smallest order id of the compacted objects). Blocks are copied verbatim (``Block
 verified block goes straight to the upload, no second buffer); each new object gets a rebuilt index
 and checksum section. A failure aborts the uploads in progress; objects
 already written stay PREPARED until their TTL and are then deleted by the garbage collector.
+
+Memory, with budget ``B``, reserve ``R`` (:class:`~compaction.plan.CompactionLimits`) and step
+``S = (B - R) / 2``: a step's GET buffers hold at most ``S``; its stream-object uploads hold copies
+of at most ``S`` (each holds only what was written to it, is given ``buffer_max_bytes=S`` and is
+completed within the step); the StreamSet object's upload, carried across steps, is given
+``buffer_max_bytes=R``, so its staged body, parts in flight and part being filled stay under ``R``.
+Total ``2 S + R <= B``, plus the storage client's transient request buffers.
 """
 
 from __future__ import annotations
@@ -62,7 +69,11 @@ class StreamSetCompactionExecutor:
         node_epoch: int,
         prepared_ttl_ms: int,
         hooks: CompactionHooks | None = None,
+        writer_buffer_max_bytes: int | None = None,
+        stream_object_buffer_max_bytes: int | None = None,
     ) -> None:
+        """``writer_buffer_max_bytes`` / ``stream_object_buffer_max_bytes``: the ``buffer_max_bytes``
+        of the StreamSet object's upload and of each stream object's (see the module docstring)."""
         self.metadata = metadata
         self.storage = storage
         self.namespace = namespace
@@ -70,9 +81,12 @@ class StreamSetCompactionExecutor:
         self.node_epoch = node_epoch
         self.prepared_ttl_ms = prepared_ttl_ms
         self.hooks = hooks or CompactionHooks()
+        self.writer_buffer_max_bytes = writer_buffer_max_bytes
+        self.stream_object_buffer_max_bytes = stream_object_buffer_max_bytes
 
-    def _writer(self, object_id: ObjectId) -> BlockCopyWriter:
-        return BlockCopyWriter(self.storage.upload(object_key(object_id, self.namespace)))
+    def _writer(self, object_id: ObjectId, buffer_max_bytes: int | None) -> BlockCopyWriter:
+        key = object_key(object_id, self.namespace)
+        return BlockCopyWriter(self.storage.upload(key, buffer_max_bytes=buffer_max_bytes))
 
     async def execute(
         self, plan: CommitPlan, sources: Mapping[ObjectId, SourceObject], start_offsets: Mapping[int, int]
@@ -83,7 +97,7 @@ class StreamSetCompactionExecutor:
         sso_writer: BlockCopyWriter | None = None
         if plan.has_stream_set_object:
             sso_id = await self.metadata.prepare_objects(count=1, ttl_ms=self.prepared_ttl_ms)
-            sso_writer = self._writer(sso_id)  # written across steps
+            sso_writer = self._writer(sso_id, self.writer_buffer_max_bytes)  # written across steps
         new_objects: list[NewStreamObject] = []
         bytes_read = bytes_written = 0
         try:
@@ -158,7 +172,7 @@ class StreamSetCompactionExecutor:
         async def one(i: int, so: StreamObjectPlan) -> NewStreamObject:
             object_id = ObjectId(first + i)
             async with slots:
-                writer = self._writer(object_id)
+                writer = self._writer(object_id, self.stream_object_buffer_max_bytes)
                 try:
                     for b in so.blocks:
                         await writer.write_block(b.entry, *take(b))

@@ -147,7 +147,8 @@ class CompactionLimits:
     streams_per_stream_set_object_max: int = 20_000  # s3.max.stream.num.per.stream.set.object
     stream_objects_per_commit_max: int = 10_000  # s3.max.stream.object.num.per.commit
     writer_reserve_bytes: int = 16 << 20
-    """Part of the budget kept for the output StreamSet object's writer (one part, carried across steps)."""
+    """Part of the budget kept for the output StreamSet object's upload, which is carried across steps:
+    the executor passes it as that upload's ``buffer_max_bytes`` (:attr:`writer_buffer_max_bytes`)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -167,8 +168,22 @@ class CompactionLimits:
     @property
     def step_bytes_max(self) -> int:
         """Block bytes one step may read. A step's bytes are held at most twice (the GET buffers, and
-        the copies in the output writers' buffers until they go out as parts), plus the reserve."""
+        the copies in the step's stream-object uploads, which hold no more than is written to them
+        and complete within the step), plus the reserve: ``2 * step + reserve <= budget``."""
         return (self.memory_budget_bytes - self.writer_reserve_bytes) // 2
+
+    @property
+    def writer_buffer_max_bytes(self) -> int:
+        """``buffer_max_bytes`` of the output StreamSet object's upload: the reserve (at least 1; the
+        storage never goes below one 5 MiB part, so budgets under 10 MiB overshoot by that floor)."""
+        return max(1, self.writer_reserve_bytes)
+
+    @property
+    def stream_object_buffer_max_bytes(self) -> int:
+        """``buffer_max_bytes`` of each stream-object upload of a step: never more than the step (it
+        holds only step bytes written to it; the bound keeps one large stream object's parts in
+        flight within that share)."""
+        return max(1, self.step_bytes_max)
 
     @classmethod
     def from_config(cls, config: Config) -> CompactionLimits:

@@ -8,6 +8,12 @@ data region is the sources' surviving blocks (leading blocks wholly below the st
 dropped) copied in order, server-side (``Upload.copy``, UploadPartCopy) for regions of at least
 5 MiB and read, verified and rewritten below that; then the rebuilt index (positions re-based),
 checksum section (the sources' block CRCs) and footer. Bytes are never decoded on the copy path.
+
+Memory, with budget ``B`` (``memory_budget_bytes``): a rewritten region is below
+``copy_size_min_bytes`` and is held twice (the GET buffer and the joined region) until the upload has
+copied it; the new object's upload is given ``buffer_max_bytes = B - 2 * copy_size_min_bytes`` (its
+staged copies are read only at ``complete``, within that bound). Objects without a checksum section
+are read region by region whatever the region's size (they are never copied server-side).
 """
 
 from __future__ import annotations
@@ -111,7 +117,9 @@ class StreamObjectCompactor:
         prepared_ttl_ms: int,
         copy_size_min_bytes: int = COPY_SIZE_MIN_BYTES,
         hooks: CompactionHooks | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
+        """``memory_budget_bytes``: bounds the new object's upload (module docstring); None: unbounded."""
         self.metadata = metadata
         self.storage = storage
         self.namespace = namespace
@@ -120,6 +128,9 @@ class StreamObjectCompactor:
         self.prepared_ttl_ms = prepared_ttl_ms
         self.copy_size_min_bytes = copy_size_min_bytes
         self.hooks = hooks or CompactionHooks()
+        self.upload_buffer_max_bytes = (
+            None if memory_budget_bytes is None else max(1, memory_budget_bytes - 2 * copy_size_min_bytes)
+        )
 
     async def execute(self, plan: StreamObjectCompactionPlan) -> StreamObjectOutcome:
         outcome = StreamObjectOutcome()
@@ -162,7 +173,9 @@ class StreamObjectCompactor:
             for o in group
         ]
         object_id = await self.metadata.prepare_objects(count=1, ttl_ms=self.prepared_ttl_ms)
-        upload = self.storage.upload(object_key(object_id, self.namespace))
+        upload = self.storage.upload(
+            object_key(object_id, self.namespace), buffer_max_bytes=self.upload_buffer_max_bytes
+        )
         entries: list[IndexEntry] = []
         crcs: list[int] = []
         copied = rewritten = 0

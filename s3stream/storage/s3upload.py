@@ -438,6 +438,7 @@ class S3Upload:
 
     async def _complete(self) -> None:
         if self._staged:
+            self._seal_page()
             await self._read_staged_copies()
             await self._storage.put_pieces(self._full_key, self.key, self._pieces)
             self._drop_buffers()

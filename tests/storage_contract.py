@@ -109,6 +109,53 @@ class StorageContract:
         await upload.complete()
         assert await storage.get("u/reuse") == b"x" * 1000 + b"y" * 1000
 
+    # -- bounded upload buffers (buffer_max_bytes) ---------------------------------------------
+
+    @pytest.mark.parametrize(
+        "buffer_max_bytes", [1, MIN_PART_SIZE_BYTES + 1, 2 * MIN_PART_SIZE_BYTES, 17 * MiB]
+    )
+    async def test_upload_with_a_buffer_limit_round_trips(
+        self, storage: ObjectStorage, buffer_max_bytes: int
+    ) -> None:
+        """Writes and copies (server-side sized and small) under every regime of the limit: below one
+        minimum part (inline parts), one to two parts, several parts in flight."""
+        source = payload(2 * MIN_PART_SIZE_BYTES + 3 * MiB, seed=21)
+        await storage.put("src", source)
+        data = payload(3 * MIN_PART_SIZE_BYTES + 777, seed=22)
+        upload = storage.upload("bounded", buffer_max_bytes=buffer_max_bytes)
+        expected = bytearray()
+        rng = random.Random(buffer_max_bytes)
+        position = 0
+        while position < len(data):
+            step = rng.choice([1, 4096, 300 * 1024, 2 * MiB])
+            chunk = data[position : position + step]
+            await upload.write(memoryview(chunk) if rng.random() < 0.5 else chunk)
+            expected += chunk
+            position += len(chunk)
+            if rng.random() < 0.1:
+                start = rng.randrange(len(source) // 2)
+                end = start + rng.choice([10, MIN_PART_SIZE_BYTES])
+                await upload.copy("src", start, end)
+                expected += source[start:end]
+        await upload.copy("src", 0, MIN_PART_SIZE_BYTES + 5)
+        expected += source[: MIN_PART_SIZE_BYTES + 5]
+        assert await upload.complete() == len(expected)
+        assert await storage.get("bounded") == expected
+
+    async def test_small_upload_with_a_buffer_limit_is_one_object(self, storage: ObjectStorage) -> None:
+        upload = storage.upload("tiny", buffer_max_bytes=MIN_PART_SIZE_BYTES)
+        await upload.write(b"abc")
+        assert await upload.complete() == 3
+        assert await storage.get("tiny") == b"abc"
+
+    @pytest.mark.parametrize("buffer_max_bytes", [0, -1, True, 1.5])
+    async def test_bad_buffer_limits_are_invalid(
+        self, storage: ObjectStorage, buffer_max_bytes: object
+    ) -> None:
+        with pytest.raises(InvalidArgumentError):
+            storage.upload("never", buffer_max_bytes=buffer_max_bytes)  # type: ignore[arg-type]
+        assert await keys_of(storage) == []
+
     # -- ranged reads ------------------------------------------------------------------------
 
     async def test_ranged_reads(self, storage: ObjectStorage) -> None:

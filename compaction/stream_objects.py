@@ -128,9 +128,14 @@ class StreamObjectCompactor:
         self.prepared_ttl_ms = prepared_ttl_ms
         self.copy_size_min_bytes = copy_size_min_bytes
         self.hooks = hooks or CompactionHooks()
-        self.upload_buffer_max_bytes = (
-            None if memory_budget_bytes is None else max(1, memory_budget_bytes - 2 * copy_size_min_bytes)
-        )
+        self.memory_budget_bytes = memory_budget_bytes
+
+    @property
+    def upload_buffer_max_bytes(self) -> int | None:
+        """The new object's ``buffer_max_bytes``: the budget less two rewritten regions (module docstring)."""
+        if self.memory_budget_bytes is None:
+            return None
+        return max(1, self.memory_budget_bytes - 2 * self.copy_size_min_bytes)
 
     async def execute(self, plan: StreamObjectCompactionPlan) -> StreamObjectOutcome:
         outcome = StreamObjectOutcome()

@@ -46,7 +46,7 @@ HOT_STREAMS = 4
 BASELINE_CONCURRENCY = 8
 
 
-async def _build_input(
+async def build_input(
     metadata: MetadataStore,
     storage: ObjectStorage,
     config: Config,
@@ -55,6 +55,7 @@ async def _build_input(
     streams: int,
     total_bytes: int,
 ) -> None:
+    """Write and commit the input (module docstring); also used by tests/integration/test_compaction_s3.py."""
     await metadata.register_node(node_id=NODE, node_epoch=1)
     ids = [await metadata.create_stream(node_id=NODE, node_epoch=1) for _ in range(streams)]
     for sid in ids:
@@ -132,7 +133,7 @@ async def _setup(ctx: Context, name: str, config: Config, **kw: int) -> tuple[Me
     directory: Path = ctx.scratch(f"{WORKLOAD}-{name}")
     metadata = await SqliteMetadataStore.open(str(directory / "metadata.db"))
     storage = ctx.open_storage(f"{WORKLOAD}-{name}")
-    await _build_input(metadata, storage, config, **kw)
+    await build_input(metadata, storage, config, **kw)
     return metadata, storage
 
 
@@ -254,9 +255,10 @@ async def run(ctx: Context) -> list[Result]:
             await storage.close()
     if ctx.s3 is not None:
         ctx.notes.append(
-            "compaction peak memory on S3 includes the multipart upload layer: each upload copies blocks once "
-            "into its own pages and holds at most (parts in flight + 1) parts, so with the default part size "
-            "(16 MiB) and parallelism it exceeds a small budget; the second memory figure bounds "
-            "that layer to one small part in flight; botocore's one-time model loading is excluded"
+            "compaction peak memory on S3 includes the multipart upload layer: compaction gives each upload "
+            "its share of the budget as buffer_max_bytes (StreamSet object: the reserve; stream objects: the "
+            "step), and the upload sizes its parts and parts in flight to stay under it, so the default S3 "
+            "settings (16 MiB parts, 4 in flight) meet the budget too; the second memory figure forces 5 MiB "
+            "parts, 1 in flight on every upload, for comparison; botocore's one-time model loading is excluded"
         )
     return results

@@ -1,12 +1,17 @@
 """Compaction on a real S3 server (Ceph RGW through the s3_server fixture): the UploadPartCopy path of
-stream object merges, StreamSet compaction, and deletion of the replaced objects."""
+stream object merges, StreamSet compaction, deletion of the replaced objects, and peak memory within
+the budget with the default S3 upload settings."""
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from benchmarks.workloads.compaction import build_input
 from compaction.compactor import Compactor
 from s3stream import RecordBatch
 from s3stream.assembly import open_client
@@ -14,8 +19,12 @@ from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
 from s3stream.ids import NodeId
 from s3stream.metadata.base import ObjectState
-from s3stream.objectformat import object_key
+from s3stream.metadata.sqlite import SqliteMetadataStore
+from s3stream.objectformat import ObjectReader, object_key
 from s3stream.storage.base import MIN_PART_SIZE_BYTES
+from s3stream.storage.retry import RetryPolicy
+from s3stream.storage.s3 import S3ObjectStorage
+from s3stream.storage.uri import parse_bucket_uri, s3_config_from_uri
 from tests.conftest import S3TestServer
 
 pytestmark = pytest.mark.integration
@@ -127,3 +136,50 @@ async def test_stream_set_compaction_on_s3_keeps_every_record(
         await assert_bucket_matches_metadata(client)
     finally:
         await client.close()
+
+
+async def test_stream_set_compaction_with_default_s3_settings_stays_within_its_budget(
+    tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
+) -> None:
+    """Issue 5: 128 MiB of input (4x a 32 MiB budget) compacted through an S3 store with the default
+    upload settings (16 MiB parts, 4 in flight, 32 MiB single PUT). Each upload is given its share of
+    the budget as ``buffer_max_bytes``, so the traced peak stays within budget + 10 % (without the
+    limits one StreamSet object upload alone may hold 80 MiB)."""
+    budget = 32 * MiB
+    config = Config(
+        stream_set_object_compaction_cache_size_bytes=budget,
+        object_part_size_bytes=5 * MiB,
+        object_block_size_bytes=512 * KiB,
+    )
+    s3 = S3ObjectStorage(
+        replace(
+            s3_config_from_uri(parse_bucket_uri(s3_server.uri(s3_prefix))),
+            retry=RetryPolicy(deadline_s=60, attempt_timeout_s=30),
+        )
+    )
+    assert (s3.config.part_size_bytes, s3.config.part_concurrency_max) == (16 * MiB, 4)  # the defaults
+    metadata = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
+    try:
+        await build_input(metadata, s3, config, objects=8, streams=40, total_bytes=4 * budget)
+        compactor = Compactor(config, metadata, s3, node_id=NodeId(0), node_epoch=1)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            floor, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            report = await compactor.run_once(stream_objects=False)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert report.problems == ()
+        assert report.stream_set_objects_compacted == 8
+        assert report.bytes_read >= 3 * budget
+        assert peak - floor <= 1.1 * budget, (peak - floor) / MiB
+        # every object the bucket holds is committed, and every committed one is readable
+        committed = await metadata.list_objects([ObjectState.COMMITTED])
+        for o in committed:
+            await ObjectReader.open(s3, object_key(o.object_id, config.namespace), o.size_bytes)
+    finally:
+        await metadata.close()
+        await s3.delete([info.key async for info in s3.list()])
+        await s3.close()

@@ -27,7 +27,7 @@ from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine, TestHooks
 from s3stream.engine.reader import ObjectStreamReader
-from s3stream.engine.walport import WriteAheadLog
+from s3stream.engine.walport import BodyParts, WriteAheadLog
 from s3stream.errors import (
     CapacityError,
     ClosedError,
@@ -136,8 +136,9 @@ class BlockWalAdapter:
         self._wal = block_wal
         self._path = path
 
-    async def append(self, body: bytes) -> int:
-        # The hot path: a plain try costs less than the context manager the other calls use.
+    async def append(self, body: BodyParts) -> int:
+        # The hot path: a plain try costs less than the context manager the other calls use. Parts
+        # go to the block WAL as they are: it writes them as one record with one body CRC.
         try:
             return await self._wal.append(body)
         except (walerr.WalError, OSError) as exc:

@@ -22,8 +22,8 @@ from s3stream.engine.pipeline import EngineStats, UploadPipeline
 from s3stream.engine.sequencer import fail_queue, release_ready
 from s3stream.engine.stream import PendingAppend, Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
-from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv
-from s3stream.engine.walport import WriteAheadLog
+from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv, plain_parts
+from s3stream.engine.walport import BodyParts, WriteAheadLog
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
     CapacityError,
@@ -32,7 +32,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
-from s3stream.record import RECORD_HEADER, RECORD_MAGIC, StreamRecordBatch
+from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 
 WAL_ROOM_FRACTION = 0.9
 """Share of the WAL capacity that records awaiting upload may hold before appends wait."""
@@ -169,11 +169,11 @@ class AppendPath:
         handle.next_offset = base + count
         stream_id = handle.stream_id
         epoch = handle.epoch
-        # The body is StreamRecordBatch.encode()'s bytes, built without the frozen dataclass.
-        body = RECORD_HEADER.pack(RECORD_MAGIC, stream_id, epoch, base, count, size) + payload
+        # (header, payload) parts: the WAL writes them as one record, so the payload is not copied.
+        body = plain_parts(stream_id, epoch, base, count, payload)
         seq = self.next_seq()
         pending = PendingAppend(seq, {stream_id: [(stream_id, epoch, base, count, payload)]}, 1)
-        self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        self.live.submitted(seq, batch_count=1, size_bytes=RECORD_HEADER_SIZE + size)
         handle.queue.append(pending)
         # The WAL write, inlined (this is the hot path): the watchdog sees it in ``_in_wal``.
         in_wal = self._in_wal
@@ -244,7 +244,11 @@ class AppendPath:
                 await asyncio.wait_for(room.wait(), timeout=min(remaining, 0.1))
 
     async def _write(
-        self, body: bytes, pending: PendingAppend, handles: Iterable[StreamHandle], kv_entry: KvEntry | None
+        self,
+        body: BodyParts,
+        pending: PendingAppend,
+        handles: Iterable[StreamHandle],
+        kv_entry: KvEntry | None,
     ) -> int:
         """The WAL write of a record (``append_one`` has its own copy inline: the hot path)."""
         in_wal = self._in_wal
@@ -259,7 +263,7 @@ class AppendPath:
     async def _after_failed_write(
         self,
         exc: BaseException,
-        body: bytes,
+        body: BodyParts,
         pending: PendingAppend,
         handles: Iterable[StreamHandle],
         kv_entry: KvEntry | None,
@@ -281,7 +285,7 @@ class AppendPath:
             self._append_failed(pending, handles, error)
             raise
 
-    async def _retry_when_trimmed(self, body: bytes) -> int:
+    async def _retry_when_trimmed(self, body: BodyParts) -> int:
         """The WAL was full: start uploads and trims, and write again as room appears."""
         deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
         room = self.pipeline.room

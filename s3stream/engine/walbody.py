@@ -5,7 +5,8 @@ Layout: ``docs/format.md`` section "5. WAL record bodies". The first byte tells 
 group (several batches + KV puts written and recovered all-or-nothing), ``0x4B`` KV mutations (put,
 put-if-absent, delete: every KV change goes through the WAL, so replay sees one total order). The
 WAL record around the body carries its CRC, so bodies have none of their own. Pure: bytes in, values
-out.
+out. A plain body is built as two parts, (record header, payload), which the WAL writes back to back
+as one record: the payload is never copied to join them (the bytes on disk are the same).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from s3stream.engine.walport import Body
 from s3stream.errors import CorruptionError
-from s3stream.record import RECORD_MAGIC, StreamRecordBatch, decode_record
+from s3stream.record import RECORD_HEADER, RECORD_MAGIC, StreamRecordBatch, decode_record
 
 ATOMIC_GROUP_MAGIC = 0x5A
 ATOMIC_GROUP_VERSION = 1
@@ -91,6 +93,14 @@ class WalBody:
     """An atomic group's KV puts."""
     kv_ops: tuple[KvMutation, ...] = ()
     """Every KV change of the body in write order (a group's puts as ``KvOp.PUT``)."""
+
+
+def plain_parts(
+    stream_id: int, epoch: int, base_offset: int, count: int, payload: Body
+) -> tuple[bytes, Body]:
+    """A plain body as (header, payload) parts: ``StreamRecordBatch.encode()``'s bytes once joined,
+    without the frozen dataclass and without copying ``payload``."""
+    return RECORD_HEADER.pack(RECORD_MAGIC, stream_id, epoch, base_offset, count, len(payload)), payload
 
 
 def encode_plain(batch: StreamRecordBatch) -> bytes:

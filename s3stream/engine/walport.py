@@ -8,12 +8,16 @@ close. :class:`WriteAheadLog` is that seam; :class:`MemoryWal` is the twin used 
 Errors a WAL raises through this seam: :class:`~s3stream.errors.CapacityError` (full: trim first),
 :class:`~s3stream.errors.ClosedError`, :class:`~s3stream.errors.InvalidArgumentError` (body too
 large), :class:`~s3stream.errors.UnavailableError` (I/O failed).
+
+A body is handed over as one bytes-like object or as a list or tuple of parts written back to back as
+one record (e.g. a record header and the caller's payload, so no append copies its payload to join
+them); recovery returns the joined body either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from s3stream.errors import CapacityError, ClosedError, InvalidArgumentError
 
@@ -21,9 +25,25 @@ MEMORY_RECORD_OVERHEAD_BYTES = 24
 """Space a record header takes in :class:`MemoryWal` (the block WAL's record header size)."""
 
 
+Body: TypeAlias = bytes | bytearray | memoryview
+"""One bytes-like piece of a WAL record body (C-contiguous, byte-sized items)."""
+
+BodyParts: TypeAlias = Body | list[Body] | tuple[Body, ...]
+"""What :meth:`WriteAheadLog.append` takes: a body, or a list or tuple of parts making the body back to
+back (only lists and tuples count as parts: any other object is one body)."""
+
+
+def body_size(body: BodyParts) -> int:
+    """The byte count of a body given whole or as parts."""
+    if isinstance(body, list | tuple):
+        return sum(map(len, body))
+    return len(body)
+
+
 class WriteAheadLog(Protocol):
-    async def append(self, body: bytes) -> int:
-        """Write ``body`` durably; returns its logical offset. Offsets grow with submission order."""
+    async def append(self, body: BodyParts) -> int:
+        """Write ``body`` (whole or as parts) durably as one record; returns its logical offset.
+        Offsets grow with submission order. The bytes must not change until the call returns."""
         ...
 
     async def trim(self, offset: int) -> None:
@@ -59,14 +79,13 @@ class MemoryWal:
         self.gate: asyncio.Event | None = None
         """Set by tests: appends wait for this event before completing."""
 
-    async def append(self, body: bytes) -> int:
+    async def append(self, body: BodyParts) -> int:
         if self.closed:
             raise ClosedError("WAL is closed")
-        if len(body) > self.record_size_max_bytes:
-            raise InvalidArgumentError(
-                f"WAL record of {len(body)} bytes is above {self.record_size_max_bytes}"
-            )
-        size = len(body) + MEMORY_RECORD_OVERHEAD_BYTES
+        length = body_size(body)
+        if length > self.record_size_max_bytes:
+            raise InvalidArgumentError(f"WAL record of {length} bytes is above {self.record_size_max_bytes}")
+        size = length + MEMORY_RECORD_OVERHEAD_BYTES
         if self.used_bytes + size > self.capacity_bytes:
             raise CapacityError(f"WAL full: {self.used_bytes} of {self.capacity_bytes} bytes used")
         if self.fail_next is not None:
@@ -75,7 +94,8 @@ class MemoryWal:
         offset = self.next_offset
         self.next_offset += size
         self.used_bytes += size
-        self.records[offset] = bytes(body)
+        # Stored joined, as the block WAL's recovery returns it (parts are copied here, in the twin).
+        self.records[offset] = b"".join(body) if isinstance(body, list | tuple) else bytes(body)
         self.append_count += 1
         if self.gate is not None:
             await self.gate.wait()

@@ -9,7 +9,7 @@ from s3stream.assembly import build_reader
 from s3stream.config import Config
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine
-from s3stream.engine.walport import MemoryWal
+from s3stream.engine.walport import BodyParts, MemoryWal, body_size
 from s3stream.errors import CapacityError
 from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
@@ -36,8 +36,8 @@ class RoomForSmallRecordsOnly(MemoryWal):
         self.full_for_big = False
         self.refused_count = 0
 
-    async def append(self, body: bytes) -> int:
-        if self.full_for_big and len(body) >= BIG_BYTES:
+    async def append(self, body: BodyParts) -> int:
+        if self.full_for_big and body_size(body) >= BIG_BYTES:
             self.refused_count += 1
             raise CapacityError("WAL full (no room for a big record)")
         return await super().append(body)

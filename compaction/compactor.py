@@ -123,7 +123,6 @@ class Compactor:
             prepared_ttl_ms=ttl_ms,
             hooks=hooks,
             writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes,
-            stream_object_buffer_max_bytes=self.limits.stream_object_buffer_max_bytes,
         )
         self.stream_objects = StreamObjectCompactor(
             metadata,

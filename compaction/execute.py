@@ -13,10 +13,11 @@ already written stay PREPARED until their TTL and are then deleted by the garbag
 
 Memory, with budget ``B``, reserve ``R`` (:class:`~compaction.plan.CompactionLimits`) and step
 ``S = (B - R) / 2``: a step's GET buffers hold at most ``S``; its stream-object uploads hold copies
-of at most ``S`` (each holds only what was written to it, is given ``buffer_max_bytes=S`` and is
-completed within the step); the StreamSet object's upload, carried across steps, is given
-``buffer_max_bytes=R``, so its staged body, parts in flight and part being filled stay under ``R``.
-Total ``2 S + R <= B``, plus the storage client's transient request buffers.
+of at most ``S`` (an upload holds only what was written to it and they complete within the step, so
+they get no ``buffer_max_bytes``: a limit would only turn their single PUTs into multipart uploads);
+the StreamSet object's upload, carried across steps, is given ``buffer_max_bytes=R``, so its staged
+body, parts in flight and part being filled stay under ``R``. Total ``2 S + R <= B``, plus the
+storage client's transient request buffers.
 """
 
 from __future__ import annotations
@@ -70,10 +71,9 @@ class StreamSetCompactionExecutor:
         prepared_ttl_ms: int,
         hooks: CompactionHooks | None = None,
         writer_buffer_max_bytes: int | None = None,
-        stream_object_buffer_max_bytes: int | None = None,
     ) -> None:
-        """``writer_buffer_max_bytes`` / ``stream_object_buffer_max_bytes``: the ``buffer_max_bytes``
-        of the StreamSet object's upload and of each stream object's (see the module docstring)."""
+        """``writer_buffer_max_bytes``: the ``buffer_max_bytes`` of the StreamSet object's upload (see
+        the module docstring)."""
         self.metadata = metadata
         self.storage = storage
         self.namespace = namespace
@@ -82,7 +82,6 @@ class StreamSetCompactionExecutor:
         self.prepared_ttl_ms = prepared_ttl_ms
         self.hooks = hooks or CompactionHooks()
         self.writer_buffer_max_bytes = writer_buffer_max_bytes
-        self.stream_object_buffer_max_bytes = stream_object_buffer_max_bytes
 
     def _writer(self, object_id: ObjectId, buffer_max_bytes: int | None) -> BlockCopyWriter:
         key = object_key(object_id, self.namespace)
@@ -172,7 +171,7 @@ class StreamSetCompactionExecutor:
         async def one(i: int, so: StreamObjectPlan) -> NewStreamObject:
             object_id = ObjectId(first + i)
             async with slots:
-                writer = self._writer(object_id, self.stream_object_buffer_max_bytes)
+                writer = self._writer(object_id, None)  # holds only step bytes: no limit needed
                 try:
                     for b in so.blocks:
                         await writer.write_block(b.entry, *take(b))

@@ -178,13 +178,6 @@ class CompactionLimits:
         storage never goes below one 5 MiB part, so budgets under 10 MiB overshoot by that floor)."""
         return max(1, self.writer_reserve_bytes)
 
-    @property
-    def stream_object_buffer_max_bytes(self) -> int:
-        """``buffer_max_bytes`` of each stream-object upload of a step: never more than the step (it
-        holds only step bytes written to it; the bound keeps one large stream object's parts in
-        flight within that share)."""
-        return max(1, self.step_bytes_max)
-
     @classmethod
     def from_config(cls, config: Config) -> CompactionLimits:
         budget = config.stream_set_object_compaction_cache_size_bytes

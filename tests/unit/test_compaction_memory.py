@@ -1,6 +1,7 @@
-"""Compaction's memory arithmetic: each upload it starts is given its share of the budget as
-``buffer_max_bytes`` (StreamSet object: the reserve R; stream objects of a step: the step S; stream
-object merges: budget - 2 x copy threshold), and 2 S + R never exceeds the budget."""
+"""Compaction's memory arithmetic: the uploads that could hold more than compaction's own buffers are
+given their share of the budget as ``buffer_max_bytes`` (StreamSet object: the reserve R; stream
+object merges: budget - 2 x copy threshold; a step's stream objects hold only step bytes and get
+none), and 2 S + R never exceeds the budget."""
 
 from __future__ import annotations
 
@@ -40,7 +41,6 @@ def test_two_steps_and_the_reserve_fit_the_budget(budget_mib: int, part_mib: int
     )
     limits = CompactionLimits.from_config(config)
     assert 2 * limits.step_bytes_max + limits.writer_buffer_max_bytes <= limits.memory_budget_bytes
-    assert limits.stream_object_buffer_max_bytes == limits.step_bytes_max
 
 
 async def _env_with(
@@ -70,7 +70,7 @@ async def test_stream_set_compaction_gives_each_upload_its_share() -> None:
     limits = compactor.limits
     assert by_kind == {
         ObjectKind.STREAM_SET: {limits.writer_buffer_max_bytes},
-        ObjectKind.STREAM: {limits.step_bytes_max},
+        ObjectKind.STREAM: {None},  # they hold only step bytes (at most S): no limit
     }
     assert await base.snapshot(streams) == before
     await client.close()
@@ -85,7 +85,7 @@ async def test_force_split_and_stream_object_merge_give_their_uploads_a_share() 
     compactor = env.compactor(clock_ms=lambda: later)
     report = await compactor.run_once()
     assert report.force_split_count > 0
-    assert set(storage.limits.values()) == {compactor.limits.step_bytes_max}
+    assert set(storage.limits.values()) == {None}  # stream objects only
     storage.limits.clear()
     compactor.stream_objects.copy_size_min_bytes = 100 * 1024
     report = await compactor.run_once(stream_objects=True)

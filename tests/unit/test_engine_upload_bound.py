@@ -61,8 +61,8 @@ class TrackingStorage(MemoryObjectStorage):
         self.open_count = 0
         self.open_count_max = 0
 
-    def upload(self, key: str) -> Upload:
-        return TrackedUpload(super().upload(key), self)
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+        return TrackedUpload(super().upload(key, buffer_max_bytes=buffer_max_bytes), self)
 
 
 def uploader(storage: MemoryObjectStorage, **kwargs: int) -> ObjectUploader:

@@ -231,7 +231,7 @@ class AppendPath:
                 self.live.live_bytes + size_bytes <= self.wal_room_bytes or self.live.live_bytes == 0
             ):
                 return
-            self.pipeline.archive_and_upload()
+            self.pipeline.upload_for_room()
             remaining = deadline - self.clock()
             if remaining <= 0:
                 self.stats.backpressure_rejections += 1
@@ -290,7 +290,7 @@ class AppendPath:
         deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
         room = self.pipeline.room
         while True:
-            self.pipeline.archive_and_upload()
+            self.pipeline.upload_for_room()
             self.pipeline.trim_wal()  # KV records applied since the last commit
             room.clear()
             with contextlib.suppress(TimeoutError):

@@ -159,6 +159,13 @@ class UploadPipeline:
         self.supervisor.spawn(self._upload(task), name=f"s3stream-upload-{block.block_id}")
         return task
 
+    def upload_for_room(self) -> None:
+        """An append waits for room (LogCache or WAL full): upload the active block, unless uploads are
+        already in flight. Their commits free the room; archiving again on every wake-up would only cut
+        the active block into many small objects (AutoMQ keeps one forced upload in flight)."""
+        if not self.inflight:
+            self.archive_and_upload()
+
     async def force_upload(self, stream_id: int | None) -> None:
         """Upload the active block if it holds ``stream_id`` (any stream if None) and wait for every
         in-flight upload holding it."""

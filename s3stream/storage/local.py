@@ -122,15 +122,19 @@ class LocalObjectStorage:
         current = self.root
         for part in path.relative_to(self.root).parts[:-1]:
             parent, current = current, current / part
-            try:
-                os.mkdir(current)
-            except FileExistsError:
-                if not current.is_dir():
-                    raise ConflictError(
-                        f"object {key!r} needs directory {part!r}, which is an object here"
-                    ) from None
-                continue
-            _fsync_dir(parent)
+            while True:
+                try:
+                    os.mkdir(current)
+                except FileExistsError:
+                    if current.is_dir():
+                        break
+                    if os.path.lexists(current):
+                        raise ConflictError(
+                            f"object {key!r} needs directory {part!r}, which is an object here"
+                        ) from None
+                    continue  # a concurrent delete pruned it between mkdir and the check: make it again
+                _fsync_dir(parent)
+                break
 
     def _prune_dirs(self, path: Path) -> set[Path]:
         """Remove now-empty directories above a deleted file; return directories to fsync."""

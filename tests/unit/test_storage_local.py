@@ -250,3 +250,25 @@ async def test_a_put_retries_when_a_delete_prunes_a_parent_between_its_mkdirs(
     await storage.put("hot/dir/obj", b"x")
     assert pruned
     assert await storage.get("hot/dir/obj") == b"x"
+
+
+async def test_a_directory_pruned_between_mkdir_and_the_check_is_made_again(
+    storage: LocalObjectStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race seen under load: put's mkdir finds the directory (FileExistsError), then a concurrent
+    # delete prunes it before put checks what is there. That is not an object in the way: make it again.
+    import s3stream.storage.local as local_module
+
+    real_mkdir = os.mkdir
+    raced: list[str] = []
+
+    def mkdir_losing_one_race(path: str | os.PathLike[str], *args: object) -> None:
+        if str(path).endswith("/racy") and not raced:
+            raced.append(str(path))
+            raise FileExistsError(path)  # it "existed", and is gone by the time put looks
+        real_mkdir(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local_module.os, "mkdir", mkdir_losing_one_race)
+    await storage.put("racy/key", b"v")
+    assert raced
+    assert await storage.get("racy/key") == b"v"

@@ -33,6 +33,7 @@ from compaction.stream_objects import (
     StreamObjectOutcome,
     plan_stream_object_compaction,
 )
+from compaction.target import WriteTarget
 from s3stream.config import Config
 from s3stream.errors import S3StreamError
 from s3stream.ids import NodeId, ObjectId, StreamId
@@ -114,25 +115,14 @@ class Compactor:
         self.clock_ms = clock_ms
         self.limits = CompactionLimits.from_config(config)
         ttl_ms = prepared_ttl_ms if prepared_ttl_ms is not None else config.object_prepared_ttl_ms
+        target = WriteTarget(
+            metadata, storage, config.namespace, node_id, node_epoch, ttl_ms, hooks or CompactionHooks()
+        )
         self.stream_set = StreamSetCompactionExecutor(
-            metadata,
-            storage,
-            namespace=config.namespace,
-            node_id=node_id,
-            node_epoch=node_epoch,
-            prepared_ttl_ms=ttl_ms,
-            hooks=hooks,
-            writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes,
+            target, writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes
         )
         self.stream_objects = StreamObjectCompactor(
-            metadata,
-            storage,
-            namespace=config.namespace,
-            node_id=node_id,
-            node_epoch=node_epoch,
-            prepared_ttl_ms=ttl_ms,
-            hooks=hooks,
-            memory_budget_bytes=self.limits.memory_budget_bytes,
+            target, memory_budget_bytes=self.limits.memory_budget_bytes
         )
         self.gc = GarbageCollector(
             metadata,

@@ -30,13 +30,12 @@ from dataclasses import dataclass
 
 from compaction.blockio import crcs_by_position, read_verified_blocks
 from compaction.blockwriter import BlockCopyWriter
-from compaction.hooks import CompactionHooks
 from compaction.plan import BlockRef, CommitPlan, SourceObject, StreamObjectPlan, uncovered_blocks
+from compaction.target import TargetedExecutor, WriteTarget
 from s3stream.errors import CorruptionError
-from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
-from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, NewStreamObject
+from s3stream.ids import NOOP_OBJECT_ID, ObjectId, StreamId
+from s3stream.metadata.base import CommitStreamSetObjectRequest, NewStreamObject
 from s3stream.objectformat import IndexEntry, WrittenObject, object_key
-from s3stream.storage.base import ObjectStorage
 
 log = logging.getLogger(__name__)
 
@@ -57,30 +56,13 @@ class CommitOutcome:
     problem: str = ""
 
 
-class StreamSetCompactionExecutor:
+class StreamSetCompactionExecutor(TargetedExecutor):
     """Writes and commits planned StreamSet compactions and force splits."""
 
-    def __init__(
-        self,
-        metadata: MetadataStore,
-        storage: ObjectStorage,
-        *,
-        namespace: str,
-        node_id: NodeId,
-        node_epoch: int,
-        prepared_ttl_ms: int,
-        hooks: CompactionHooks | None = None,
-        writer_buffer_max_bytes: int | None = None,
-    ) -> None:
+    def __init__(self, target: WriteTarget, *, writer_buffer_max_bytes: int | None = None) -> None:
         """``writer_buffer_max_bytes``: the ``buffer_max_bytes`` of the StreamSet object's upload (see
         the module docstring)."""
-        self.metadata = metadata
-        self.storage = storage
-        self.namespace = namespace
-        self.node_id = node_id
-        self.node_epoch = node_epoch
-        self.prepared_ttl_ms = prepared_ttl_ms
-        self.hooks = hooks or CompactionHooks()
+        super().__init__(target)
         self.writer_buffer_max_bytes = writer_buffer_max_bytes
 
     def _writer(self, object_id: ObjectId, buffer_max_bytes: int | None) -> BlockCopyWriter:

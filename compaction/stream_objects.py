@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from compaction.blockio import crcs_by_position, read_verified_blocks
-from compaction.hooks import CompactionHooks
+from compaction.target import TargetedExecutor, WriteTarget
 from s3stream.errors import CorruptionError, InvalidArgumentError
-from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
-from s3stream.metadata.base import CommitStreamObjectRequest, MetadataStore, StreamObject
+from s3stream.ids import NOOP_OBJECT_ID, ObjectId, StreamId
+from s3stream.metadata.base import CommitStreamObjectRequest, StreamObject
 from s3stream.objectformat import IndexEntry, ObjectReader, encode_tail, object_key
-from s3stream.storage.base import MAX_DELETE_BATCH, MIN_PART_SIZE_BYTES, ObjectStorage
+from s3stream.storage.base import MAX_DELETE_BATCH, MIN_PART_SIZE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -103,31 +103,19 @@ class StreamObjectOutcome:
         )
 
 
-class StreamObjectCompactor:
+class StreamObjectCompactor(TargetedExecutor):
     """Executes :class:`StreamObjectCompactionPlan` s."""
 
     def __init__(
         self,
-        metadata: MetadataStore,
-        storage: ObjectStorage,
+        target: WriteTarget,
         *,
-        namespace: str,
-        node_id: NodeId,
-        node_epoch: int,
-        prepared_ttl_ms: int,
         copy_size_min_bytes: int = COPY_SIZE_MIN_BYTES,
-        hooks: CompactionHooks | None = None,
         memory_budget_bytes: int | None = None,
     ) -> None:
         """``memory_budget_bytes``: bounds the new object's upload (module docstring); None: unbounded."""
-        self.metadata = metadata
-        self.storage = storage
-        self.namespace = namespace
-        self.node_id = node_id
-        self.node_epoch = node_epoch
-        self.prepared_ttl_ms = prepared_ttl_ms
+        super().__init__(target)
         self.copy_size_min_bytes = copy_size_min_bytes
-        self.hooks = hooks or CompactionHooks()
         self.memory_budget_bytes = memory_budget_bytes
 
     @property

@@ -28,6 +28,11 @@ PUT that meets 412 checks whether the stored object is its own (same size and MD
 attempt that succeeded but whose answer was lost is a win, not a conflict. (A rival that wrote the
 very same bytes is indistinguishable, and harmless: callers put a unique owner id in the body.)
 
+Payload hashing: SigV4 over plain HTTP signs each body's SHA-256. For bodies of at least
+``PREHASH_MIN_BYTES`` the digest is computed once per request in this storage's hashing thread
+(``hashlib`` releases the GIL) and given to botocore through a signer that takes it instead of reading
+and hashing the body on the event loop (PutObject and UploadPart only; the signature is the same).
+
 Credentials: ``access_key``/``secret_key`` of the config (URI), else ``KAFKA_S3_ACCESS_KEY`` /
 ``KAFKA_S3_SECRET_KEY`` as AutoMQ, else botocore's chain (``AWS_ACCESS_KEY_ID``..., profiles, IMDS).
 """
@@ -35,6 +40,8 @@ Credentials: ``access_key``/``secret_key`` of the config (URI), else ``KAFKA_S3_
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import hashlib
 import os
 import random
@@ -45,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import aiohttp
+import botocore.auth
 import botocore.exceptions
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -66,7 +74,14 @@ from s3stream.storage.base import (
 )
 from s3stream.storage.keys import resolve_range, validate_key, validate_prefix, validate_range
 from s3stream.storage.retry import RetryPolicy, call_with_retries
-from s3stream.storage.s3body import Piece, PiecesReader, send_pieces_as_views
+from s3stream.storage.s3body import (
+    BodyDigests,
+    Piece,
+    PiecesReader,
+    digest_params,
+    digest_pieces,
+    send_pieces_as_views,
+)
 from s3stream.storage.stats import StorageStats
 
 T = TypeVar("T")
@@ -93,6 +108,38 @@ TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchBucket", "NoSuchUpload"})
 
 ChecksumMode = Literal["when_supported", "when_required"]
+
+PREHASH_MIN_BYTES = 256 * 1024
+"""Bodies at least this large are hashed in the hashing thread (smaller ones: not worth the hop)."""
+PREHASHED_SIGNER = "s3v4-s3stream-prehashed"
+"""botocore signature version name of :class:`PrehashedS3SigV4Auth`."""
+
+
+class PrehashedS3SigV4Auth(botocore.auth.S3SigV4Auth):  # type: ignore[misc]
+    """botocore's S3 SigV4 signer, taking the payload SHA-256 from ``PiecesReader.sha256_hex`` when
+    the body carries one (computed off the event loop) instead of reading and hashing the body."""
+
+    def payload(self, request: Any) -> str:
+        digest = getattr(request.body, "sha256_hex", None)
+        if (
+            isinstance(digest, str)
+            and not self._is_streaming_checksum_payload(request)
+            and self._should_sha256_sign_payload(request)
+        ):
+            return digest
+        return str(super().payload(request))
+
+
+botocore.auth.AUTH_TYPE_MAPS.setdefault(PREHASHED_SIGNER, PrehashedS3SigV4Auth)
+
+
+def choose_prehashed_signer(signature_version: Any = None, **_: Any) -> str | None:
+    """``choose-signer.s3.<op>`` handler (runs before botocore's generic ones): S3 SigV4 requests of
+    the operations that send our bodies use :class:`PrehashedS3SigV4Auth`; anything else is left as is."""
+    return PREHASHED_SIGNER if signature_version == "s3v4" else None
+
+
+PREHASHED_OPERATIONS = ("PutObject", "UploadPart")
 
 
 @dataclass(frozen=True)
@@ -210,6 +257,7 @@ class S3ObjectStorage:
         self._client_lock = asyncio.Lock()
         self._stack = AsyncExitStack()
         self._closed = False
+        self._hash_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"S3ObjectStorage(bucket={self.config.bucket!r}, prefix={self.config.prefix!r})"
@@ -251,6 +299,10 @@ class S3ObjectStorage:
                         )
                         client = await self._stack.enter_async_context(creator)
                         client.meta.events.register("before-send.s3", send_pieces_as_views)
+                        for operation in PREHASHED_OPERATIONS:
+                            client.meta.events.register(
+                                f"choose-signer.s3.{operation}", choose_prehashed_signer
+                            )
                         self._client = client
                     except (ValueError, botocore.exceptions.BotoCoreError) as exc:
                         raise InvalidArgumentError(f"cannot create an S3 client for {self!r}: {exc}") from exc
@@ -258,6 +310,21 @@ class S3ObjectStorage:
 
     def full_key(self, key: str) -> str:
         return self.config.prefix + validate_key(key)
+
+    async def body_digests(self, pieces: Sequence[Piece], size_bytes: int) -> BodyDigests | None:
+        """SHA-256 (and with flexible checksums on, CRC32) of a request body of at least
+        ``PREHASH_MIN_BYTES``, computed in the hashing thread; None for smaller bodies (botocore
+        hashes those itself)."""
+        if size_bytes < PREHASH_MIN_BYTES:
+            return None
+        if self._hash_executor is None:
+            self._hash_executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="s3stream-s3-hash"
+            )
+        job = functools.partial(
+            digest_pieces, tuple(pieces), crc32=self.config.checksum_mode == "when_supported"
+        )
+        return await asyncio.get_running_loop().run_in_executor(self._hash_executor, job)
 
     async def call(
         self, op: str, what: str, attempt: Callable[[Any], Awaitable[T]], *, size_bytes: int = 0
@@ -309,9 +376,12 @@ class S3ObjectStorage:
         """One PutObject whose body is ``pieces`` (sent without joining or copying them)."""
         extra = {"IfNoneMatch": "*"} if if_absent else {}
         size = sum(end - start for _, start, end in pieces)
+        digests = await self.body_digests(pieces, size)
+        extra.update(digest_params(digests))
 
         async def attempt(client: Any) -> None:
-            await client.put_object(Bucket=self.config.bucket, Key=full, Body=PiecesReader(pieces), **extra)
+            body = PiecesReader(pieces, sha256_hex=digests.sha256_hex if digests else None)
+            await client.put_object(Bucket=self.config.bucket, Key=full, Body=body, **extra)
 
         try:
             await self.call("PUT", repr(key), attempt, size_bytes=size)
@@ -495,3 +565,6 @@ class S3ObjectStorage:
             self._closed = True
             await self._stack.aclose()
             self._client = None
+            if self._hash_executor is not None:
+                self._hash_executor.shutdown(wait=False)
+                self._hash_executor = None

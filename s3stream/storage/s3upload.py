@@ -53,7 +53,7 @@ from s3stream.storage.base import (
     check_buffer_max_bytes,
 )
 from s3stream.storage.keys import resolve_range, validate_key, validate_range
-from s3stream.storage.s3body import Piece, PiecesReader
+from s3stream.storage.s3body import Piece, PiecesReader, digest_params
 
 if TYPE_CHECKING:
     from s3stream.storage.s3 import S3ObjectStorage
@@ -399,6 +399,7 @@ class S3Upload:
     async def _upload_part(self, number: int, pieces: list[Piece]) -> None:
         upload_id = self._upload_id
         size = _size_of(pieces)
+        digests = await self._storage.body_digests(pieces, size)
 
         async def attempt(client: Any) -> str:
             response = await client.upload_part(
@@ -406,7 +407,8 @@ class S3Upload:
                 Key=self._full_key,
                 UploadId=upload_id,
                 PartNumber=number,
-                Body=PiecesReader(pieces),
+                Body=PiecesReader(pieces, sha256_hex=digests.sha256_hex if digests else None),
+                **digest_params(digests),
             )
             return str(response["ETag"])
 

@@ -3,13 +3,23 @@ bytes exactly, for any split into pieces, any seek and any content length."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import random
+import zlib
 
 import pytest
 
 from s3stream.storage import s3body
-from s3stream.storage.s3body import Piece, PiecesPayload, PiecesReader, send_pieces_as_views
+from s3stream.storage.s3body import (
+    Piece,
+    PiecesPayload,
+    PiecesReader,
+    digest_params,
+    digest_pieces,
+    send_pieces_as_views,
+)
 
 
 def _pieces(rng: random.Random, total: int) -> tuple[list[Piece], bytes]:
@@ -85,3 +95,58 @@ def test_before_send_swaps_only_pieces_readers() -> None:
     request.body = b"plain"
     send_pieces_as_views(request)
     assert request.body == b"plain"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_digest_pieces_matches_the_joined_body(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces, data = _pieces(rng, rng.randint(0, 5000))
+    digests = digest_pieces(pieces, crc32=True)
+    assert digests.sha256_hex == hashlib.sha256(data).hexdigest()
+    assert digests.crc32_base64 == base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    assert digest_params(digests) == {"ChecksumCRC32": digests.crc32_base64}
+    without = digest_pieces(pieces, crc32=False)
+    assert without.sha256_hex == digests.sha256_hex
+    assert without.crc32_base64 is None
+    assert digest_params(without) == {} == digest_params(None)
+
+
+def _signed_request(body: object) -> dict[str, str]:
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from s3stream.storage.s3 import PrehashedS3SigV4Auth
+
+    request = AWSRequest(method="PUT", url="http://127.0.0.1:7480/bucket/key", data=body)
+    request.context["timestamp"] = "20260101T000000Z"
+    PrehashedS3SigV4Auth(Credentials("ak", "sk"), "s3", "us-east-1").add_auth(request)
+    return dict(request.headers)
+
+
+def test_prehashed_signer_signs_exactly_as_botocore_without_reading_the_body() -> None:
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    pieces, data = _pieces(random.Random(7), 3000)
+    stock = AWSRequest(method="PUT", url="http://127.0.0.1:7480/bucket/key", data=PiecesReader(pieces))
+    stock.context["timestamp"] = "20260101T000000Z"
+    S3SigV4Auth(Credentials("ak", "sk"), "s3", "us-east-1").add_auth(stock)
+
+    class Unreadable(PiecesReader):
+        def read(self, size: int | None = -1) -> bytes:
+            raise AssertionError("the signer read a prehashed body")
+
+    prehashed = _signed_request(Unreadable(pieces, sha256_hex=hashlib.sha256(data).hexdigest()))
+    assert prehashed["Authorization"] == stock.headers["Authorization"]
+    assert prehashed["X-Amz-Content-SHA256"] == hashlib.sha256(data).hexdigest()
+    # without a digest it falls back to botocore's own hashing
+    assert _signed_request(PiecesReader(pieces))["Authorization"] == stock.headers["Authorization"]
+
+
+def test_prehashed_signer_is_chosen_only_for_sigv4() -> None:
+    from s3stream.storage.s3 import PREHASHED_SIGNER, choose_prehashed_signer
+
+    assert choose_prehashed_signer(signature_version="s3v4") == PREHASHED_SIGNER
+    assert choose_prehashed_signer(signature_version="s3v4a") is None
+    assert choose_prehashed_signer(signature_version="s3-query") is None

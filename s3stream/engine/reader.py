@@ -38,6 +38,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from s3stream.engine.blockcache import BlockCache, BlockKey, BlockRequest
 from s3stream.engine.fetchmerge import merge_fetch
@@ -84,7 +85,6 @@ __all__ = [
 
 _UNBOUNDED = (1 << 63) - 1
 _BASE_OFFSET = operator.attrgetter("base_offset")
-_COUNT = operator.attrgetter("count")
 
 
 class _ObjectGoneError(Exception):
@@ -214,43 +214,27 @@ class ObjectStreamReader:
             done = False
             read_keys: list[BlockKey] = []
             for ref, block in zip(refs, blocks.values, strict=True):
-                records = block.records
                 entry = ref.entry
                 if (
                     next_offset == entry.start_offset
                     and entry.end_offset <= end_offset
                     and budget > entry.payload_bytes
-                    and sum(map(_COUNT, records)) == entry.end_offset - entry.start_offset
+                    and block.contiguous
                 ):
-                    # Whole block: the codec checked its records ascend without overlap from the
-                    # entry's start to its end, so counts summing to the span mean no gap either.
-                    out.extend(records)
+                    out.extend(block.records)  # the whole block
                     next_offset = entry.end_offset
                     budget -= entry.payload_bytes
                     read_keys.append(ref.cache_key)
                     continue
-                n = len(records)
-                i = max(0, bisect.bisect_right(records, next_offset, key=_BASE_OFFSET) - 1)
-                if not out and i < n and records[i].base_offset + records[i].count <= start_offset:
-                    i += 1  # ends before the start: the start lies in a later record or block
-                while i < n:
-                    record = records[i]
-                    base = record.base_offset
-                    if base >= end_offset or (out and budget <= 0):
-                        done = True
-                        break
-                    if base != next_offset if out else base > start_offset:
-                        raise CorruptionError(
-                            f"stream {state.stream_id}: batch [{base}, {base + record.count}) where offset "
-                            f"{next_offset} was expected",
-                            source=ref.key,
-                            position=ref.entry.start_position,
-                        )
-                    out.append(record)
-                    next_offset = base + record.count
-                    budget -= len(record.payload)
-                    i += 1
-                if next_offset >= ref.entry.end_offset:
+                if block.contiguous:
+                    next_offset, budget, done = _take_slice(
+                        out, block, ref, start_offset, next_offset, end_offset, budget
+                    )
+                else:
+                    next_offset, budget, done = _take_each(
+                        out, block, ref, start_offset, next_offset, end_offset, budget
+                    )
+                if next_offset >= entry.end_offset:
                     read_keys.append(ref.cache_key)
                 if done:
                     break
@@ -391,25 +375,13 @@ class ObjectStreamReader:
     async def _load(self, refs: Sequence[BlockRef]) -> list[DataBlock]:
         """Fetch blocks with merged GETs: runs of consecutive blocks of one object, each GET at most
         MERGED_GET_MAX_BYTES, all GETs concurrent. Results in the order of ``refs``."""
-        runs: list[list[int]] = []
-        for i, ref in enumerate(refs):
-            if runs:
-                last = refs[runs[-1][-1]]
-                first = refs[runs[-1][0]]
-                if (
-                    last.object_id == ref.object_id
-                    and last.entry.end_position == ref.entry.start_position
-                    and ref.entry.end_position - first.entry.start_position <= MERGED_GET_MAX_BYTES
-                ):
-                    runs[-1].append(i)
-                    continue
-            runs.append([i])
+        runs = _merged_runs(refs)
 
         async def fetch(run: list[int]) -> list[DataBlock]:
             first = refs[run[0]]
             try:
                 reader = await self._readers.get(first.key, first.object_size_bytes)
-                return list(await reader.read_blocks([refs[i].entry for i in run]))
+                return await reader.read_blocks([refs[i].entry for i in run], decode=False)
             except NotFoundError as exc:
                 self._readers.invalidate(first.key)
                 raise _ObjectGoneError(f"object {first.key} is gone") from exc
@@ -451,9 +423,35 @@ class ObjectStreamReader:
                 if refs:
                     state.readahead_end_offset = refs[-1].entry.end_offset
             if refs:
-                await self._get_blocks(state, refs)
+                # one cache request per merged GET: its blocks are readable as soon as that GET is in
+                results = await asyncio.gather(
+                    *(self._get_blocks(state, [refs[i] for i in run]) for run in _merged_runs(refs)),
+                    return_exceptions=True,
+                )
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
                 if not state.dropped:
                     self._maybe_readahead(state, 0)  # keep the pipeline full while the consumer works
+
+
+def _merged_runs(refs: Sequence[BlockRef]) -> list[list[int]]:
+    """Indexes of ``refs`` grouped into merged GETs: runs of consecutive blocks of one object, each
+    spanning at most MERGED_GET_MAX_BYTES (a block larger than that is a run of its own)."""
+    runs: list[list[int]] = []
+    for i, ref in enumerate(refs):
+        if runs:
+            last = refs[runs[-1][-1]]
+            first = refs[runs[-1][0]]
+            if (
+                last.object_id == ref.object_id
+                and last.entry.end_position == ref.entry.start_position
+                and ref.entry.end_position - first.entry.start_position <= MERGED_GET_MAX_BYTES
+            ):
+                runs[-1].append(i)
+                continue
+        runs.append([i])
+    return runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,3 +463,80 @@ class CacheReadOfBlocks:
 def _needs_hold(state: ReadState, key: BlockKey, cache: BlockCache[DataBlock]) -> bool:
     """A state holds each block once; a held block that was evicted since is held again when reloaded."""
     return key not in state.held or not cache.stored_or_loading(key)
+
+
+def _first_index(
+    records: Sequence[StreamRecordBatch], out: list[StreamRecordBatch], start_offset: int, next_offset: int
+) -> int:
+    """Index of the first record to take: the one at ``next_offset`` (or, for the first record of
+    the result, the one holding ``start_offset``; a record ending before it is skipped)."""
+    i = max(0, bisect.bisect_right(records, next_offset, key=_BASE_OFFSET) - 1)
+    if not out and i < len(records) and records[i].base_offset + records[i].count <= start_offset:
+        i += 1  # ends before the start: the start lies in a later record or block
+    return i
+
+
+def _take_slice(
+    out: list[StreamRecordBatch],
+    block: DataBlock,
+    ref: BlockRef,
+    start_offset: int,
+    next_offset: int,
+    end_offset: int,
+    budget: int,
+) -> tuple[int, int, bool]:
+    """Take records of a contiguous block as one slice: from the record at ``next_offset`` while
+    they start before ``end_offset`` and the budget before each is positive (the first one always).
+    Returns the new next offset, the budget left and whether the read is done."""
+    records = block.records
+    n = len(records)
+    i = _first_index(records, out, start_offset, next_offset)
+    if i == n:
+        return next_offset, budget, False
+    base = records[i].base_offset
+    if base >= end_offset or (out and budget <= 0):
+        return next_offset, budget, True
+    if base != next_offset if out else base > start_offset:
+        _raise_unexpected(ref, records[i], next_offset)
+    prefix = block.payload_prefix
+    j = bisect.bisect_left(records, end_offset, i, n, key=_BASE_OFFSET)
+    j = min(j, bisect.bisect_left(prefix, budget + prefix[i], i + 1, n))
+    out.extend(records[i:j])
+    return records[j - 1].base_offset + records[j - 1].count, budget - (prefix[j] - prefix[i]), j < n
+
+
+def _take_each(
+    out: list[StreamRecordBatch],
+    block: DataBlock,
+    ref: BlockRef,
+    start_offset: int,
+    next_offset: int,
+    end_offset: int,
+    budget: int,
+) -> tuple[int, int, bool]:
+    """:func:`_take_slice` record by record, for a block with a gap (reported once it is reached)."""
+    records = block.records
+    n = len(records)
+    i = _first_index(records, out, start_offset, next_offset)
+    while i < n:
+        record = records[i]
+        base = record.base_offset
+        if base >= end_offset or (out and budget <= 0):
+            return next_offset, budget, True
+        if base != next_offset if out else base > start_offset:
+            _raise_unexpected(ref, record, next_offset)
+        out.append(record)
+        next_offset = base + record.count
+        budget -= len(record.payload)
+        i += 1
+    return next_offset, budget, False
+
+
+def _raise_unexpected(ref: BlockRef, record: StreamRecordBatch, next_offset: int) -> NoReturn:
+    base = record.base_offset
+    raise CorruptionError(
+        f"stream {record.stream_id}: batch [{base}, {base + record.count}) where offset "
+        f"{next_offset} was expected",
+        source=ref.key,
+        position=ref.entry.start_position,
+    )

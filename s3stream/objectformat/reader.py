@@ -5,13 +5,17 @@ index size plus 4 bytes per block for our CRCs), decodes the footer, and re-read
 index block when the guess was short. ``find`` is AutoMQ's search: the block holding the start
 offset, then a forward scan while the stream's blocks are contiguous. ``read_blocks`` issues one
 ranged GET per run of adjacent blocks and checks every block (CRC32C when the object has a checksum
-section, then header and records) before returning anything.
+section, then header and records) before returning anything; with ``decode=False`` the records of
+each block are decoded and checked on first use instead (:class:`DataBlock`), so a reader that loads
+ahead keeps compact bytes, not one object per record batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -44,12 +48,91 @@ class RangeSource(Protocol):
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes: ...
 
 
-@dataclass(frozen=True, slots=True)
+_COUNT = operator.attrgetter("count")
+_PAYLOAD = operator.attrgetter("payload")
+
+
 class DataBlock:
-    """One verified data block and its decoded record batches."""
+    """One verified data block of an object: its index entry and its record batches.
+
+    Either decoded when built (``records`` given) or *lazy*: built from the block's bytes after their
+    CRC32C and header passed, its records decoded and checked on the first access of :attr:`records`
+    (which raises :class:`~s3stream.errors.CorruptionError`, naming the object and the byte position,
+    on every access if they fail), then kept and the bytes dropped. Records never come from bytes
+    that failed a check. A lazy block holds its own bytes (never a view pinning a larger GET buffer),
+    so its memory is its index entry's size.
+    """
+
+    __slots__ = ("_contiguous", "_data", "_payload_prefix", "_records", "_source", "entry")
 
     entry: IndexEntry
-    records: tuple[StreamRecordBatch, ...]
+    _data: bytes | None
+    _source: str
+    _records: tuple[StreamRecordBatch, ...] | None
+    _contiguous: bool | None
+    _payload_prefix: list[int] | None
+
+    def __init__(
+        self,
+        entry: IndexEntry,
+        records: Sequence[StreamRecordBatch] | None = None,
+        *,
+        data: bytes | None = None,
+        source: str = "<buffer>",
+    ) -> None:
+        if (records is None) == (data is None):
+            raise InvalidArgumentError("a data block takes either its records or its bytes")
+        if data is not None and len(data) != entry.size_bytes:
+            raise InvalidArgumentError(f"{len(data)} bytes for a block of {entry.size_bytes}")
+        self.entry = entry
+        self._data = data
+        self._source = source
+        self._records = None if records is None else tuple(records)
+        self._contiguous = None
+        self._payload_prefix = None
+
+    @property
+    def records(self) -> tuple[StreamRecordBatch, ...]:
+        """The block's record batches in offset order (decoded and checked on first access)."""
+        records = self._records
+        if records is None:
+            assert self._data is not None
+            records = decode_block(self._data, 0, self.entry, source=self._source)
+            self._records = records
+            self._data = None
+        return records
+
+    @property
+    def decoded(self) -> bool:
+        """Whether :attr:`records` has been decoded (a lazy block not yet read holds only bytes)."""
+        return self._records is not None
+
+    @property
+    def contiguous(self) -> bool:
+        """The records continue each other without a gap from the entry's start to its end offset.
+
+        The codec already checked that they ascend without overlap from the start offset and end at
+        the end offset, so their counts summing to the span means no gap.
+        """
+        contiguous = self._contiguous
+        if contiguous is None:
+            entry = self.entry
+            contiguous = sum(map(_COUNT, self.records)) == entry.end_offset - entry.start_offset
+            self._contiguous = contiguous
+        return contiguous
+
+    @property
+    def payload_prefix(self) -> list[int]:
+        """``prefix[k]``: payload bytes of the first ``k`` records (``len(records) + 1`` entries)."""
+        prefix = self._payload_prefix
+        if prefix is None:
+            prefix = list(itertools.accumulate(map(len, map(_PAYLOAD, self.records)), initial=0))
+            self._payload_prefix = prefix
+        return prefix
+
+    def __repr__(self) -> str:
+        state = f"{len(self._records)} records" if self._records is not None else "not decoded"
+        return f"DataBlock({self.entry!r}, {state})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +232,22 @@ class ObjectReader:
                     break
         return FindResult(tuple(entries), next_offset, fulfilled)
 
-    async def read_blocks(self, entries: Sequence[IndexEntry]) -> list[DataBlock]:
-        """Read, verify and decode the given blocks (entries of this object's index), in order."""
+    async def read_blocks(self, entries: Sequence[IndexEntry], *, decode: bool = True) -> list[DataBlock]:
+        """Read, verify and decode the given blocks (entries of this object's index), in order.
+
+        ``decode=False`` checks each block's CRC32C and header now and leaves its records to be
+        decoded and checked on first use (lazy :class:`DataBlock`: one bytes object per block).
+        """
         out: list[DataBlock] = []
         for entry, buf, at in await self._read(entries):
             self._verify_crc(entry, buf, at)
-            out.append(DataBlock(entry, decode_block(buf, at, entry, source=self.key)))
+            if decode:
+                out.append(DataBlock(entry, decode_block(buf, at, entry, source=self.key)))
+                continue
+            check_block_header(buf, at, entry, source=self.key)
+            size = entry.size_bytes
+            data = buf if at == 0 and len(buf) == size else bytes(memoryview(buf)[at : at + size])
+            out.append(DataBlock(entry, data=data, source=self.key))
         return out
 
     async def read_block_bytes(self, entries: Sequence[IndexEntry]) -> list[bytes]:

@@ -286,7 +286,9 @@ async def test_readahead_grows_with_misses_and_stops_without_free_space(env: Env
 
 async def test_readahead_pauses_after_an_unread_block_is_evicted(env: Env) -> None:
     s, data = await three_objects(env)
-    settings = ReadaheadSettings(initial_bytes=1024, step_bytes=0, free_guard_bytes=0, pause_s=60)
+    settings = ReadaheadSettings(
+        initial_bytes=1024, step_bytes=0, growth_factor=1, free_guard_bytes=0, pause_s=60
+    )
     reader = env.reader(cache_bytes=3000, readahead=settings)
     first = await reader.read(s, 0, 180, 60)
     await asyncio.sleep(0.01)  # readahead holds about 1 KiB of blocks ahead of the reader

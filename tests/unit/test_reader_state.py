@@ -26,11 +26,17 @@ def size(state: ReadState, *, misses: int = 0, evicted: int = 0, free: int = 10_
     )
 
 
-def test_readahead_grows_per_miss_up_to_the_cap_and_respects_the_free_guard() -> None:
+def test_readahead_doubles_on_misses_up_to_the_cap_and_respects_the_free_guard() -> None:
     state = ReadState(StreamId(1), 0, SETTINGS.initial_bytes)
     assert size(state) == 100
-    assert size(state, misses=1) == 150
-    assert size(state, misses=10) == 300
+    assert size(state, misses=1) == 200  # doubled (more than one step of 50)
+    assert size(state, misses=10) == 300  # capped
+    state.readahead_bytes = 100
+    assert size(state, misses=3) == 250  # three steps are more than doubling
+    fixed = ReadaheadSettings(initial_bytes=100, step_bytes=50, growth_factor=1, max_bytes=300)
+    state.readahead_bytes = 100
+    readahead_size(state, fixed, miss_count=1, evicted_unread_count=0, cache_free_bytes=10**9, now_s=0.0)
+    assert state.readahead_bytes == 150  # AutoMQ's rule: one step per miss
     assert size(state, free=1000 + 120) == 120  # the cache keeps free_guard_bytes free of readahead
     assert size(state, free=1000 + 50) == 0  # less than the initial size fits: none
 

@@ -284,6 +284,42 @@ async def test_readahead_grows_with_misses_and_stops_without_free_space(env: Env
     assert state.readahead_bytes == 2048  # grown to the cap
 
 
+async def test_readahead_blocks_are_readable_as_soon_as_their_own_get_completes(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import s3stream.engine.reader as reader_module
+
+    monkeypatch.setattr(reader_module, "MERGED_GET_MAX_BYTES", 600)  # about two blocks per GET
+    s = await env.stream()
+    data = make_batches(s, 0, 120, size=100)  # 60 blocks of two batches
+    await env.write_object(data)
+    reader = env.reader(readahead=ReadaheadSettings(initial_bytes=8192, free_guard_bytes=0))
+    first = await reader.read(s, 0, 240, 100)  # ends inside the first block
+    stalled = asyncio.Event()
+
+    async def get(key: str, start: int = 0, end: int | None = None) -> bytes:
+        if start > 1500:  # every GET but the first few of the readahead hangs
+            await stalled.wait()
+        return await env.storage.get(key, start, end)
+
+    for object_reader in list(reader._readers._readers.values()):
+        object_reader._storage = type("Stalling", (), {"get": staticmethod(get)})()
+    await asyncio.sleep(0.01)  # the readahead issues its GETs
+    assert reader.stats().readahead_count == 1
+    second = await asyncio.wait_for(reader.read(s, first[-1].end_offset, 240, 300), timeout=5)
+    assert first + second == data[: len(first) + len(second)]
+    stalled.set()
+
+
+async def test_returned_payloads_are_bytes_that_pin_no_block(env: Env) -> None:
+    s, data = await three_objects(env)
+    reader = env.reader()
+    got = await reader.read(s, 0, 180, 1 << 20)
+    assert got == data
+    assert all(type(b.payload) is bytes for b in got)
+    assert len(reader._cache) == 0  # every block read to its end was freed; the payloads are copies
+
+
 async def test_readahead_pauses_after_an_unread_block_is_evicted(env: Env) -> None:
     s, data = await three_objects(env)
     settings = ReadaheadSettings(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import pytest
 
 from s3stream.engine.blockcache import BlockKey
 from s3stream.engine.readstate import (
@@ -13,6 +16,7 @@ from s3stream.engine.readstate import (
     ReadStates,
     readahead_size,
 )
+from s3stream.errors import InvalidArgumentError
 from s3stream.ids import ObjectId, StreamId
 
 SETTINGS = ReadaheadSettings(
@@ -39,6 +43,21 @@ def test_readahead_doubles_on_misses_up_to_the_cap_and_respects_the_free_guard()
     assert state.readahead_bytes == 150  # AutoMQ's rule: one step per miss
     assert size(state, free=1000 + 120) == 120  # the cache keeps free_guard_bytes free of readahead
     assert size(state, free=1000 + 50) == 0  # less than the initial size fits: none
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"growth_factor": 0},
+        {"initial_bytes": 0},
+        {"initial_bytes": 10, "max_bytes": 5},
+        {"step_bytes": -1},
+        {"pause_s": -1.0},
+    ],
+)
+def test_bad_readahead_settings_are_invalid(bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ReadaheadSettings(**bad)
 
 
 def test_an_evicted_unread_block_resets_and_pauses_readahead() -> None:

@@ -245,34 +245,40 @@ def decode_block(
         (buf, pos) if isinstance(buf, bytes) else (bytes(memoryview(buf)[pos : pos + entry.size_bytes]), 0)
     )
     end = lo + entry.size_bytes
+    last_header = end - RECORD_HEADER_SIZE
     cursor = lo + DATA_BLOCK_HEADER_SIZE
     shift = entry.start_position - lo
     stream = entry.stream_id
     expected_offset = entry.start_offset
-    unpack = RECORD_HEADER.unpack_from
-    new = _new_record
-    records: list[StreamRecordBatch] = []
-    append = records.append
-    if entry.record_count and end - cursor >= RECORD_HEADER_SIZE:
-        magic, stream_id, _, base_offset, _, _ = unpack(data, cursor)
+    if entry.record_count and cursor <= last_header:
+        magic, stream_id, _, base_offset, _, _ = RECORD_HEADER.unpack_from(data, cursor)
         if magic == RECORD_MAGIC and stream_id == stream and base_offset != expected_offset:
             raise CorruptionError(
                 f"block starts at offset {base_offset}, its index entry says {expected_offset}",
                 source=source,
                 position=cursor + shift,
             )
+    # The hot loop (one pass per record batch): locals only, the record built through its slots
+    # (see _new_record) inline, one check expression per batch.
+    unpack = RECORD_HEADER.unpack_from
+    header_size = RECORD_HEADER_SIZE
+    good_magic = RECORD_MAGIC
+    new = object.__new__
+    cls = StreamRecordBatch
+    set_stream_id, set_epoch, set_base_offset, set_count, set_payload = _RECORD_SLOT_SETTERS
+    records: list[StreamRecordBatch] = []
+    append = records.append
     for _ in range(entry.record_count):
-        if end - cursor < RECORD_HEADER_SIZE:
+        if cursor > last_header:
             raise CorruptionError("truncated record batch header", source=source, position=cursor + shift)
         magic, stream_id, epoch, base_offset, count, length = unpack(data, cursor)
-        start = cursor + RECORD_HEADER_SIZE
+        start = cursor + header_size
         stop = start + length
         if (
-            magic != RECORD_MAGIC
+            magic != good_magic
             or stream_id != stream
             or base_offset < expected_offset
-            or count < 0
-            or length < 0
+            or (count | length) < 0
             or stop > end
         ):
             raise CorruptionError(
@@ -280,7 +286,13 @@ def decode_block(
                 source=source,
                 position=cursor + shift,
             )
-        append(new(stream_id, epoch, base_offset, count, data[start:stop]))
+        record = new(cls)
+        set_stream_id(record, stream_id)
+        set_epoch(record, epoch)
+        set_base_offset(record, base_offset)
+        set_count(record, count)
+        set_payload(record, data[start:stop])
+        append(record)
         cursor = stop
         expected_offset = base_offset + count
     if cursor != end:
@@ -308,6 +320,7 @@ _set_epoch = _slot_setter("epoch")
 _set_base_offset = _slot_setter("base_offset")
 _set_count = _slot_setter("count")
 _set_payload = _slot_setter("payload")
+_RECORD_SLOT_SETTERS = (_set_stream_id, _set_epoch, _set_base_offset, _set_count, _set_payload)
 
 
 def _new_record(

@@ -32,7 +32,9 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
-from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
+from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch
+
+_pack_header = RECORD_HEADER.pack
 
 WAL_ROOM_FRACTION = 0.9
 """Share of the WAL capacity that records awaiting upload may hold before appends wait."""
@@ -64,9 +66,13 @@ class AppendPath:
         self.stats = stats
         self.clock = clock
         self.wal_room_bytes = int(config.wal_capacity_bytes * WAL_ROOM_FRACTION)
+        self.record_max_bytes = config.record_size_max_bytes
         self._seq = 0
-        self._in_wal: dict[int, float] = {}
-        """seq -> submit time of WAL appends in flight, oldest first (the watchdog's view)."""
+        self._in_wal: dict[int, None] = {}
+        """seqs of the WAL appends in flight, oldest first (the watchdog's view; no clock read per
+        append: the watchdog times the oldest one from when it first sees it)."""
+        self._watched: tuple[int, float] | None = None
+        """(seq, time first seen) of the oldest WAL append in flight at the last watchdog pass."""
 
     def next_seq(self) -> int:
         """The next WAL record's submission sequence number (seqs grow with WAL offsets)."""
@@ -152,43 +158,62 @@ class AppendPath:
         return bases
 
     async def append_one(self, handle: StreamHandle, payload: bytes, count: int) -> int:
-        """One batch to one stream (the common case of :meth:`append`, without its generality)."""
+        """One batch to one stream: :meth:`append`'s common case, written for speed (it runs once per
+        record batch): no future of its own, no dict or list per append, no calls it can do inline."""
         supervisor = self.supervisor
         if handle.status is not Status.OPEN or supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
             handle.check_writable()
         size = len(payload)
-        if size > self.config.record_size_max_bytes:
+        if size > self.record_max_bytes:
             raise InvalidArgumentError(
-                f"record batch of {size} bytes is above s3.record.size.max ({self.config.record_size_max_bytes})"
+                f"record batch of {size} bytes is above s3.record.size.max ({self.record_max_bytes})"
             )
-        if not self._has_room(size):
+        cache = self.cache
+        live = self.live
+        if cache.size_bytes + size > cache.capacity_bytes or live.live_bytes + size > self.wal_room_bytes:
             await self._admit(size)
             handle.check_writable()
+        # No await from here until the WAL write: offsets are assigned in submission order.
         base = handle.next_offset
-        handle.next_offset = base + count
+        handle.next_offset = end = base + count
         stream_id = handle.stream_id
         epoch = handle.epoch
-        # (header, payload) parts: the WAL writes them as one record, so the payload is not copied.
-        body = plain_parts(stream_id, epoch, base, count, payload)
-        seq = self.next_seq()
-        pending = PendingAppend(seq, {stream_id: [(stream_id, epoch, base, count, payload)]}, 1)
-        self.live.submitted(seq, batch_count=1, size_bytes=RECORD_HEADER_SIZE + size)
-        handle.queue.append(pending)
-        # The WAL write, inlined (this is the hot path): the watchdog sees it in ``_in_wal``.
+        item = (stream_id, epoch, base, count, payload)
+        seq = self._seq
+        self._seq = seq + 1
+        pending = PendingAppend(seq, None, 1, item)
+        live.submitted_one(seq, RECORD_HEADER_SIZE + size)
+        queue = handle.queue
+        queue.append(pending)
         in_wal = self._in_wal
-        in_wal[seq] = self.clock()
+        in_wal[seq] = None  # the watchdog's view
         try:
-            offset = await self.wal.append(body)
+            # (header, payload) parts: the WAL writes them as one record, so the payload is not copied
+            # (the header is StreamRecordBatch.encode()'s, packed here: see walbody.plain_parts).
+            offset = await self.wal.append(
+                (_pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size), payload)
+            )
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
+            body = plain_parts(stream_id, epoch, base, count, payload)
             offset = await self._after_failed_write(exc, body, pending, (handle,), None)
         finally:
             del in_wal[seq]
-        self.live.written(offset, seq)
+        live.written(offset, seq)
         pending.persisted = True
-        release_ready(handle, self.pipeline.put)
-        if not pending.acked:
-            await pending.outcome()
+        if queue and queue[0] is pending and pending.error is None:
+            # Its stream's oldest pending append (the usual case): released right here, in line.
+            queue.popleft()
+            self.pipeline.put(item, seq)
+            handle.confirm_offset = end
+            pending.remaining = 0
+            pending.acked = True
+            if queue and queue[0].persisted:  # later appends that completed first waited for this one
+                release_ready(handle, self.pipeline.put)
+        else:
+            release_ready(handle, self.pipeline.put)
+            if not pending.acked:
+                await pending.outcome()
         stats = self.stats
         stats.appended_records += 1
         stats.appended_bytes += size
@@ -252,7 +277,7 @@ class AppendPath:
     ) -> int:
         """The WAL write of a record (``append_one`` has its own copy inline: the hot path)."""
         in_wal = self._in_wal
-        in_wal[pending.seq] = self.clock()
+        in_wal[pending.seq] = None
         try:
             return await self.wal.append(body)
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
@@ -303,12 +328,23 @@ class AppendPath:
                     raise
 
     def watchdog(self) -> None:
-        """AutoMQ's WAL append timeout: an append in flight for longer fails the engine."""
-        if not self._in_wal:
+        """AutoMQ's WAL append timeout: an append in flight for longer fails the engine.
+
+        Called every tick: the oldest append in flight is timed from the first tick that saw it, so a
+        stuck append fails the engine between the timeout and the timeout plus one tick after it began.
+        """
+        in_wal = self._in_wal
+        if not in_wal:
+            self._watched = None
             return
-        started = self._in_wal[next(iter(self._in_wal))]
+        oldest = next(iter(in_wal))
+        now = self.clock()
+        watched = self._watched
+        if watched is None or watched[0] != oldest:
+            self._watched = (oldest, now)
+            return
         timeout_s = self.config.wal_append_timeout_ms / 1000
-        if self.clock() - started > timeout_s:
+        if now - watched[1] > timeout_s:
             self.supervisor.fail(UnavailableError(f"a WAL append did not complete within {timeout_s} s"))
             self.supervisor.spawn(self.wal.close(), name="s3stream-wal-close-after-timeout")
 

@@ -7,8 +7,9 @@ builds the components and hands them to a :class:`Client`; nothing in the engine
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
+from typing import Any, NoReturn
 
 from s3stream.engine.core import Engine, StreamHandle
 from s3stream.engine.walbody import KV_KEY_MAX_BYTES
@@ -24,6 +25,10 @@ def _check_batch(batch: RecordBatch) -> RecordBatch:
     if len(batch.payload) == 0:
         raise InvalidArgumentError("record batch payload is empty")
     return batch
+
+
+async def _raise(exc: BaseException) -> NoReturn:
+    raise exc
 
 
 def _check_key(key: str) -> str:
@@ -50,6 +55,7 @@ class Stream:
     def __init__(self, engine: Engine, handle: StreamHandle) -> None:
         self._engine = engine
         self._handle = handle
+        self._append_one = engine.append_one
 
     @property
     def stream_id(self) -> StreamId:
@@ -79,12 +85,22 @@ class Stream:
     def engine(self) -> Engine:
         return self._engine
 
-    async def append(self, batch: RecordBatch) -> int:
-        """Append a batch; returns its base offset once it is durable in the WAL."""
+    def append(self, batch: RecordBatch) -> Coroutine[Any, Any, int]:
+        """Append a batch; awaiting the result returns its base offset once it is durable in the WAL.
+
+        Used as ``await stream.append(batch)``, exactly like a coroutine function: it returns the
+        engine's append coroutine itself (one coroutine frame less per append) and raises nothing
+        before the await (an invalid batch's error comes from awaiting, as it would from an ``async def``).
+        """
         if type(batch) is not RecordBatch or not batch.payload:
-            batch = _check_batch(batch)
-        payload = batch.payload if type(batch.payload) is bytes else bytes(batch.payload)
-        return await self._engine.append_one(self._handle, payload, batch.count)
+            try:
+                batch = _check_batch(batch)
+            except InvalidArgumentError as exc:
+                return _raise(exc)
+        payload = batch.payload
+        if type(payload) is not bytes:
+            payload = bytes(payload)  # the caller may reuse its buffer once the append returns
+        return self._append_one(self._handle, payload, batch.count)
 
     async def fetch(self, start_offset: int, end_offset: int, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         """Batches covering ``[start_offset, end_offset)`` in order (whole batches; at least one)."""

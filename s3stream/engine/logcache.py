@@ -150,7 +150,16 @@ class LogCache:
         cache = streams.get(item[0])
         if cache is None:
             cache = streams[item[0]] = StreamCache()
-        size = cache.add(item)
+        # StreamCache.add, inlined: this runs once per append.
+        base = item[2]
+        assert cache._end_offset < 0 or base == cache._end_offset, (
+            f"stream {item[0]}: record at {base} after end {cache._end_offset}"
+        )
+        cache.items.append(item)
+        cache.bases.append(base)
+        cache._end_offset = base + item[3]
+        size = RECORD_HEADER_SIZE + len(item[4])
+        cache.size_bytes += size
         block.size_bytes += size
         self.size_bytes += size
         return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count

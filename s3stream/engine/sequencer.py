@@ -26,7 +26,7 @@ def release_ready(handle: StreamHandle, put: Callable[[CachedBatch, int], None])
         pending = queue.popleft()
         if pending.error is not None:
             continue
-        for item in pending.by_stream[stream_id]:
+        for item in pending.items(stream_id):
             put(item, pending.seq)
             handle.confirm_offset = item[2] + item[3]
         pending.remaining -= 1

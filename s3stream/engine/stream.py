@@ -29,20 +29,37 @@ class PendingAppend:
 
     Its outcome is ``acked`` or ``error``. ``future`` exists only while the appender waits for an
     earlier append of one of its streams (most appends are released at once and never need one).
+    A plain append (one batch, one stream: the common case) keeps its batch in ``item`` and has no
+    ``by_stream`` dict (:meth:`items` gives either form).
     """
 
-    __slots__ = ("acked", "by_stream", "error", "future", "persisted", "remaining", "seq")
+    __slots__ = ("acked", "by_stream", "error", "future", "item", "persisted", "remaining", "seq")
 
-    def __init__(self, seq: int, by_stream: dict[int, list[CachedBatch]], remaining: int) -> None:
+    def __init__(
+        self,
+        seq: int,
+        by_stream: dict[int, list[CachedBatch]] | None,
+        remaining: int,
+        item: CachedBatch | None = None,
+    ) -> None:
         self.seq = seq
         self.by_stream = by_stream
-        """The record's batches of each stream it touches, in offset order."""
+        """A group's batches of each stream it touches, in offset order (None: a plain append)."""
+        self.item = item
+        """A plain append's batch (None: a group)."""
         self.remaining = remaining
         """Streams that have not yet released the record."""
         self.persisted = False
         self.acked = remaining == 0
         self.error: S3StreamError | None = None
         self.future: asyncio.Future[None] | None = None
+
+    def items(self, stream_id: int) -> list[CachedBatch]:
+        """The record's batches of stream ``stream_id``, in offset order."""
+        if self.by_stream is None:
+            assert self.item is not None
+            return [self.item]
+        return self.by_stream[stream_id]
 
     def fail(self, error: S3StreamError) -> None:
         """Fail the append unless it is already decided (its appender raises ``error``)."""

@@ -24,7 +24,8 @@ class WalTrimTracker:
         """seq -> WAL offset, or -1 while in flight; dicts keep insertion order and seqs only grow,
         so the first entry is the oldest live record."""
         self._batches: dict[int, int] = {}
-        """seq -> batches (or KV entries) of the record not yet committed (applied)."""
+        """seq -> batches (or KV entries) of the record not yet committed (applied), for records that
+        hold more than one; a live record missing here holds one (most do: a plain append)."""
         self._sizes: dict[int, int] = {}
         """seq -> body bytes."""
         self._last_seq = -1
@@ -42,11 +43,20 @@ class WalTrimTracker:
         assert seq > self._last_seq, "seqs must grow"
         self._last_seq = seq
         self._offsets[seq] = offset
-        self._batches[seq] = batch_count
+        if batch_count > 1:
+            self._batches[seq] = batch_count
         self._sizes[seq] = size_bytes
         self.live_bytes += size_bytes
         if offset >= 0:
             self.written(offset)
+
+    def submitted_one(self, seq: int, size_bytes: int) -> None:
+        """:meth:`submitted` of a record of one batch whose append is in flight (the append hot path)."""
+        assert seq > self._last_seq, "seqs must grow"
+        self._last_seq = seq
+        self._offsets[seq] = -1
+        self._sizes[seq] = size_bytes
+        self.live_bytes += size_bytes
 
     def written(self, offset: int, seq: int = -1) -> None:
         """A record is durable at ``offset`` (``seq``: the live record it is, if any)."""
@@ -58,22 +68,23 @@ class WalTrimTracker:
     def failed(self, seq: int) -> None:
         """The record's append failed: it holds nothing to keep."""
         if self._offsets.pop(seq, None) is not None:
-            del self._batches[seq]
+            self._batches.pop(seq, None)
             self.live_bytes -= self._sizes.pop(seq)
 
     def committed(self, seqs: list[int]) -> None:
         """One batch of each listed record (a seq once per batch) is now in object storage."""
+        offsets = self._offsets
         batches = self._batches
+        sizes = self._sizes
         for seq in seqs:
-            left = batches.get(seq)
-            if left is None:
+            if seq not in offsets:
                 continue
+            left = batches.pop(seq, 1)
             if left > 1:
                 batches[seq] = left - 1
                 continue
-            del batches[seq]
-            del self._offsets[seq]
-            self.live_bytes -= self._sizes.pop(seq)
+            del offsets[seq]
+            self.live_bytes -= sizes.pop(seq)
 
     def trim_point(self) -> int | None:
         """The WAL offset below which nothing is live (None: nothing can be trimmed now)."""

@@ -61,3 +61,19 @@ def test_the_bookkeeping_is_invisible_to_the_garbage_collector() -> None:
         t.submitted(seq, batch_count=2, size_bytes=10)
         t.written(seq * 10, seq=seq)
     assert not any(gc.is_tracked(d) for d in (t._offsets, t._batches, t._sizes))
+
+
+def test_a_plain_append_submitted_in_flight_is_a_one_batch_record() -> None:
+    fast, general = WalTrimTracker(), WalTrimTracker()
+    fast.submitted_one(0, 100)
+    general.submitted(0, batch_count=1, size_bytes=100)
+    fast.submitted(1, batch_count=3, size_bytes=50)
+    general.submitted(1, batch_count=3, size_bytes=50)
+    for t in (fast, general):
+        assert t.trim_point() is None  # the first is in flight
+        t.written(0, seq=0)
+        t.written(124, seq=1)
+        t.committed([0, 1, 1])
+        assert (t.trim_point(), t.live_bytes, len(t)) == (124, 50, 1)
+        t.committed([1, 0])  # a seq already gone is ignored
+        assert (t.trim_point(), t.live_bytes, len(t)) == (125, 0, 0)

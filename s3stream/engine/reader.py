@@ -419,10 +419,12 @@ class ObjectStreamReader:
             async with state.lock:  # plan under the lock so concurrent readaheads take disjoint blocks
                 start = max(state.next_offset, state.readahead_end_offset)
                 refs = await self._blocks_for_locked(state, start, _UNBOUNDED, size_bytes)
-                refs = [r for r in refs if r.entry.start_offset >= start]
+                refs = _within(size_bytes, [r for r in refs if r.entry.start_offset >= start])
                 if refs:
                     state.readahead_end_offset = refs[-1].entry.end_offset
             if refs:
+                if not state.dropped:
+                    self._maybe_readahead(state, 0)  # the next load plans now: loads overlap in order
                 # one cache request per merged GET: its blocks are readable as soon as that GET is in
                 results = await asyncio.gather(
                     *(self._get_blocks(state, [refs[i] for i in run]) for run in _merged_runs(refs)),
@@ -433,6 +435,17 @@ class ObjectStreamReader:
                         raise result
                 if not state.dropped:
                     self._maybe_readahead(state, 0)  # keep the pipeline full while the consumer works
+
+
+def _within(size_bytes: int, refs: list[BlockRef]) -> list[BlockRef]:
+    """The first of ``refs`` whose blocks add up to at most ``size_bytes`` (at least one), so that a
+    load of the merged-GET size is one GET, not one and a sliver."""
+    total = 0
+    for i, ref in enumerate(refs):
+        total += ref.entry.size_bytes
+        if total > size_bytes and i:
+            return refs[:i]
+    return refs
 
 
 def _merged_runs(refs: Sequence[BlockRef]) -> list[list[int]]:

@@ -45,6 +45,10 @@ class ReadaheadSettings:
     growth_factor: int = 2
     """A read with block misses multiplies the size by this, or adds ``step_bytes`` per miss if that
     is more (1: AutoMQ's step growth only)."""
+    load_max_bytes: int = 4 * MiB
+    """Largest single load (one merged GET of the reader): loads form a sliding window of at most
+    :data:`READAHEAD_TASKS_MAX` GETs that complete in offset order, instead of bursts of big loads
+    whose GETs share the bandwidth and all complete late."""
 
     def __post_init__(self) -> None:
         if not 0 < self.initial_bytes <= self.max_bytes:
@@ -53,6 +57,8 @@ class ReadaheadSettings:
             raise InvalidArgumentError("readahead step, guard and pause must not be negative")
         if self.growth_factor < 1:
             raise InvalidArgumentError("readahead growth factor must be at least 1")
+        if self.load_max_bytes <= 0:
+            raise InvalidArgumentError("readahead load size must be positive")
 
 
 @dataclass(slots=True)
@@ -110,8 +116,9 @@ def readahead_size(
     if that is more, up to ``max_bytes``. AutoMQ grows by the step only; for a catch-up read of
     1 KiB records that took some 60 misses, about 100 MiB read with one or two GETs in flight, to
     reach 32 MiB.
-    Loads refill in chunks of at least a quarter window, at most :data:`READAHEAD_TASKS_MAX` at once,
-    and never into the cache's last ``free_guard_bytes``.
+    A load is at most ``load_max_bytes``; loads refill the window in chunks of at least a quarter
+    window or a whole load, whichever is less, at most :data:`READAHEAD_TASKS_MAX` at once, and never
+    into the cache's last ``free_guard_bytes``.
     """
     if evicted_unread_count > state.evicted_seen:
         state.evicted_seen = evicted_unread_count
@@ -131,13 +138,15 @@ def readahead_size(
         for r in state.window
         if r.entry.start_offset >= state.next_offset and r.entry.end_offset <= state.readahead_end_offset
     )
-    if ahead > state.readahead_bytes * 3 // 4:  # refill in chunks of at least a quarter window
+    missing = state.readahead_bytes - ahead
+    if missing < min(state.readahead_bytes // 4, settings.load_max_bytes):  # refill in big enough chunks
         return 0
+    size_bytes = min(missing, settings.load_max_bytes)
     # what the free-space guard allows: the cache keeps free_guard_bytes free of readahead
-    size_bytes = min(state.readahead_bytes - ahead, cache_free_bytes - settings.free_guard_bytes)
-    if size_bytes < min(settings.initial_bytes, state.readahead_bytes - ahead):
+    room_bytes = cache_free_bytes - settings.free_guard_bytes
+    if room_bytes < min(settings.initial_bytes, size_bytes):
         return 0
-    return size_bytes
+    return min(size_bytes, room_bytes)
 
 
 class ReadStates:

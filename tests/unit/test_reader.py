@@ -293,7 +293,10 @@ async def test_readahead_blocks_are_readable_as_soon_as_their_own_get_completes(
     s = await env.stream()
     data = make_batches(s, 0, 120, size=100)  # 60 blocks of two batches
     await env.write_object(data)
-    reader = env.reader(readahead=ReadaheadSettings(initial_bytes=8192, free_guard_bytes=0))
+    one_load = ReadaheadSettings(
+        initial_bytes=8192, max_bytes=8192, free_guard_bytes=0, load_max_bytes=1 << 20
+    )
+    reader = env.reader(readahead=one_load)  # one load of many GETs
     first = await reader.read(s, 0, 240, 100)  # ends inside the first block
     stalled = asyncio.Event()
 
@@ -328,7 +331,8 @@ async def test_readahead_pauses_after_an_unread_block_is_evicted(env: Env) -> No
     reader = env.reader(cache_bytes=3000, readahead=settings)
     first = await reader.read(s, 0, 180, 60)
     await asyncio.sleep(0.01)  # readahead holds about 1 KiB of blocks ahead of the reader
-    assert reader.stats().readahead_count == 1
+    loads = reader.stats().readahead_count
+    assert loads >= 1
     assert reader._cache.evicted_unread_count == 0
     await reader.read(s, 120, 180, 1 << 20)  # another reader's blocks push them out unread
     assert reader._cache.evicted_unread_count > 0
@@ -337,7 +341,7 @@ async def test_readahead_pauses_after_an_unread_block_is_evicted(env: Env) -> No
     state = reader._states[(s, got[-1].end_offset)]
     assert state.readahead_bytes == settings.initial_bytes
     assert state.paused_until_s > 0
-    assert reader.stats().readahead_count == 1  # paused: no new readahead
+    assert reader.stats().readahead_count == loads  # paused: no new readahead
 
 
 async def test_gap_inside_a_block_is_corruption(env: Env) -> None:

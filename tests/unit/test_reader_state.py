@@ -53,6 +53,7 @@ def test_readahead_doubles_on_misses_up_to_the_cap_and_respects_the_free_guard()
         {"initial_bytes": 10, "max_bytes": 5},
         {"step_bytes": -1},
         {"pause_s": -1.0},
+        {"load_max_bytes": 0},
     ],
 )
 def test_bad_readahead_settings_are_invalid(bad: dict[str, Any]) -> None:
@@ -94,3 +95,12 @@ def test_states_are_bounded_expire_when_idle_and_release_their_blocks() -> None:
     assert (StreamId(3), 0) not in states.idle  # the least recently used one went
     assert len(states.drop_all()) == STATE_COUNT_MAX + 1
     assert states.idle == {}
+
+
+def test_a_load_is_at_most_load_max_bytes() -> None:
+    settings = ReadaheadSettings(initial_bytes=1000, max_bytes=1000, load_max_bytes=100, free_guard_bytes=0)
+    state = ReadState(StreamId(1), 0, 1000)
+    got = readahead_size(
+        state, settings, miss_count=0, evicted_unread_count=0, cache_free_bytes=10**6, now_s=0.0
+    )
+    assert got == 100  # loads of one merged GET each, several in flight, instead of one big load

@@ -1,15 +1,18 @@
 """The block WAL service: pipelined group commit, in-order completions, trim, recovery, close.
 
-Write path: ``append`` queues the body (or its parts) and awaits a future. One writer task seals the
-queued records into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the
-physical end of the device), assigns their offsets and, in the same pass, packs headers, CRC32Cs and
-bodies into a reused aligned buffer; then hands one ``pwrite`` to an I/O thread (the descriptor is
-O_DSYNC: durable on return, and the thread needs the GIL only around that call). Meanwhile the next
-group accumulates. Up to ``groups_inflight_max`` (K) groups are written at once, one per I/O thread;
-they complete (futures resolve, from the I/O completion callback) strictly in offset order, and
-group n + K starts only after group n completed, which bounds what a crash can leave behind (the
-recovery rule in docs/format.md section 4.6 and :mod:`wal.recovery` depends on this). The writer
-runs after the appenders a completion woke, so what they append next joins the next group.
+Write path: ``append`` queues the body (or its parts) and returns a future; the first append of a
+loop turn schedules the *pump* (a plain callback, no task), which runs after everything already
+ready in that turn, so the appends of one turn form one group. The pump seals the queued records
+into a *write group* (up to ``batch_max_bytes``, 4 KiB aligned, never across the physical end of
+the device), assigns their offsets and, in the same pass, packs headers, CRC32Cs and bodies into a
+reused aligned buffer; then hands the group to the WAL's own I/O threads through a queue (the
+descriptor is O_DSYNC: one ``pwrite`` is durable on return, and the thread needs the GIL only
+around that call and the hand-back). A finished write comes back with one
+``call_soon_threadsafe``. Up to ``groups_inflight_max`` (K) groups are written at once, one per I/O
+thread; they complete (futures resolve) strictly in offset order, and group n + K starts only after
+group n completed, which bounds what a crash can leave behind (the recovery rule in
+docs/format.md section 4.6 and :mod:`wal.recovery` depends on this). The pump runs again after
+the appenders a completion woke, so what they append next joins the next group.
 
 Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
 Space freed by a trim is reused only once that header write is durable.
@@ -23,7 +26,9 @@ import collections
 import contextlib
 import itertools
 import os
+import queue
 import random
+import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -99,7 +104,9 @@ class _Group:
     """One sealed, packed write: where it starts, and whom to complete with which offsets."""
 
     __slots__ = (
+        "done",
         "end",
+        "error",
         "first_offset",
         "futs",
         "nbytes",
@@ -122,6 +129,8 @@ class _Group:
         self.single_bytes = 0
         self.records = 0
         self.end = 0  # aligned length of the write
+        self.done = False  # its write returned (durable unless ``error``)
+        self.error: BaseException | None = None
 
 
 class BlockWAL:
@@ -151,11 +160,21 @@ class BlockWAL:
         self._record_max_bytes = config.record_max_bytes
         self._inflight_max_bytes = config.inflight_max_bytes
         self._inflight_bytes = 0
-        self._admit_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        # appends waiting for room below inflight_max_bytes: (bytes, the append's future, and the
+        # single append's queue item, or None for an append_many waiting on its future)
+        self._admit_waiters: collections.deque[tuple[int, asyncio.Future[Any], _Single | None]] = (
+            collections.deque()
+        )
         self._header_waiters: list[asyncio.Future[None]] = []
-        self._wake: asyncio.Future[None] | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._inflight: collections.deque[tuple[_Group, asyncio.Future[None]]] = collections.deque()
+        self._k_max = config.groups_inflight_max
+        self._inflight: collections.deque[_Group] = collections.deque()  # submitted, not completed
+        self._scheduled = False  # a pump is scheduled on the loop
+        self._started = False  # the I/O threads run
+        self._header_busy = False  # a header write is in flight (no group is then)
+        self._close_waiter: asyncio.Future[None] | None = None
+        self._header_job: tuple[list[asyncio.Future[None]], bool] = ([], False)  # its waiters, clean?
+        self._jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         self._wbufs = [aligned_buffer(config.write_max_bytes) for _ in range(config.groups_inflight_max)]
         self._wviews = [memoryview(b) for b in self._wbufs]
         self._free_slots = list(range(config.groups_inflight_max))
@@ -309,15 +328,20 @@ class BlockWAL:
         self._closing = True
         self._accepting = False
         try:
-            if self._writer is not None:
-                self._kick()
-                await self._writer
+            if self._started and self._failure is None:
+                waiter = self._close_waiter = self._loop.create_future()
+                self._schedule()
+                await waiter
         finally:
             self._closed = True
             await self._release()
 
     async def _release(self) -> None:
         try:
+            if self._threads:
+                for _ in self._threads:
+                    self._jobs.put(None)
+                await self._loop.run_in_executor(self._pool, self._join_threads)
             await self._loop.run_in_executor(self._pool, self._device.close)
         finally:
             self._pool.shutdown(wait=True)
@@ -327,6 +351,11 @@ class BlockWAL:
                 for buf in self._wbufs:
                     buf.close()
                 self._pbuf.close()
+
+    def _join_threads(self) -> None:
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     # ------------------------------------------------------------------ properties
     @property
@@ -357,12 +386,15 @@ class BlockWAL:
         if not self._recovered:
             raise WalStateError("recover() must run to the end before the first append")
 
-    async def append(self, data: BodyParts) -> int:
-        """Append one record; returns its logical offset once it is durable.
+    def append(self, data: BodyParts) -> asyncio.Future[int]:
+        """Append one record; the returned future resolves to its logical offset once it is durable.
 
         ``data`` is the body (bytes-like), or a list or tuple of bytes-like parts that make the body
         back to back (e.g. a header and a payload, so the caller need not concatenate them; recovery
-        returns the joined body). The bytes must not change until the append returns.
+        returns the joined body). The bytes must not change until the future is done. Use as
+        ``offset = await wal.append(data)``: a plain method, not a coroutine, so an append costs no
+        coroutine frame; an invalid call or a closed WAL raises at once. Offsets follow call order.
+        Cancelling the future does not withdraw the record: it may still become durable.
         """
         if not self._accepting:
             self._check_writable()
@@ -374,18 +406,18 @@ class BlockWAL:
         if n > self._record_max_bytes:
             raise WalArgumentError(f"record of {n} bytes above record_max_bytes {self._record_max_bytes}")
         size = n + _H
+        fut: asyncio.Future[int] = self._loop.create_future()
         if self._admit_waiters or (
             self._inflight_bytes + size > self._inflight_max_bytes and self._inflight_bytes
         ):
-            await self._admit(size)
-        else:
-            self._inflight_bytes += size
-        fut: asyncio.Future[int] = self._loop.create_future()
+            self._admit_waiters.append((size, fut, (data, n, fut)))  # type: ignore[arg-type]
+            return fut
+        self._inflight_bytes += size
         self._pending.append((data, n, fut))  # type: ignore[arg-type]
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-        return await fut
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._pump)
+        return fut
 
     async def append_many(self, records: Sequence[Body]) -> list[int]:
         """Append records in order (in as few group writes as fit); returns their offsets once durable.
@@ -407,7 +439,7 @@ class BlockWAL:
         await self._admit(size)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
         self._pending.append(_Req(records, cum, fut))
-        self._kick()
+        self._schedule()
         return await fut
 
     async def _admit(self, size: int) -> None:
@@ -416,7 +448,7 @@ class BlockWAL:
             self._inflight_bytes += size
             return
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._admit_waiters.append((size, fut))
+        self._admit_waiters.append((size, fut, None))
         try:
             await fut
         except asyncio.CancelledError:
@@ -430,20 +462,26 @@ class BlockWAL:
         cap = self._config.inflight_max_bytes
         waiters = self._admit_waiters
         while waiters:
-            need, fut = waiters[0]
-            if fut.done():
+            need, fut, item = waiters[0]
+            if fut.done():  # cancelled while waiting: it takes no room
                 waiters.popleft()
                 continue
             if self._inflight_bytes + need > cap and self._inflight_bytes:
                 break
             waiters.popleft()
             self._inflight_bytes += need
-            fut.set_result(None)
+            if item is None:
+                fut.set_result(None)
+            else:
+                self._pending.append(item)
+                self._schedule()
 
-    def _kick(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+    def _schedule(self) -> None:
+        """Run the pump soon: after the callbacks that are ready now (an appender woken in this turn
+        appends before the pump seals)."""
+        if not self._scheduled and self._started:
+            self._scheduled = True
+            self._loop.call_soon(self._pump)
 
     # ------------------------------------------------------------------ trim
     async def trim(self, offset: int) -> None:
@@ -461,69 +499,78 @@ class BlockWAL:
             self._trim_offset = offset
         fut: asyncio.Future[None] = self._loop.create_future()
         self._header_waiters.append(fut)
-        self._kick()
+        self._schedule()
         await fut
 
-    # ------------------------------------------------------------------ writer task
+    # ------------------------------------------------------------------ the pump and the I/O threads
     def _start_writer(self) -> None:
-        self._writer = self._loop.create_task(self._run(), name="wal-writer")
+        for k in range(self._k_max):
+            thread = threading.Thread(target=self._io_thread, name=f"wal-io-{k}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._started = True
         self._accepting = True
 
-    async def _run(self) -> None:
-        """The writer: up to ``groups_inflight_max`` group writes at once, completed in offset order.
+    def _io_thread(self) -> None:
+        """An I/O thread: run each job ``(fn, arg, done)`` as ``fn(arg)``; hand ``done(arg, error)``
+        to the loop. A ``None`` job stops the thread."""
+        jobs = self._jobs
+        call = self._loop.call_soon_threadsafe
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            fn, arg, done = job
+            error: BaseException | None = None
+            try:
+                fn(arg)
+            except BaseException as exc:  # noqa: BLE001 - thread boundary: the loop fails the WAL with it
+                error = exc
+            try:
+                call(done, arg, error)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                return
 
-        Completions happen straight from the I/O completion callback (:meth:`_io_done`), one loop turn
-        before this task runs.
-        """
-        loop = self._loop
-        inflight = self._inflight
-        k_max = self._config.groups_inflight_max
+    def _pump(self) -> None:
+        """The writer's one step, run as a loop callback: complete what is in order, then start a
+        header write (trim, close) once nothing is in flight, or seal and submit groups while fewer
+        than K are in flight. Re-run by appends, completions, trims and close."""
+        self._scheduled = False
+        if self._failure is not None:
+            return
         try:
-            while True:
-                if not self._complete_done():
-                    inflight[0][1].result()  # raises the write's error
-                if self._header_waiters:
-                    if not inflight:
-                        await self._flush_header(clean=False)
-                        continue
-                elif self._pending and len(inflight) < k_max:
-                    if self._submit():
-                        continue
-                    if self._config.on_full == "error" or self._closing:
-                        self._fail_pending(
-                            WalCapacityError(
-                                f"WAL full: {self.used_bytes} of {self._layout.area} bytes hold untrimmed records"
-                            )
-                        )
-                        continue
-                elif self._closing and not self._pending and not inflight:
-                    await self._flush_header(clean=True)
-                    return
-                self._wake = loop.create_future()
-                await self._wake
-                self._wake = None
-        except BaseException as exc:
-            failure = exc if isinstance(exc, WalError) else WalIOError(f"WAL writer died: {exc!r}")
-            self._failure = failure
-            self._accepting = False
-            self._fail_all(failure)
-            if not isinstance(exc, (WalError, asyncio.CancelledError)):
+            self._pump_once()
+        except BaseException as exc:  # a bug: fail every waiter rather than hang them
+            self._fail(exc if isinstance(exc, WalError) else WalIOError(f"WAL writer died: {exc!r}"))
+            if not isinstance(exc, Exception):
                 raise
 
-    def _complete_done(self) -> bool:
-        """Complete the finished groups at the head of the in-flight queue (offset order).
-
-        False when the head group's write failed: it stays in flight for the writer to fail it.
-        """
+    def _pump_once(self) -> None:
         inflight = self._inflight
-        while inflight and inflight[0][1].done():
-            group, io = inflight[0]
-            if io.cancelled() or io.exception() is not None:
-                return False
-            inflight.popleft()
-            self._free_slots.append(group.slot)
-            self._complete(group)
-        return True
+        if self._header_busy:
+            return
+        if self._header_waiters:
+            if not inflight:
+                self._start_header(clean=False)
+            return
+        while self._pending and len(inflight) < self._k_max:
+            if self._submit():
+                continue
+            if self._config.on_full == "error" or self._closing:
+                self._fail_pending(
+                    WalCapacityError(
+                        f"WAL full: {self.used_bytes} of {self._layout.area} bytes hold untrimmed records"
+                    )
+                )
+            return  # on_full="wait": a trim runs the pump again
+        if (
+            self._closing
+            and self._close_waiter is not None
+            and not self._pending
+            and not self._admit_waiters
+            and not inflight
+        ):
+            self._start_header(clean=True)
 
     def _submit(self) -> bool:
         """Seal and pack the queued records into one group and hand its write to an I/O thread.
@@ -534,24 +581,45 @@ class BlockWAL:
         if group is None:
             return False
         self._free_slots.pop()
-        io = self._loop.run_in_executor(self._pool, self._write_group, group)
-        io.add_done_callback(self._io_done)
-        self._inflight.append((group, io))
+        self._inflight.append(group)
+        self._jobs.put((self._write_group, group, self._write_done))
         return True
 
-    def _io_done(self, io: asyncio.Future[None]) -> None:
-        """A group write finished: complete what is in order right here; wake the writer only if it
-        has something to do now (queued records, a header write or close waiting for the drain, a
-        failed write). Otherwise the next append wakes it: the appenders just completed run first,
-        so whatever they append next (in the same loop turn) joins one group rather than many.
-        """
-        if (
-            self._failure is None
-            and self._complete_done()
-            and not (self._pending or self._header_waiters or self._closing)
-        ):
+    def _write_done(self, group: _Group, error: BaseException | None) -> None:
+        """On the loop: a group write finished. Complete what is now in order; then let the pump run
+        after the appenders just woken (what they append next, in this turn, joins one group)."""
+        if self._failure is not None:
             return
-        self._kick()
+        group.error = error
+        group.done = True
+        stats = self.stats
+        stats["groups"] += 1
+        stats["records"] += group.records
+        stats["bytes_written"] += group.end
+        inflight = self._inflight
+        while inflight and inflight[0].done:
+            head = inflight[0]
+            if head.error is not None:
+                exc = head.error
+                self._fail(exc if isinstance(exc, WalError) else WalIOError(f"WAL write failed: {exc!r}"))
+                return
+            inflight.popleft()
+            self._free_slots.append(head.slot)
+            self._complete(head)
+        if self._pending or self._header_waiters or self._closing:
+            self._schedule()
+
+    def _fail(self, exc: BaseException) -> None:
+        """The WAL is failed: every pending, in-flight and waiting call raises ``exc``; close only
+        releases the device."""
+        if self._failure is not None:
+            return
+        self._failure = exc
+        self._accepting = False
+        self._fail_all(exc)
+        waiter = self._close_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:
@@ -567,16 +635,16 @@ class BlockWAL:
 
     def _fail_all(self, exc: BaseException) -> None:
         while self._inflight:
-            group, _ = self._inflight.popleft()
+            group = self._inflight.popleft()
             futs: list[asyncio.Future[Any]] = [*group.futs, *(req.fut for req, _ in group.reqs)]
             for fut in futs:
                 if not fut.done():
                     fut.set_exception(exc)
-        self._fail_pending(exc)
-        waiters: list[asyncio.Future[None]] = self._header_waiters
-        waiters += [f for _, f in self._admit_waiters]
-        self._header_waiters = []
+        waiters: list[asyncio.Future[Any]] = [f for _, f, _ in self._admit_waiters]
         self._admit_waiters.clear()
+        self._fail_pending(exc)
+        waiters += self._header_waiters
+        self._header_waiters = []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(exc)
@@ -719,20 +787,14 @@ class BlockWAL:
             p += len(part)
 
     def _write_group(self, group: _Group) -> None:
-        """Runs on the I/O thread: the padding record if the group wraps, then one write of the group."""
-        layout = self._layout
-        device = self._device
+        """Runs on an I/O thread: the padding record if the group wraps, then one write of the group."""
         if group.pad_len:
             pad_at = group.first_offset - group.pad_len
             self._write_padding_sync(
                 pad_at, encode_padding(offset=pad_at, length=group.pad_len, wal_id=self._wal_id)
             )
-        device.write(layout.phys(group.first_offset), self._wviews[group.slot][: group.end])
-        device.sync()
-        stats = self.stats
-        stats["groups"] += 1
-        stats["records"] += group.records
-        stats["bytes_written"] += group.end
+        self._device.write(self._layout.phys(group.first_offset), self._wviews[group.slot][: group.end])
+        self._device.sync()
 
     def _write_padding_sync(self, offset: int, pad: bytes) -> None:
         block = self._layout.block
@@ -758,8 +820,8 @@ class BlockWAL:
         if released:
             self._release_inflight(released)
 
-    async def _flush_header(self, *, clean: bool) -> None:
-        waiters, self._header_waiters = self._header_waiters, []
+    def _start_header(self, *, clean: bool) -> None:
+        """Hand a header write to an I/O thread (no group is in flight); the pump waits for it."""
         trim = self._trim_offset
         groups = self._groups
         while groups and groups[0][1] <= trim:
@@ -779,13 +841,36 @@ class BlockWAL:
             cfg.window_bytes,
             align_up(self._tail, self._layout.block) if clean else NO_CLEAN_END,
         )
-        await self._loop.run_in_executor(self._pool, self._write_header_sync, header)
-        self._seq += 1
-        self._flushed_start = start
-        self._durable_trim = trim
+        self._header_job = (self._header_waiters, clean)
+        self._header_waiters = []
+        self._header_busy = True
+        self._jobs.put((self._write_header_sync, header, self._header_done))
+
+    def _header_done(self, header: WalHeader, error: BaseException | None) -> None:
+        """On the loop: a header write finished; wake its trims (or close), run the pump again."""
+        self._header_busy = False
+        waiters, clean = self._header_job
+        self._header_job = ([], False)
+        if self._failure is not None:
+            return
+        if error is not None:
+            self._header_waiters[:0] = waiters
+            self._fail(
+                error if isinstance(error, WalError) else WalIOError(f"WAL header write failed: {error!r}")
+            )
+            return
+        self._seq = header.seq
+        self._flushed_start = header.start_offset
+        self._durable_trim = header.trim_offset
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+        if clean:
+            waiter = self._close_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
+        self._schedule()
 
     def _write_header_sync(self, header: WalHeader) -> None:
         block = self._layout.block

@@ -52,7 +52,10 @@ class SyncBlockWAL:
         return self._call(self._wal.recover_all())
 
     def append(self, data: BodyParts) -> int:
-        return self._call(self._wal.append(data))
+        return self._call(self._append(data))
+
+    async def _append(self, data: BodyParts) -> int:
+        return await self._wal.append(data)
 
     def append_many(self, records: Sequence[Body]) -> list[int]:
         return self._call(self._wal.append_many(records))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from wal import BlockWAL, FaultyDevice, WalCapacityError, WalConfig
+from wal import BlockWAL, FaultyDevice, WalCapacityError, WalConfig, WalIOError
 
 T = TypeVar("T")
 
@@ -104,11 +104,10 @@ class WalMachine(RuleBasedStateMachine):
                 if t.done() and t.exception() is None:
                     self.acked[t.result()] = d
             image = self.device.crash(random.Random(seed), mode)
-            writer = self.wal._writer
-            assert writer is not None
-            writer.cancel()
-            await asyncio.gather(writer, *tasks, return_exceptions=True)
-            self.wal._pool.shutdown(wait=True)
+            # the process "dies": the old handle stops (its later writes land on the old device only)
+            self.wal._fail(WalIOError("simulated crash"))
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.wal._release()
             return image
 
         self.reopen(self.run(go()))

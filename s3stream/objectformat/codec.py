@@ -237,6 +237,14 @@ def decode_block(
     fields; offsets ascending without overlap, starting at the entry's start offset and ending at
     its end offset; the records filling the block exactly.
     """
+    return decode_block_gapless(buf, pos, entry, source=source)[0]
+
+
+def decode_block_gapless(
+    buf: bytes | bytearray | memoryview, pos: int, entry: IndexEntry, *, source: str
+) -> tuple[tuple[StreamRecordBatch, ...], bool]:
+    """:func:`decode_block`, and whether each record starts where the previous one ended (no gap
+    in the block's offsets; the format allows gaps, a reader returning a contiguous range does not)."""
     if len(buf) - pos < entry.size_bytes:
         raise CorruptionError("truncated data block", source=source, position=entry.start_position)
     check_block_header(buf, pos, entry, source=source)
@@ -268,6 +276,7 @@ def decode_block(
     set_stream_id, set_epoch, set_base_offset, set_count, set_payload = _RECORD_SLOT_SETTERS
     records: list[StreamRecordBatch] = []
     append = records.append
+    gapless = True
     for _ in range(entry.record_count):
         if cursor > last_header:
             raise CorruptionError("truncated record batch header", source=source, position=cursor + shift)
@@ -277,15 +286,23 @@ def decode_block(
         if (
             magic != good_magic
             or stream_id != stream
-            or base_offset < expected_offset
+            or base_offset != expected_offset
             or (count | length) < 0
             or stop > end
         ):
-            raise CorruptionError(
-                _record_problem(magic, stream_id, entry, count, length, base_offset, expected_offset),
-                source=source,
-                position=cursor + shift,
-            )
+            if (
+                magic != good_magic
+                or stream_id != stream
+                or base_offset < expected_offset
+                or (count | length) < 0
+                or stop > end
+            ):
+                raise CorruptionError(
+                    _record_problem(magic, stream_id, entry, count, length, base_offset, expected_offset),
+                    source=source,
+                    position=cursor + shift,
+                )
+            gapless = False  # a gap: allowed by the format
         record = new(cls)
         set_stream_id(record, stream_id)
         set_epoch(record, epoch)
@@ -307,7 +324,7 @@ def decode_block(
             source=source,
             position=entry.start_position,
         )
-    return tuple(records)
+    return tuple(records), gapless
 
 
 def _slot_setter(name: str) -> Callable[[StreamRecordBatch, object], None]:

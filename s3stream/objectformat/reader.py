@@ -32,6 +32,7 @@ from s3stream.objectformat.codec import (
     ObjectTail,
     check_block_header,
     decode_block,
+    decode_block_gapless,
     decode_tail,
     tail_guess_bytes,
     verify_crc,
@@ -97,7 +98,7 @@ class DataBlock:
         records = self._records
         if records is None:
             assert self._data is not None
-            records = decode_block(self._data, 0, self.entry, source=self._source)
+            records, self._contiguous = decode_block_gapless(self._data, 0, self.entry, source=self._source)
             self._records = records
             self._data = None
         return records

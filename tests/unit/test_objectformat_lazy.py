@@ -6,6 +6,7 @@ import pytest
 
 from s3stream.errors import CorruptionError, InvalidArgumentError
 from s3stream.objectformat import DataBlock, IndexEntry, ObjectReader, encode_block
+from s3stream.objectformat.codec import decode_block_gapless
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.unit.test_objectformat import (
@@ -118,3 +119,15 @@ def test_a_data_block_takes_records_or_bytes_of_its_size() -> None:
     with pytest.raises(InvalidArgumentError):
         DataBlock(entry, data=b"x" * 83)
     assert "not decoded" in repr(DataBlock(entry, data=b"x" * 84))
+
+
+def test_decode_reports_whether_the_block_has_offset_gaps() -> None:
+    s = 4
+    for records, gapless in [
+        ([StreamRecordBatch(s, 0, 0, 2, b"ab"), StreamRecordBatch(s, 0, 2, 3, b"c")], True),
+        ([StreamRecordBatch(s, 0, 0, 2, b"ab"), StreamRecordBatch(s, 0, 3, 2, b"c")], False),
+    ]:
+        data = encode_block(records)
+        entry = IndexEntry(s, 0, 5, 2, 0, len(data))
+        assert decode_block_gapless(data, 0, entry, source="x") == (tuple(records), gapless)
+        assert DataBlock(entry, data=data).contiguous is gapless

@@ -209,8 +209,9 @@ class ObjectStreamReader:
             refs = await self._blocks_for(state, next_offset, end_offset, budget)
             if not refs:
                 break
+            early_count = self._readahead_past(state, refs)
             blocks = await self._get_blocks(state, refs)
-            miss_count += blocks.miss_count
+            miss_count += max(0, blocks.miss_count - early_count)
             done = False
             read_keys: list[BlockKey] = []
             for ref, block in zip(refs, blocks.values, strict=True):
@@ -411,6 +412,18 @@ class ObjectStreamReader:
         state.readahead_tasks.add(
             asyncio.create_task(self._run_readahead(state, size_bytes), name=f"readahead-{state.stream_id}")
         )
+
+    def _readahead_past(self, state: ReadState, refs: Sequence[BlockRef]) -> int:
+        """A read about to load blocks itself (cold data) starts readahead beyond them now, so the
+        next GETs overlap its own instead of starting after it returns. Returns the block misses
+        this accounted for (the read's growth of the readahead counts them once)."""
+        if not self._readahead.enabled or self._closed:
+            return 0
+        load_count = sum(1 for r in refs if not self._cache.stored_or_loading(r.cache_key))
+        if load_count:
+            state.readahead_end_offset = max(state.readahead_end_offset, refs[-1].entry.end_offset)
+            self._maybe_readahead(state, load_count)
+        return load_count
 
     async def _run_readahead(self, state: ReadState, size_bytes: int) -> None:
         """Load blocks from the readahead mark (or the consumer's position) for ``size_bytes``."""

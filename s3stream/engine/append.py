@@ -36,6 +36,13 @@ from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, Str
 
 _pack_header = RECORD_HEADER.pack
 
+PARTS_MIN_BYTES = 16 * 1024
+"""A plain append whose payload has at least this many bytes goes to the WAL as (header, payload)
+parts, so the payload is not copied; a smaller one as one joined body. Measured on the block WAL
+(1 KiB records, 128 appenders): parts cost its writer ~1.2-2 us more event-loop CPU per record than
+one bytes body, while joining a 40-byte header and a payload of up to 16 KiB costs ~0.1-0.2 us (64
+KiB: ~2 us, more than the parts do)."""
+
 WAL_ROOM_FRACTION = 0.9
 """Share of the WAL capacity that records awaiting upload may hold before appends wait."""
 
@@ -189,11 +196,10 @@ class AppendPath:
         in_wal = self._in_wal
         in_wal[seq] = None  # the watchdog's view
         try:
-            # (header, payload) parts: the WAL writes them as one record, so the payload is not copied
-            # (the header is StreamRecordBatch.encode()'s, packed here: see walbody.plain_parts).
-            offset = await self.wal.append(
-                (_pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size), payload)
-            )
+            # The body is StreamRecordBatch.encode()'s bytes (header packed here, see walbody.plain_parts):
+            # joined when small, as (header, payload) parts otherwise (see PARTS_MIN_BYTES).
+            header = _pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size)
+            offset = await self.wal.append(header + payload if size < PARTS_MIN_BYTES else (header, payload))
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
             body = plain_parts(stream_id, epoch, base, count, payload)
             offset = await self._after_failed_write(exc, body, pending, (handle,), None)

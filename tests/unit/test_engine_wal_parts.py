@@ -1,4 +1,5 @@
-"""Plain WAL bodies handed over as (header, payload) parts: same bytes as the joined encoding, no copy."""
+"""Plain WAL bodies: large ones handed over as (header, payload) parts (no copy), small ones joined;
+the same bytes as the record encoding either way."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from s3stream.assembly import build_reader, open_block_wal
 from s3stream.config import Config
+from s3stream.engine.append import PARTS_MIN_BYTES
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine
 from s3stream.engine.walbody import decode_body, encode_plain, plain_parts
@@ -129,22 +131,29 @@ async def test_memory_wal_limits_count_the_joined_size_of_the_parts() -> None:
     assert wal.append_count == 8
 
 
-async def test_the_engine_hands_a_plain_append_over_as_header_and_the_callers_payload() -> None:
+async def test_the_engine_hands_a_large_plain_append_over_as_header_and_the_callers_payload() -> None:
     wal = RecordingWal(MemoryWal(capacity_bytes=CONFIG.wal_capacity_bytes))
     client = await start_engine(wal, MemoryMetadataStore(), MemoryObjectStorage(), 1)
     stream = await client.streams.create_and_open_stream(epoch=3)
     for payload in PAYLOADS:
         await stream.append(RecordBatch(payload, count=2))
-    plain = [body for body in wal.appended if isinstance(body, tuple)]
-    assert len(plain) == len(PAYLOADS)
+    plain = wal.appended[-len(PAYLOADS) :]
     for index, (body, payload) in enumerate(zip(plain, PAYLOADS, strict=True)):
-        assert len(body) == 2
-        assert body[1] is payload, "the payload goes to the WAL uncopied"
         expected = StreamRecordBatch(stream.stream_id, 3, 2 * index, 2, payload).encode()
-        assert b"".join(body) == expected
+        if len(payload) < PARTS_MIN_BYTES:  # small: one joined body (cheaper for the WAL than parts)
+            assert type(body) is bytes
+            assert body == expected
+        else:
+            assert isinstance(body, tuple)
+            assert len(body) == 2
+            assert body[1] is payload, "the payload goes to the WAL uncopied"
+            assert b"".join(body) == expected
+    assert sum(isinstance(body, tuple) for body in plain) == 2
     inner = wal.inner
     assert isinstance(inner, MemoryWal)
-    assert [b for b in inner.records.values() if b[0] == RECORD_MAGIC] == [b"".join(b) for b in plain]
+    assert [b for b in inner.records.values() if b[0] == RECORD_MAGIC] == [
+        b"".join(b) if isinstance(b, tuple) else b for b in plain
+    ]
     await client.close()
 
 
@@ -159,7 +168,9 @@ async def test_block_wal_records_written_as_parts_are_the_joined_encoding_and_re
     for payload in PAYLOADS:
         await stream.append(RecordBatch(payload))
     await client.append_atomic([(stream, RecordBatch(b"grouped"))], kv={"k": b"v"})
-    assert sum(isinstance(body, tuple) for body in wal.appended) == len(PAYLOADS)
+    assert sum(isinstance(body, tuple) for body in wal.appended) == sum(
+        len(p) >= PARTS_MIN_BYTES for p in PAYLOADS
+    )
     assert client.engine.stats.uploads == 0
     client.engine.abandon()  # crash: nothing uploaded, nothing trimmed
     await wal.close()

@@ -115,10 +115,11 @@ class DataBlock:
         The codec already checked that they ascend without overlap from the start offset and end at
         the end offset, so their counts summing to the span means no gap.
         """
+        records = self.records  # decoding a lazy block finds out on the way
         contiguous = self._contiguous
         if contiguous is None:
             entry = self.entry
-            contiguous = sum(map(_COUNT, self.records)) == entry.end_offset - entry.start_offset
+            contiguous = sum(map(_COUNT, records)) == entry.end_offset - entry.start_offset
             self._contiguous = contiguous
         return contiguous
 

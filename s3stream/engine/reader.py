@@ -293,14 +293,18 @@ class ObjectStreamReader:
             limit=GET_OBJECTS_STEP,
         )
         wanted = [sl for sl in slices if not (state.window and sl.end_offset <= state.window_end)]
-        opened = await asyncio.gather(*(self._open(sl) for sl in wanted), return_exceptions=True)
-        for result in opened:  # every open finished: report the first failure, in slice order
-            if isinstance(result, BaseException):
-                raise result
+        if not wanted:
+            return False
+        keys = [object_key(sl.object_id, self._namespace) for sl in wanted]
+        for key, sl in zip(keys[1:], wanted[1:], strict=True):  # all open concurrently ...
+            self._readers.prefetch(key, sl.size_bytes)
         before = len(state.window)
-        for object_slice, reader in zip(wanted, opened, strict=True):
-            assert isinstance(reader, ObjectReader)
-            self._append_object(state, object_slice, reader, window_start)
+        self._append_object(state, wanted[0], await self._open(wanted[0]), window_start)
+        for key, sl in zip(keys[1:], wanted[1:], strict=True):  # ... the read waits for the first only
+            reader = self._readers.peek(key, sl.size_bytes)
+            if reader is None:
+                break  # still opening: a later extension finds it
+            self._append_object(state, sl, reader, window_start)
         return len(state.window) > before
 
     async def _open(self, object_slice: ObjectSlice) -> ObjectReader:

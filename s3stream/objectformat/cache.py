@@ -49,15 +49,33 @@ class ObjectReaderCache:
                 self._readers.move_to_end(key)
                 return reader
             self.invalidate(key)
+        reader = await asyncio.shield(self._opening_task(key, size_bytes))
+        if reader.size_bytes != size_bytes:  # a concurrent caller opened it with another size
+            return await ObjectReader.open(self._storage, key, size_bytes)
+        return reader
+
+    def prefetch(self, key: str, size_bytes: int) -> None:
+        """Start opening ``key`` unless it is cached or opening; a later :meth:`get` shares the open.
+        A failed prefetch is forgotten (the next ``get`` opens again and meets the error)."""
+        reader = self._readers.get(key)
+        if reader is None or reader.size_bytes != size_bytes:
+            self._opening_task(key, size_bytes)
+
+    def peek(self, key: str, size_bytes: int) -> ObjectReader | None:
+        """The cached reader of ``key`` if it is open already (no I/O, no waiting)."""
+        reader = self._readers.get(key)
+        if reader is None or reader.size_bytes != size_bytes:
+            return None
+        self._readers.move_to_end(key)
+        return reader
+
+    def _opening_task(self, key: str, size_bytes: int) -> asyncio.Task[ObjectReader]:
         task = self._opening.get(key)
         if task is None or (task.done() and task.cancelled()):
             task = asyncio.ensure_future(self._open(key, size_bytes))
             task.add_done_callback(_retrieve)
             self._opening[key] = task
-        reader = await asyncio.shield(task)
-        if reader.size_bytes != size_bytes:  # a concurrent caller opened it with another size
-            return await ObjectReader.open(self._storage, key, size_bytes)
-        return reader
+        return task
 
     def invalidate(self, key: str) -> None:
         """Forget ``key`` (and let an open in progress finish without caching its reader)."""

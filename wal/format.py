@@ -55,6 +55,11 @@ _RECORD_HEADER_CRC_SPAN = RECORD_HEADER_SIZE - 4
 _RECORD_HEADER_PREFIX = struct.Struct(RECORD_HEADER.format[:-1])
 """The record header without its ``header_crc``: what that CRC covers (the write path packs it as
 bytes, CRCs it, then appends the CRC)."""
+_RECORD_HEADER_FIXED = struct.Struct(RECORD_HEADER.format[:6])
+"""magic .. wal_id: the same for every data record of a WAL but for the FIRST flag (the write path
+packs it and CRCs it once, then continues the header CRC over the rest)."""
+_RECORD_HEADER_VARYING = struct.Struct(">" + RECORD_HEADER.format[6:-1])
+"""length, offset, body_crc: what changes from one data record to the next."""
 DATA_MAGIC = 0x57414C52
 PAD_MAGIC = 0x57414C50
 FLAG_FIRST = 0x01
@@ -63,6 +68,7 @@ _CRC = struct.Struct(">I")
 assert WAL_HEADER_SIZE == 84
 assert RECORD_HEADER_SIZE == 36
 assert _RECORD_HEADER_PREFIX.size == _RECORD_HEADER_CRC_SPAN
+assert _RECORD_HEADER_FIXED.format + _RECORD_HEADER_VARYING.format[1:] == _RECORD_HEADER_PREFIX.format
 assert WAL_HEADER_SIZE <= 512, "a header copy must fit in one sector"
 
 

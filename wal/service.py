@@ -51,7 +51,8 @@ from wal.errors import (
 from wal.format import (
     _CRC,
     _RECORD_HEADER_CRC_SPAN,
-    _RECORD_HEADER_PREFIX,
+    _RECORD_HEADER_FIXED,
+    _RECORD_HEADER_VARYING,
     DATA_MAGIC,
     FLAG_FIRST,
     FORMAT_VERSION,
@@ -81,15 +82,17 @@ class _Req:
     """One append_many call: its bodies, how many are sealed and completed, and its future.
 
     (A single append is queued as a plain ``(body, size, future)`` tuple: the hot path allocates no
-    object of its own.)
+    object of its own. An append_many is queued as ``(_Req, -1, None)``, so that every queued item
+    unpacks alike.)
     """
 
-    __slots__ = ("bodies", "cum", "done", "fut", "nbytes", "offsets", "sealed")
+    __slots__ = ("bodies", "cum", "done", "fut", "nbytes", "offsets", "sealed", "take")
 
     def __init__(self, bodies: Sequence[Body], cum: list[int], fut: asyncio.Future[list[int]]) -> None:
         self.bodies = bodies
         self.cum = cum  # cum[i] = bytes of records 0..i, headers included
         self.sealed = 0
+        self.take = len(cum)  # records below this go into the group being sealed
         self.done = 0
         self.fut = fut
         self.nbytes = cum[-1]
@@ -97,7 +100,7 @@ class _Req:
 
 
 _Single = tuple[Body | tuple[Body, ...], int, "asyncio.Future[int]"]  # (body or parts, body bytes, future)
-_Item = _Single | _Req
+_Item = _Single | tuple[_Req, int, None]
 
 
 class _Group:
@@ -113,8 +116,8 @@ class _Group:
         "offs",
         "pad_len",
         "records",
+        "req_bytes",
         "reqs",
-        "single_bytes",
         "slot",
     )
 
@@ -126,7 +129,7 @@ class _Group:
         self.offs: list[int] = []
         self.reqs: list[tuple[_Req, list[int]]] = []  # append_many slices and their offsets
         self.nbytes = 0
-        self.single_bytes = 0
+        self.req_bytes = 0  # of ``nbytes``: records of append_many calls
         self.records = 0
         self.end = 0  # aligned length of the write
         self.done = False  # its write returned (durable unless ``error``)
@@ -155,7 +158,8 @@ class BlockWAL:
         self._flushed_start = 0  # start offset of the last durable header: space below is free
         self._durable_trim = 0
         self._groups: collections.deque[tuple[int, int]] = collections.deque()
-        self._pending: collections.deque[_Item] = collections.deque()
+        self._pending: list[_Item] = []  # queued, not sealed
+        self._pending_bytes = 0  # what they take in the log (headers included; of a _Req: unsealed)
         self._accepting = False  # recovered, writer running, not closing or failed: append's fast path
         self._record_max_bytes = config.record_max_bytes
         self._inflight_max_bytes = config.inflight_max_bytes
@@ -172,6 +176,8 @@ class BlockWAL:
         self._started = False  # the I/O threads run
         self._header_busy = False  # a header write is in flight (no group is then)
         self._close_waiter: asyncio.Future[None] | None = None
+        # a data record header's fixed part and its CRC32C, for a group's first record and the rest
+        self._fixed_first = self._fixed_rest = (b"", 0)
         self._header_job: tuple[list[asyncio.Future[None]], bool] = ([], False)  # its waiters, clean?
         self._jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -413,6 +419,7 @@ class BlockWAL:
             self._admit_waiters.append((size, fut, (data, n, fut)))  # type: ignore[arg-type]
             return fut
         self._inflight_bytes += size
+        self._pending_bytes += size
         self._pending.append((data, n, fut))  # type: ignore[arg-type]
         if not self._scheduled:
             self._scheduled = True
@@ -438,7 +445,8 @@ class BlockWAL:
         size = cum[-1]
         await self._admit(size)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
-        self._pending.append(_Req(records, cum, fut))
+        self._pending.append((_Req(records, cum, fut), -1, None))
+        self._pending_bytes += size
         self._schedule()
         return await fut
 
@@ -474,6 +482,7 @@ class BlockWAL:
                 fut.set_result(None)
             else:
                 self._pending.append(item)
+                self._pending_bytes += need
                 self._schedule()
 
     def _schedule(self) -> None:
@@ -504,6 +513,11 @@ class BlockWAL:
 
     # ------------------------------------------------------------------ the pump and the I/O threads
     def _start_writer(self) -> None:
+        fixed = [
+            _RECORD_HEADER_FIXED.pack(DATA_MAGIC, FORMAT_VERSION, flags, 0, self._wal_id)
+            for flags in (FLAG_FIRST, 0)
+        ]
+        self._fixed_first, self._fixed_rest = ((f, crc32c(f)) for f in fixed)
         for k in range(self._k_max):
             thread = threading.Thread(target=self._io_thread, name=f"wal-io-{k}", daemon=True)
             thread.start()
@@ -623,15 +637,19 @@ class BlockWAL:
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:
-            item = self._pending.popleft()
-            if isinstance(item, _Req):
-                self._release_inflight(item.nbytes)
-                fut: asyncio.Future[Any] = item.fut
-            else:
-                self._release_inflight(item[1] + _H)
-                fut = item[2]
-            if not fut.done():
-                fut.set_exception(exc)
+            items, self._pending = self._pending, []
+            self._pending_bytes = 0
+            for data, n, single in items:
+                fut: asyncio.Future[Any]
+                if n < 0:
+                    req: _Req = data  # type: ignore[assignment]
+                    self._release_inflight(req.nbytes)
+                    fut = req.fut
+                else:
+                    self._release_inflight(n + _H)
+                    fut = single  # type: ignore[assignment]
+                if not fut.done():
+                    fut.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         while self._inflight:
@@ -661,13 +679,13 @@ class BlockWAL:
         start = align_up(self._tail, layout.block)
         room_cycle = area - start % area
         room_ring = self._flushed_start + area - start
-        pending = self._pending
-        first = pending[0]
-        if isinstance(first, _Req):
-            k = first.sealed
-            first_size = first.cum[k] - (first.cum[k - 1] if k else 0)
+        first, first_n, _ = self._pending[0]
+        if first_n < 0:
+            req: _Req = first  # type: ignore[assignment]
+            k = req.sealed
+            first_size = req.cum[k] - (req.cum[k - 1] if k else 0)
         else:
-            first_size = first[1] + _H
+            first_size = first_n + _H
         pad_len = 0
         if first_size > room_cycle:
             pad_len = room_cycle
@@ -677,97 +695,77 @@ class BlockWAL:
         if first_size > min(room_cycle, room_ring):
             return None
         limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring), first_size)
+        items = self._take(limit)
         group = _Group(start, pad_len, slot)
         futs = group.futs
         offs = group.offs
         view = self._wviews[slot]
-        wal_id = self._wal_id
-        prefix = _RECORD_HEADER_PREFIX.pack
+        # A record header is packed as its fixed part (magic .. wal_id; packed and CRCed once per WAL,
+        # FIRST flag or not), its varying part and the header CRC, continued from the fixed part's.
+        fixed, fixed_crc = self._fixed_first
+        varying = _RECORD_HEADER_VARYING.pack
         crc_bytes = _CRC.pack
-        # Records with a body up to _JOIN_BODY_MAX go into ``pieces`` (header, its CRC, body) and reach
+        join_max = _JOIN_BODY_MAX
+        hsize = _H
+        # Records with a body up to _JOIN_BODY_MAX go into ``pieces`` (header parts, body) and reach
         # the buffer in one join and one copy: a third less CPU per small record than packing each in
         # place. Larger bodies are copied in place once (a join would copy them twice).
         pieces: list[Body] = []
-        add = pieces.append
         joined_from = 0  # buffer position where ``pieces`` begin
-        flags = FLAG_FIRST
-        end_max = start + limit
         off = start
-        pos = 0
-        records = 0
-        single_bytes = 0
-        while pending:
-            item = pending[0]
-            if item.__class__ is tuple:
-                data, n, fut = item
-                nxt = off + _H + n
-                if nxt > end_max:
-                    break
-                pending.popleft()
-                if isinstance(data, tuple):
-                    crc = 0
-                    for part in data:
-                        crc = crc32c(part, crc)
-                else:
-                    crc = crc32c(data)
-                head = prefix(DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc)
-                if n <= _JOIN_BODY_MAX:
-                    add(head)
-                    add(crc_bytes(crc32c(head)))
-                    if isinstance(data, tuple):
-                        pieces += data
+        add_fut = futs.append
+        add_off = offs.append
+        for data, n, fut in items:
+            if n < 0:  # an append_many: its records from ``sealed`` to ``take``
+                req = data  # type: ignore[assignment]
+                req_offs: list[int] = []
+                for body in req.bodies[req.sealed : req.take]:
+                    n = len(body)
+                    var = varying(n, off, crc32c(body))
+                    if n <= join_max:
+                        pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)), body)
                     else:
-                        add(data)
-                else:
-                    if pieces:
-                        view[joined_from:pos] = b"".join(pieces)
-                        pieces.clear()
-                    self._put_in_place(view, pos, head, data)
-                    joined_from = pos + _H + n
-                futs.append(fut)
-                offs.append(off)
-                single_bytes += nxt - off
-                pos += nxt - off
-                off = nxt
-                flags = 0
-                records += 1
+                        joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
+                        self._put_in_place(view, off - start, fixed + var, body)
+                        joined_from = off - start + hsize + n
+                    req_offs.append(off)
+                    off += hsize + n
+                    fixed, fixed_crc = self._fixed_rest
+                group.reqs.append((req, req_offs))
+                group.records += req.take - req.sealed
+                group.req_bytes += req.cum[req.take - 1] - (req.cum[req.sealed - 1] if req.sealed else 0)
+                req.sealed = req.take
+                req.take = len(req.cum)
                 continue
-            req: _Req = item  # type: ignore[assignment]
-            i = req.sealed
-            cum = req.cum
-            base = cum[i - 1] if i else 0
-            j = bisect.bisect_right(cum, base + end_max - off, lo=i)
-            if j == i:
-                break
-            req_offs: list[int] = []
-            for body in req.bodies[i:j]:
-                n = len(body)
-                head = prefix(DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id, n, off, crc32c(body))
-                if n <= _JOIN_BODY_MAX:
-                    add(head)
-                    add(crc_bytes(crc32c(head)))
-                    add(body)
+            if data.__class__ is tuple:
+                crc = 0
+                for part in data:
+                    crc = crc32c(part, crc)
+                var = varying(n, off, crc)
+                if n <= join_max:
+                    pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)))
+                    pieces += data
                 else:
-                    if pieces:
-                        view[joined_from:pos] = b"".join(pieces)
-                        pieces.clear()
-                    self._put_in_place(view, pos, head, body)
-                    joined_from = pos + _H + n
-                req_offs.append(off)
-                pos += _H + n
-                off += _H + n
-                flags = 0
-            group.reqs.append((req, req_offs))
-            records += j - i
-            req.sealed = j
-            if j < len(cum):
-                break
-            pending.popleft()
+                    joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
+                    self._put_in_place(view, off - start, fixed + var, data)
+                    joined_from = off - start + hsize + n
+            else:
+                var = varying(n, off, crc32c(data))  # type: ignore[arg-type]
+                if n <= join_max:
+                    pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)), data)  # type: ignore[arg-type]
+                else:
+                    joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
+                    self._put_in_place(view, off - start, fixed + var, data)  # type: ignore[arg-type]
+                    joined_from = off - start + hsize + n
+            add_fut(fut)  # type: ignore[arg-type]
+            add_off(off)
+            off += hsize + n
+            fixed, fixed_crc = self._fixed_rest
+        pos = off - start
         if pieces:
             view[joined_from:pos] = b"".join(pieces)
         group.nbytes = pos
-        group.records = records
-        group.single_bytes = single_bytes
+        group.records += len(futs)
         self._tail = off
         self._groups.append((start, off))
         end = align_up(pos, layout.block)
@@ -775,6 +773,52 @@ class BlockWAL:
             view[pos:end] = self._zeros[: end - pos]
         group.end = end
         return group
+
+    def _take(self, limit: int) -> list[_Item]:
+        """The queued items that fill at most ``limit`` bytes, taken off the queue, in order; the
+        first always fits. An append_many that fits in part is taken with ``take`` below its end and
+        also stays first in the queue for the rest."""
+        pending = self._pending
+        if self._pending_bytes <= limit:  # the usual case: everything queued fits
+            self._pending = []
+            self._pending_bytes = 0
+            return pending
+        used = 0
+        count = 0
+        partial: _Req | None = None
+        for data, n, _ in pending:
+            if n >= 0:
+                if used + n + _H > limit:
+                    break
+                used += n + _H
+                count += 1
+                continue
+            req: _Req = data  # type: ignore[assignment]
+            cum = req.cum
+            base = cum[req.sealed - 1] if req.sealed else 0
+            if used + cum[-1] - base <= limit:
+                used += cum[-1] - base
+                count += 1
+                continue
+            j = bisect.bisect_right(cum, base + limit - used, lo=req.sealed)
+            if j > req.sealed:
+                req.take = j
+                used += cum[j - 1] - base
+                partial = req
+                count += 1
+            break
+        items = pending[:count]
+        del pending[: count - 1 if partial is not None else count]
+        self._pending_bytes -= used
+        return items
+
+    @staticmethod
+    def _flush_pieces(view: memoryview, pieces: list[Body], joined_from: int, pos: int) -> int:
+        """Copy the joined ``pieces`` to ``view[joined_from:pos]`` and clear them; returns ``pos``."""
+        if pieces:
+            view[joined_from:pos] = b"".join(pieces)
+            pieces.clear()
+        return pos
 
     @staticmethod
     def _put_in_place(view: memoryview, pos: int, head: bytes, data: Body | tuple[Body, ...]) -> None:
@@ -806,7 +850,7 @@ class BlockWAL:
         self._device.sync()
 
     def _complete(self, group: _Group) -> None:
-        released = group.single_bytes
+        released = group.nbytes - group.req_bytes
         for fut, off in zip(group.futs, group.offs, strict=True):
             if not fut.done():  # (cancelled by its caller)
                 fut.set_result(off)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedDict
@@ -27,6 +28,9 @@ from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 CachedBatch = tuple[int, int, int, int, bytes]
 """(stream id, epoch, base offset, count, payload): ``StreamRecordBatch(*item)`` rebuilds the batch."""
 
+_base_offset = operator.itemgetter(2)
+"""A cached record's base offset (the key its stream's list is sorted by)."""
+
 FREE_THRESHOLD_RATIO = 0.9
 """Free blocks are released once the cache holds more than this share of its capacity (AutoMQ 4.4)."""
 
@@ -34,38 +38,35 @@ FREE_THRESHOLD_RATIO = 0.9
 class StreamCache:
     """One stream's records within one block: ``[start_offset, end_offset)`` in offset order.
 
-    Records arrive in offset order (the sequencer guarantees it), so plain lists stay sorted and
-    ``bases`` (their base offsets) serves binary search.
+    Records arrive in offset order (the sequencer guarantees it), so the plain list stays sorted
+    by base offset and serves binary search as it is.
     """
 
-    __slots__ = ("_end_offset", "bases", "items", "size_bytes")
+    __slots__ = ("items", "size_bytes")
 
     def __init__(self) -> None:
         self.items: list[CachedBatch] = []
-        self.bases: list[int] = []
         self.size_bytes = 0
-        self._end_offset = -1
 
     @property
     def start_offset(self) -> int:
-        return self.bases[0]
+        return self.items[0][2]
 
     @property
     def end_offset(self) -> int:
-        return self._end_offset
+        last = self.items[-1]
+        return last[2] + last[3]
 
     def __len__(self) -> int:
         return len(self.items)
 
     def add(self, item: CachedBatch) -> int:
         """Append the next record of the stream; returns its encoded size."""
-        base = item[2]
-        assert self._end_offset < 0 or base == self._end_offset, (
-            f"stream {item[0]}: record at {base} after end {self._end_offset}"
+        items = self.items
+        assert not items or item[2] == items[-1][2] + items[-1][3], (
+            f"stream {item[0]}: record at {item[2]} after end {self.end_offset}"
         )
-        self.items.append(item)
-        self.bases.append(base)
-        self._end_offset = base + item[3]
+        items.append(item)
         size = RECORD_HEADER_SIZE + len(item[4])
         self.size_bytes += size
         return size
@@ -83,7 +84,7 @@ class StreamCache:
         if not self.items or start_offset >= self.end_offset or end_offset <= self.start_offset:
             return []
         # The record containing start_offset is the last one whose base offset is <= start_offset.
-        index = max(bisect.bisect_right(self.bases, start_offset) - 1, 0)
+        index = max(bisect.bisect_right(self.items, start_offset, key=_base_offset) - 1, 0)
         out: list[StreamRecordBatch] = []
         for item in itertools.islice(self.items, index, None):
             if item[2] >= end_offset:
@@ -151,13 +152,11 @@ class LogCache:
         if cache is None:
             cache = streams[item[0]] = StreamCache()
         # StreamCache.add, inlined: this runs once per append.
-        base = item[2]
-        assert cache._end_offset < 0 or base == cache._end_offset, (
-            f"stream {item[0]}: record at {base} after end {cache._end_offset}"
+        items = cache.items
+        assert not items or item[2] == items[-1][2] + items[-1][3], (
+            f"stream {item[0]}: record at {item[2]} after end {cache.end_offset}"
         )
-        cache.items.append(item)
-        cache.bases.append(base)
-        cache._end_offset = base + item[3]
+        items.append(item)
         size = RECORD_HEADER_SIZE + len(item[4])
         cache.size_bytes += size
         block.size_bytes += size

@@ -23,7 +23,7 @@ from s3stream.config import Config
 from s3stream.engine.logcache import CachedBatch, LogCache, LogCacheBlock
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
-from s3stream.engine.upload import ObjectUploader, UploadPlan, plan_upload
+from s3stream.engine.upload import ObjectUploader, StreamRecords, UploadPlan, plan_upload
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
@@ -37,14 +37,11 @@ from s3stream.errors import (
 )
 from s3stream.ids import ObjectId
 from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, StreamState
-from s3stream.record import StreamRecordBatch
+from s3stream.record import RECORD_HEADER_SIZE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-MATERIALIZE_SLICE_COUNT = 1024
-"""Records turned back into StreamRecordBatch objects per event-loop turn when an upload starts
-(~1 ms of work: appends run between slices)."""
 COMMIT_REVALIDATE_MAX = 8
 """Commit rejections in a row without a stream to drop before the engine gives up (data stays in the WAL)."""
 _NODE_LEVEL_CODES = (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST)
@@ -185,7 +182,7 @@ class UploadPipeline:
 
     async def _upload(self, task: UploadTask) -> None:
         plan = plan_upload(
-            await _records_by_stream(task.block), split_size_bytes=self.config.stream_object_split_size_bytes
+            _streams_of(task.block), split_size_bytes=self.config.stream_object_split_size_bytes
         )
         if self._active_count == 0:
             self._busy_since_s = self.clock()
@@ -273,7 +270,7 @@ class UploadPipeline:
     async def _drop_lost_streams(
         self, request: CommitStreamSetObjectRequest, plan: UploadPlan, exc: S3StreamError
     ) -> CommitStreamSetObjectRequest:
-        epochs = {sid: recs[0].epoch for sid, recs in (*plan.stream_set, *plan.stream_objects)}
+        epochs = {s.stream_id: s.epoch for s in (*plan.stream_set, *plan.stream_objects)}
         lost: set[int] = set()
         starts = [(r.stream_id, r.start_offset) for r in request.stream_ranges] + [
             (s.stream_id, s.start_offset) for s in request.stream_objects
@@ -325,21 +322,10 @@ class UploadPipeline:
                 delay_s = min(delay_s * 2, delay_max_s)
 
 
-async def _records_by_stream(block: LogCacheBlock) -> list[tuple[int, list[StreamRecordBatch]]]:
-    """The block's records as StreamRecordBatch objects by stream (ascending id), built in slices of
-    ``MATERIALIZE_SLICE_COUNT`` records with the event loop free between them."""
-    out: list[tuple[int, list[StreamRecordBatch]]] = []
-    budget = MATERIALIZE_SLICE_COUNT
-    for stream_id, cache in block.streams.items():
-        records: list[StreamRecordBatch] = []
-        start = 0
-        while start < len(cache):
-            end = start + budget
-            records.extend(cache.batches(start, end))
-            budget -= min(end, len(cache)) - start
-            start = end
-            if budget <= 0:
-                budget = MATERIALIZE_SLICE_COUNT
-                await asyncio.sleep(0)
-        out.append((stream_id, records))
-    return out
+def _streams_of(block: LogCacheBlock) -> list[StreamRecords]:
+    """The archived block's records by stream (ascending id): its own item lists, which no longer
+    change, with payload sizes from the cache's tallies (no per-record work)."""
+    return [
+        StreamRecords(stream_id, cache.items, cache.size_bytes - RECORD_HEADER_SIZE * len(cache))
+        for stream_id, cache in block.streams.items()
+    ]

@@ -31,15 +31,43 @@ from s3stream.metadata.base import (
     StreamOffsetRange,
 )
 from s3stream.objectformat import ObjectWriter, object_key
-from s3stream.record import StreamRecordBatch
+from s3stream.objectformat.writer import RecordFields
 from s3stream.storage.base import ObjectStorage
 
-StreamRecords = tuple[int, Sequence[StreamRecordBatch]]
 OBJECT_WRITES_INFLIGHT_MAX = 4
 """Objects of one upload written at the same time (the rest wait their turn, in plan order)."""
 WRITE_SLICE_BYTES = 256 * 1024
-"""Payload bytes handed to the object writer per call (~2 ms of encoding); the event loop runs other
-work (appends) between slices."""
+"""Payload bytes handed to the object writer per call (well under 1 ms of encoding); the event loop
+runs other work (appends) between slices."""
+RANGES_PER_TURN = 256
+"""Commit ranges built per event-loop turn (~0.3 ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecords:
+    """One stream's records of a block, in offset order, as field tuples (``RecordFields``: the
+    LogCache's own items, neither copied nor turned into StreamRecordBatch objects)."""
+
+    stream_id: int
+    records: Sequence[RecordFields]
+    payload_bytes: int
+
+    @classmethod
+    def of(cls, stream_id: int, records: Sequence[RecordFields]) -> StreamRecords:
+        return cls(stream_id, records, sum(len(r[4]) for r in records))
+
+    @property
+    def epoch(self) -> int:
+        return self.records[0][1]
+
+    @property
+    def start_offset(self) -> int:
+        return self.records[0][2]
+
+    @property
+    def end_offset(self) -> int:
+        last = self.records[-1]
+        return last[2] + last[3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +82,13 @@ class UploadPlan:
         return (1 if self.stream_set else 0) + len(self.stream_objects)
 
 
-def payload_bytes(records: Sequence[StreamRecordBatch]) -> int:
-    return sum(len(r.payload) for r in records)
-
-
-def plan_upload(records_by_stream: Sequence[StreamRecords], *, split_size_bytes: int) -> UploadPlan:
-    """AutoMQ's split rule (reference 5.2) over ``(stream_id, records)`` sorted by stream id."""
-    streams = [(sid, recs) for sid, recs in records_by_stream if recs]
-    assert all(a[0] < b[0] for a, b in itertools_pairwise(streams)), "streams must be sorted and unique"
-    big = [payload_bytes(recs) >= split_size_bytes for _, recs in streams]
+def plan_upload(streams: Sequence[StreamRecords], *, split_size_bytes: int) -> UploadPlan:
+    """AutoMQ's split rule (reference 5.2) over streams sorted by stream id."""
+    streams = [s for s in streams if s.records]
+    assert all(a.stream_id < b.stream_id for a, b in itertools.pairwise(streams)), (
+        "streams must be sorted and unique"
+    )
+    big = [s.payload_bytes >= split_size_bytes for s in streams]
     if len(streams) == 1 or all(big):
         return UploadPlan((), tuple(streams))
     stream_set = tuple(s for s, is_big in zip(streams, big, strict=True) if not is_big)
@@ -70,16 +96,22 @@ def plan_upload(records_by_stream: Sequence[StreamRecords], *, split_size_bytes:
     return UploadPlan(stream_set, separate)
 
 
-def itertools_pairwise(items: Sequence[StreamRecords]) -> list[tuple[StreamRecords, StreamRecords]]:
-    return list(itertools.pairwise(items))
+async def _ranges_of(streams: Sequence[StreamRecords]) -> tuple[StreamOffsetRange, ...]:
+    """The StreamSet object's ranges for its commit, ``RANGES_PER_TURN`` per event-loop turn."""
+    ranges: list[StreamOffsetRange] = []
+    for start in range(0, len(streams), RANGES_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        ranges.extend(_range_of(stream) for stream in streams[start : start + RANGES_PER_TURN])
+    return tuple(ranges)
 
 
-def _range_of(stream_id: int, records: Sequence[StreamRecordBatch]) -> StreamOffsetRange:
+def _range_of(stream: StreamRecords) -> StreamOffsetRange:
     return StreamOffsetRange(
-        stream_id=StreamId(stream_id),
-        start_offset=records[0].base_offset,
-        end_offset=records[-1].end_offset,
-        size_bytes=payload_bytes(records),
+        stream_id=StreamId(stream.stream_id),
+        start_offset=stream.start_offset,
+        end_offset=stream.end_offset,
+        size_bytes=stream.payload_bytes,
     )
 
 
@@ -119,9 +151,9 @@ class ObjectUploader:
         """Write every object of the plan (``object_writes_max`` at a time); returns the commit request."""
         slots = asyncio.Semaphore(self.object_writes_max)
 
-        async def bounded(object_id: ObjectId, batches: list[StreamRecordBatch]) -> int:
+        async def bounded(object_id: ObjectId, streams: Sequence[StreamRecords]) -> int:
             async with slots:
-                return await self._write_object(object_id, batches)
+                return await self._write_object(object_id, streams)
 
         next_id = first_id
         jobs: list[asyncio.Task[int]] = []
@@ -129,14 +161,14 @@ class ObjectUploader:
         if plan.stream_set:
             sso_id = next_id
             next_id = ObjectId(next_id + 1)
-            batches = [r for _, recs in plan.stream_set for r in recs]
-            jobs.append(asyncio.ensure_future(bounded(sso_id, batches)))
+            jobs.append(asyncio.ensure_future(bounded(sso_id, plan.stream_set)))
         so_ids: list[ObjectId] = []
-        for _, recs in plan.stream_objects:
+        for stream in plan.stream_objects:
             so_ids.append(next_id)
-            jobs.append(asyncio.ensure_future(bounded(next_id, list(recs))))
+            jobs.append(asyncio.ensure_future(bounded(next_id, (stream,))))
             next_id = ObjectId(next_id + 1)
         try:
+            stream_ranges = await _ranges_of(plan.stream_set)  # while the objects are written
             sizes = await asyncio.gather(*jobs)
         except BaseException:
             for job in jobs:
@@ -151,35 +183,38 @@ class ObjectUploader:
             object_id=sso_id,
             order_id=sso_id if sso_id != NOOP_OBJECT_ID else first_id,
             object_size_bytes=sso_size,
-            stream_ranges=tuple(_range_of(sid, recs) for sid, recs in plan.stream_set),
+            stream_ranges=stream_ranges,
             stream_objects=tuple(
                 NewStreamObject(
                     object_id=oid,
-                    stream_id=StreamId(sid),
-                    start_offset=recs[0].base_offset,
-                    end_offset=recs[-1].end_offset,
+                    stream_id=StreamId(stream.stream_id),
+                    start_offset=stream.start_offset,
+                    end_offset=stream.end_offset,
                     size_bytes=size,
                 )
-                for oid, size, (sid, recs) in zip(so_ids, so_sizes, plan.stream_objects, strict=True)
+                for oid, size, stream in zip(so_ids, so_sizes, plan.stream_objects, strict=True)
             ),
         )
 
-    async def _write_object(self, object_id: ObjectId, batches: list[StreamRecordBatch]) -> int:
+    async def _write_object(self, object_id: ObjectId, streams: Sequence[StreamRecords]) -> int:
         upload = self.storage.upload(object_key(object_id, self.namespace))
         writer = ObjectWriter(
             upload, block_size_bytes=self.block_size_bytes, part_size_bytes=self.part_size_bytes
         )
         try:
-            # Encoding is CPU work on the event loop: hand it over in slices so appends keep flowing.
-            start = 0
-            while start < len(batches):
-                end, size = start, 0
-                while end < len(batches) and (size < WRITE_SLICE_BYTES or end == start):
-                    size += len(batches[end].payload)
-                    end += 1
-                await writer.write(batches[start:end])
-                await asyncio.sleep(0)
-                start = end
+            # Encoding is CPU work on the event loop: hand it over in slices of about
+            # WRITE_SLICE_BYTES (sized from each stream's mean record) so appends keep flowing.
+            unyielded_bytes = 0
+            for stream in streams:
+                count = len(stream.records)
+                step = max(1, WRITE_SLICE_BYTES * count // max(1, stream.payload_bytes))
+                for start in range(0, count, step):
+                    end = min(count, start + step)
+                    await writer.write_fields(stream.records, start, end)
+                    unyielded_bytes += stream.payload_bytes * (end - start) // count
+                    if unyielded_bytes >= WRITE_SLICE_BYTES:
+                        unyielded_bytes = 0
+                        await asyncio.sleep(0)
             written = await writer.close()
         except BaseException:
             await asyncio.shield(_abort_quietly(upload))

@@ -273,7 +273,8 @@ class S3Upload:
         await self._add_piece((data, 0, len(data)))
 
     async def _add_copy_of(self, view: memoryview) -> None:
-        """Copy ``view`` into owned pages; in multipart mode a page never crosses a part boundary."""
+        """Copy ``view`` into owned pages; in multipart mode a page never crosses a part boundary.
+        A large write lets the event loop run between pages (a page is ~0.1-0.4 ms of copying)."""
         while view.nbytes:
             if self._page is None or self._page_fill == len(self._page):
                 room = PAGE_BYTES
@@ -294,6 +295,8 @@ class S3Upload:
                     await self._send_part()
             else:
                 await self._add_piece((page, at, at + n))
+            if view.nbytes:
+                await asyncio.sleep(0)
 
     async def _add_piece(self, piece: Piece) -> None:
         buffer, start, end = piece

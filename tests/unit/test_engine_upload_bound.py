@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
-from s3stream.engine.upload import OBJECT_WRITES_INFLIGHT_MAX, ObjectUploader, plan_upload
+from s3stream.engine.upload import OBJECT_WRITES_INFLIGHT_MAX, ObjectUploader, StreamRecords, plan_upload
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import object_key
-from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
 
@@ -79,14 +79,10 @@ def uploader(storage: MemoryObjectStorage, **kwargs: int) -> ObjectUploader:
     )
 
 
-def big_streams() -> list[tuple[int, list[StreamRecordBatch]]]:
+def big_streams() -> list[StreamRecords]:
     return [
-        (
-            sid,
-            [
-                StreamRecordBatch(sid, 0, i, 1, bytes([sid]) * (32 * KiB))
-                for i in range(STREAM_BYTES // (32 * KiB))
-            ],
+        StreamRecords.of(
+            sid, [(sid, 0, i, 1, bytes([sid]) * (32 * KiB)) for i in range(STREAM_BYTES // (32 * KiB))]
         )
         for sid in range(STREAM_COUNT)
     ]
@@ -112,10 +108,10 @@ async def test_a_failed_object_write_aborts_the_waiting_and_running_ones() -> No
     failing = uploader(storage, object_writes_max=2)
     real_write = failing._write_object
 
-    async def write_object(object_id: ObjectId, batches: list[StreamRecordBatch]) -> int:
+    async def write_object(object_id: ObjectId, streams: Sequence[StreamRecords]) -> int:
         if object_id == 103:
             raise ConnectionError("injected")
-        return await real_write(object_id, batches)
+        return await real_write(object_id, streams)
 
     failing._write_object = write_object  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):

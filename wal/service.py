@@ -71,6 +71,15 @@ _JOIN_BODY_MAX = 4096
 extra copy costs less than packing in place does); larger bodies are copied in place."""
 
 
+_SPLIT_MIN_BYTES = 64 << 10
+"""When nothing is in flight and at least this much is queued, the queue is sealed as two groups of
+about half each, written at once (K >= 2). A device writes two such groups in about the time of one,
+and the two halves then stay apart: the appenders woken by one group's completion run while the other
+group is written, so the loop's work overlaps the device's instead of alternating with it. (An I/O
+thread needs the GIL to start and to hand back a write, so a group sealed in the middle of a busy
+loop turn would wait for the turn's end anyway: splitting at the end of a turn costs nothing.)"""
+
+
 Body = bytes | bytearray | memoryview
 """A record body: any C-contiguous bytes-like object (one-dimensional, byte-sized items)."""
 BodyParts = Body | Sequence[Body]
@@ -171,6 +180,7 @@ class BlockWAL:
         )
         self._header_waiters: list[asyncio.Future[None]] = []
         self._k_max = config.groups_inflight_max
+        self._split_min_bytes = _SPLIT_MIN_BYTES if self._k_max > 1 else 1 << 62
         self._inflight: collections.deque[_Group] = collections.deque()  # submitted, not completed
         self._scheduled = False  # a pump is scheduled on the loop
         self._started = False  # the I/O threads run
@@ -568,7 +578,10 @@ class BlockWAL:
                 self._start_header(clean=False)
             return
         while self._pending and len(inflight) < self._k_max:
-            if self._submit():
+            split = 0
+            if not inflight and self._pending_bytes >= self._split_min_bytes:
+                split = self._pending_bytes // 2
+            if self._submit(split):
                 continue
             if self._config.on_full == "error" or self._closing:
                 self._fail_pending(
@@ -586,12 +599,11 @@ class BlockWAL:
         ):
             self._start_header(clean=True)
 
-    def _submit(self) -> bool:
-        """Seal and pack the queued records into one group and hand its write to an I/O thread.
-
-        False when the ring has no room for the first queued record.
+    def _submit(self, split: int = 0) -> bool:
+        """Seal and pack the queued records into one group (of at most ``split`` bytes if not 0) and
+        hand its write to an I/O thread. False when the ring has no room for the first queued record.
         """
-        group = self._seal_and_pack(self._free_slots[-1])
+        group = self._seal_and_pack(self._free_slots[-1], split)
         if group is None:
             return False
         self._free_slots.pop()
@@ -667,7 +679,7 @@ class BlockWAL:
             if not waiter.done():
                 waiter.set_exception(exc)
 
-    def _seal_and_pack(self, slot: int) -> _Group | None:
+    def _seal_and_pack(self, slot: int, split: int = 0) -> _Group | None:
         """Take queued records into one group at the next aligned offset and pack their headers, CRCs
         and bodies into write buffer ``slot``; None if the ring is full.
 
@@ -694,7 +706,7 @@ class BlockWAL:
             room_ring -= pad_len
         if first_size > min(room_cycle, room_ring):
             return None
-        limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring), first_size)
+        limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring, split or room_ring), first_size)
         items = self._take(limit)
         group = _Group(start, pad_len, slot)
         futs = group.futs

@@ -74,6 +74,34 @@ async def test_concurrent_appends_complete_in_offset_order_in_few_groups() -> No
     await wal.close()
 
 
+async def test_a_large_queue_with_nothing_in_flight_is_written_as_two_groups_at_once() -> None:
+    config = WalConfig(
+        **{
+            **CONFIG.__dict__,
+            "capacity_bytes": 8 << 20,
+            "batch_max_bytes": 1 << 20,
+            "inflight_max_bytes": 1 << 20,
+        }
+    )
+    dev = MemoryDevice(config.device_bytes)
+    wal = await BlockWAL.open(dev, config)
+    offsets = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(100)))  # ~100 KiB queued
+    assert offsets == sorted(offsets)
+    assert wal.stats["groups"] == 2  # halves, both in flight at once (K = 2)
+    small = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(20)))  # below the split size
+    assert small[0] > offsets[-1]
+    assert wal.stats["groups"] == 3
+    await wal.close()
+    single = WalConfig(**{**config.__dict__, "io_threads": 1})
+    wal = await BlockWAL.open(MemoryDevice(single.device_bytes), single)
+    await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(100)))
+    assert wal.stats["groups"] == 1  # K = 1: nothing to split into
+    await wal.close()
+    wal, recs = await reopen(dev, config)
+    assert [o for o, _ in recs] == offsets + small
+    await wal.close()
+
+
 async def test_append_many_returns_offsets_in_order() -> None:
     dev = MemoryDevice(CONFIG.device_bytes)
     wal = await BlockWAL.open(dev, CONFIG)

@@ -399,7 +399,7 @@ class ObjectStreamReader:
         return [b for b in out if b is not None]
 
     # -- readahead --------------------------------------------------------------------------
-    def _maybe_readahead(self, state: ReadState, miss_count: int) -> None:
+    def _maybe_readahead(self, state: ReadState, miss_count: int, consumer_offset: int | None = None) -> None:
         if not self._readahead.enabled or self._closed:
             return
         size_bytes = readahead_size(
@@ -409,6 +409,7 @@ class ObjectStreamReader:
             evicted_unread_count=self._cache.evicted_unread_count,
             cache_free_bytes=self._cache.free_bytes,
             now_s=self._clock(),
+            consumer_offset=consumer_offset,
         )
         if not size_bytes:
             return
@@ -425,8 +426,9 @@ class ObjectStreamReader:
             return 0
         load_count = sum(1 for r in refs if not self._cache.stored_or_loading(r.cache_key))
         if load_count:
-            state.readahead_end_offset = max(state.readahead_end_offset, refs[-1].entry.end_offset)
-            self._maybe_readahead(state, load_count)
+            read_end = refs[-1].entry.end_offset
+            state.readahead_end_offset = max(state.readahead_end_offset, read_end)
+            self._maybe_readahead(state, load_count, consumer_offset=read_end)
         return load_count
 
     async def _run_readahead(self, state: ReadState, size_bytes: int) -> None:

@@ -107,8 +107,12 @@ def readahead_size(
     evicted_unread_count: int,
     cache_free_bytes: int,
     now_s: float,
+    consumer_offset: int | None = None,
 ) -> int:
     """Bytes to load ahead of ``state``'s consumer now (0: none), updating its readahead size.
+
+    The window counts from ``consumer_offset`` (default: the state's next offset; a read that is
+    loading blocks itself passes where they end, so they do not count as readahead).
 
     An unread block evicted since the last look (``evicted_unread_count`` grew) resets the size and
     pauses readahead for ``pause_s``. A read with block misses (the consumer caught up with its
@@ -133,10 +137,11 @@ def readahead_size(
     state.readahead_tasks = {t for t in state.readahead_tasks if not t.done()}
     if len(state.readahead_tasks) >= READAHEAD_TASKS_MAX:
         return 0
+    consumer_at = state.next_offset if consumer_offset is None else consumer_offset
     ahead = sum(
         r.entry.size_bytes
         for r in state.window
-        if r.entry.start_offset >= state.next_offset and r.entry.end_offset <= state.readahead_end_offset
+        if r.entry.start_offset >= consumer_at and r.entry.end_offset <= state.readahead_end_offset
     )
     missing = state.readahead_bytes - ahead
     if missing < min(state.readahead_bytes // 4, settings.load_max_bytes):  # refill in big enough chunks

@@ -11,6 +11,7 @@ from s3stream.engine.blockcache import BlockKey
 from s3stream.engine.readstate import (
     STATE_COUNT_MAX,
     STATE_IDLE_S,
+    BlockRef,
     ReadaheadSettings,
     ReadState,
     ReadStates,
@@ -18,6 +19,7 @@ from s3stream.engine.readstate import (
 )
 from s3stream.errors import InvalidArgumentError
 from s3stream.ids import ObjectId, StreamId
+from s3stream.objectformat import IndexEntry
 
 SETTINGS = ReadaheadSettings(
     initial_bytes=100, step_bytes=50, max_bytes=300, free_guard_bytes=1000, pause_s=60
@@ -104,3 +106,27 @@ def test_a_load_is_at_most_load_max_bytes() -> None:
         state, settings, miss_count=0, evicted_unread_count=0, cache_free_bytes=10**6, now_s=0.0
     )
     assert got == 100  # loads of one merged GET each, several in flight, instead of one big load
+
+
+def test_blocks_a_read_loads_itself_are_not_counted_as_readahead() -> None:
+    settings = ReadaheadSettings(initial_bytes=300, max_bytes=300, free_guard_bytes=0)
+    state = ReadState(StreamId(1), 0, 300)
+    state.window = [
+        BlockRef(ObjectId(1), "k", 10_000, IndexEntry(1, i * 10, i * 10 + 10, 1, i * 100, 100))
+        for i in range(5)
+    ]
+    state.readahead_end_offset = 20  # the read at offset 0 loads [0, 20) itself
+
+    def size(consumer_offset: int | None) -> int:
+        return readahead_size(
+            state,
+            settings,
+            miss_count=0,
+            evicted_unread_count=0,
+            cache_free_bytes=10**6,
+            now_s=0.0,
+            consumer_offset=consumer_offset,
+        )
+
+    assert size(None) == 100  # from the consumer's position: 200 of 300 bytes are ahead already
+    assert size(20) == 300  # from the end of the read's own blocks: the whole window

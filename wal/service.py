@@ -173,6 +173,8 @@ class BlockWAL:
         self._record_max_bytes = config.record_max_bytes
         self._inflight_max_bytes = config.inflight_max_bytes
         self._inflight_bytes = 0
+        self._admit_max_bytes = config.inflight_max_bytes  # -1 while appends wait for room (FIFO)
+        self._new_future = self._loop.create_future
         # appends waiting for room below inflight_max_bytes: (bytes, the append's future, and the
         # single append's queue item, or None for an append_many waiting on its future)
         self._admit_waiters: collections.deque[tuple[int, asyncio.Future[Any], _Single | None]] = (
@@ -422,13 +424,13 @@ class BlockWAL:
         if n > self._record_max_bytes:
             raise WalArgumentError(f"record of {n} bytes above record_max_bytes {self._record_max_bytes}")
         size = n + _H
-        fut: asyncio.Future[int] = self._loop.create_future()
-        if self._admit_waiters or (
-            self._inflight_bytes + size > self._inflight_max_bytes and self._inflight_bytes
-        ):
+        fut: asyncio.Future[int] = self._new_future()
+        inflight = self._inflight_bytes + size
+        if inflight > self._admit_max_bytes and (self._admit_waiters or self._inflight_bytes):
             self._admit_waiters.append((size, fut, (data, n, fut)))  # type: ignore[arg-type]
+            self._admit_max_bytes = -1  # later appends queue behind this one
             return fut
-        self._inflight_bytes += size
+        self._inflight_bytes = inflight
         self._pending_bytes += size
         self._pending.append((data, n, fut))  # type: ignore[arg-type]
         if not self._scheduled:
@@ -467,6 +469,7 @@ class BlockWAL:
             return
         fut: asyncio.Future[None] = self._loop.create_future()
         self._admit_waiters.append((size, fut, None))
+        self._admit_max_bytes = -1
         try:
             await fut
         except asyncio.CancelledError:
@@ -494,6 +497,8 @@ class BlockWAL:
                 self._pending.append(item)
                 self._pending_bytes += need
                 self._schedule()
+        if not waiters:
+            self._admit_max_bytes = self._inflight_max_bytes
 
     def _schedule(self) -> None:
         """Run the pump soon: after the callbacks that are ready now (an appender woken in this turn
@@ -672,6 +677,7 @@ class BlockWAL:
                     fut.set_exception(exc)
         waiters: list[asyncio.Future[Any]] = [f for _, f, _ in self._admit_waiters]
         self._admit_waiters.clear()
+        self._admit_max_bytes = self._inflight_max_bytes
         self._fail_pending(exc)
         waiters += self._header_waiters
         self._header_waiters = []

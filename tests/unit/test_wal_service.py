@@ -371,6 +371,22 @@ async def test_bounded_inflight_bytes_admit_a_larger_record_when_alone() -> None
     await wal.close()
 
 
+async def test_an_append_cancelled_while_waiting_for_room_takes_none_and_is_not_written() -> None:
+    config = WalConfig(**{**CONFIG.__dict__, "inflight_max_bytes": 4096})
+    dev = MemoryDevice(config.device_bytes)
+    wal = await BlockWAL.open(dev, config)
+    first = wal.append(body(1, 3000))  # admitted
+    waiting = wal.append(body(2, 3000))  # over the bound: waits for room
+    later = wal.append(body(3, 100))  # queues behind the waiting one (first come, first admitted)
+    waiting.cancel()
+    assert await first < await later
+    assert waiting.cancelled()
+    await wal.close()
+    wal, recs = await reopen(dev, config)
+    assert [d for _, d in recs] == [body(1, 3000), body(3, 100)]
+    await wal.close()
+
+
 async def _unclean_image(count: int) -> tuple[bytearray, list[int]]:
     """A device image after ``count`` single-record groups and no clean close (as after a crash)."""
     dev = FaultyDevice(CONFIG.device_bytes)

@@ -14,7 +14,7 @@ Reference: ``shared/reference/s3stream-compaction-and-metadata.md`` sections 1.5
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from s3stream.errors import (
@@ -69,6 +69,11 @@ class StateView(Protocol):
 
     def stream(self, stream_id: StreamId) -> StreamMetadata | None:
         """With ``ranges`` sorted by range index."""
+        ...
+
+    def streams_of(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, StreamMetadata]:
+        """:meth:`stream` of many at once (ids that do not exist are left out): one lookup, not
+        one per stream (a commit of 1,000 streams' ranges)."""
         ...
 
     def opened_streams(self) -> list[StreamMetadata]: ...

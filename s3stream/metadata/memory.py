@@ -6,7 +6,7 @@ decides against the current state, then the changes are applied in one step. Not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from sortedcontainers import SortedList
@@ -82,6 +82,10 @@ class _State:
             ranges=tuple(ranges[i] for i in sorted(ranges)),
             tags=dict(row.tags),
         )
+
+    def streams_of(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, StreamMetadata]:
+        found = {stream_id: self.stream(stream_id) for stream_id in stream_ids}
+        return {stream_id: stream for stream_id, stream in found.items() if stream is not None}
 
     def _described(self, stream_ids: list[StreamId]) -> list[StreamMetadata]:
         out = []

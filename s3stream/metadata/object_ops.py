@@ -24,7 +24,6 @@ from s3stream.metadata.base import (
     ObjectState,
     RangeMetadata,
     S3ObjectMetadata,
-    StreamMetadata,
     StreamObject,
     StreamSetObject,
     StreamState,
@@ -224,12 +223,11 @@ def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:
     spans += [(so.stream_id, so.start_offset, so.end_offset) for so in req.stream_objects]
     spans.sort()
     ends: dict[StreamId, int] = {}
-    streams: dict[StreamId, StreamMetadata] = {}
+    streams = txn.view.streams_of([span[0] for span in spans])
     for stream_id, start, end in spans:
-        stream = streams.get(stream_id) or txn.view.stream(stream_id)
+        stream = streams.get(stream_id)
         if stream is None:
             continue  # deleted meanwhile: its data is dropped by compaction
-        streams[stream_id] = stream
         if end <= stream.start_offset:
             continue  # a fully trimmed upload: accepted, advances nothing
         if stream.state != StreamState.OPENED:

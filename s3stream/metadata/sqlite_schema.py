@@ -189,6 +189,8 @@ _OBJECT_COLUMNS = (
     "object_id, state, size_bytes, prepared_at_ms, expires_at_ms, committed_at_ms, marked_at_ms, kind"
 )
 _STREAM_COLUMNS = "stream_id, epoch, state, start_offset, end_offset, tags"
+_IDS_PER_QUERY = 500
+"""Stream ids bound per ``IN (...)`` lookup (SQLite's variable limit is 999 on old builds)."""
 _RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_id"
 _SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
 
@@ -217,15 +219,19 @@ class SqlView:
         row = self._c.execute("SELECT node_epoch FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
         return None if row is None else _int(row[0], f"nodes row {node_id}")
 
-    def _streams(self, where: str, params: tuple[Any, ...]) -> list[StreamMetadata]:
+    def _streams(
+        self, where: str, params: tuple[Any, ...], range_where: str = "", range_params: tuple[Any, ...] = ()
+    ) -> list[StreamMetadata]:
+        """Streams matching ``where``; their ranges come from the rows matching ``range_where``
+        (which must cover them: all rows by default, or those of the only stream found)."""
         rows = self._c.execute(
             f"SELECT {_STREAM_COLUMNS} FROM streams {where} ORDER BY stream_id", params
         ).fetchall()
         if not rows:
             return []
         ranges: dict[int, list[RangeMetadata]] = {}
-        range_where = "WHERE stream_id = ?" if len(rows) == 1 else ""
-        range_params = (rows[0][0],) if len(rows) == 1 else ()
+        if len(rows) == 1:
+            range_where, range_params = "WHERE stream_id = ?", (rows[0][0],)
         for r in self._c.execute(
             f"SELECT {_RANGE_COLUMNS} FROM ranges {range_where} ORDER BY stream_id, range_index", range_params
         ):
@@ -250,6 +256,16 @@ class SqlView:
     def stream(self, stream_id: StreamId) -> StreamMetadata | None:
         found = self._streams("WHERE stream_id = ?", (stream_id,))
         return found[0] if found else None
+
+    def streams_of(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, StreamMetadata]:
+        found: dict[StreamId, StreamMetadata] = {}
+        ids = sorted(set(stream_ids))
+        for start in range(0, len(ids), _IDS_PER_QUERY):
+            chunk = tuple(ids[start : start + _IDS_PER_QUERY])
+            where = f"WHERE stream_id IN ({','.join('?' * len(chunk))})"
+            for stream in self._streams(where, chunk, where, chunk):
+                found[stream.stream_id] = stream
+        return found
 
     def opened_streams(self) -> list[StreamMetadata]:
         return self._streams("WHERE state = ?", (int(StreamState.OPENED),))

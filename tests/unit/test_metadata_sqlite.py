@@ -343,3 +343,26 @@ async def test_queued_operations_are_bounded(tmp_path: Path, monkeypatch: pytest
     finally:
         release.set()
         await store.close()
+
+
+async def test_a_commit_looks_its_streams_up_in_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One upload of many streams reads them with ``IN (...)`` lookups of at most _IDS_PER_QUERY ids;
+    every range is still checked and every stream advanced (a deleted one is skipped)."""
+    monkeypatch.setattr(sqlite_schema, "_IDS_PER_QUERY", 2)
+    store = await SqliteMetadataStore.open(tmp_path / "meta.db", clock_ms=FakeClock())
+    try:
+        await node(store)
+        sids = [await opened(store) for _ in range(5)]
+        await upload(store, N1, [(sid, 0, 10) for sid in sids[:4]], [(sids[4], 0, 7)])
+        await store.close_stream(node_id=N1, node_epoch=EPOCH, stream_id=sids[0], epoch=0)
+        await store.delete_stream(stream_id=sids[0], epoch=0)
+        await upload(store, N1, [(sid, 10, 20) for sid in sids[:4]])
+        ends = [(await store.describe_stream(sid)).end_offset for sid in sids[1:]]
+        assert ends == [20, 20, 20, 7]
+        with pytest.raises(ConflictError):
+            await upload(store, N1, [(sids[1], 20, 30), (sids[2], 25, 30)])  # sids[2] does not continue
+        assert [(await store.describe_stream(sid)).end_offset for sid in sids[1:3]] == [20, 20]
+    finally:
+        await store.close()

@@ -210,7 +210,8 @@ class AppendPath:
         if queue and queue[0] is pending and pending.error is None:
             # Its stream's oldest pending append (the usual case): released right here, in line.
             queue.popleft()
-            self.pipeline.put(item, seq)
+            if cache.put_item(item, seq):  # UploadPipeline.put, inlined
+                self.pipeline.archive_and_upload()
             handle.confirm_offset = end
             pending.remaining = 0
             pending.acked = True

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from array import array
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedDict
@@ -105,12 +106,21 @@ class LogCacheBlock:
     size_bytes: int = 0
     free: bool = False
     archived: bool = False
+    seqs: array[int] = field(default_factory=lambda: array("q"))
+    """The WAL record seq of each record put with one (a seq once per batch): the records the WAL
+    trim tracker learns are committed once the block is (:meth:`take_seqs`). An int array: 8 bytes
+    a record and no int object kept alive per record."""
 
     def put(self, item: CachedBatch) -> None:
         cache = self.streams.get(item[0])
         if cache is None:
             cache = self.streams[item[0]] = StreamCache()
         self.size_bytes += cache.add(item)
+
+    def take_seqs(self) -> array[int]:
+        """The block's ``seqs``, handed over once (the block keeps none afterwards)."""
+        seqs, self.seqs = self.seqs, array("q")
+        return seqs
 
     def records_by_stream(self) -> list[tuple[int, list[StreamRecordBatch]]]:
         """Every stream's records, streams in ascending id order (the StreamSet object order)."""
@@ -144,8 +154,9 @@ class LogCache:
             (record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
         )
 
-    def put_item(self, item: CachedBatch) -> bool:
-        """:meth:`put` of a record in its cached form (the append path builds no StreamRecordBatch)."""
+    def put_item(self, item: CachedBatch, seq: int = -1) -> bool:
+        """:meth:`put` of a record in its cached form (the append path builds no StreamRecordBatch);
+        ``seq`` (if not negative) is its WAL record's, kept in the block's ``seqs``."""
         block = self.blocks[-1]
         streams = block.streams
         cache = streams.get(item[0])
@@ -159,6 +170,8 @@ class LogCache:
         items.append(item)
         size = RECORD_HEADER_SIZE + len(item[4])
         cache.size_bytes += size
+        if seq >= 0:
+            block.seqs.append(seq)
         block.size_bytes += size
         self.size_bytes += size
         return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count

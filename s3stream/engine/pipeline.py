@@ -125,8 +125,6 @@ class UploadPipeline:
         """Set whenever a commit frees LogCache and WAL room (or the engine fails): appenders waiting
         for room look again."""
         self.inflight: list[UploadTask] = []
-        self._block_seqs: dict[int, list[int]] = {}
-        """block id -> seq of the WAL record of each batch in the block (once per batch)."""
         self._last_task: UploadTask | None = None
         self._slots = asyncio.Semaphore(config.upload_inflight_max)
         self._active_count = 0
@@ -134,15 +132,7 @@ class UploadPipeline:
 
     def put(self, item: CachedBatch, seq: int) -> None:
         """An acknowledged batch of WAL record ``seq`` enters the active block (archived once full)."""
-        cache = self.cache
-        block_id = cache.blocks[-1].block_id
-        full = cache.put_item(item)
-        seqs = self._block_seqs.get(block_id)
-        if seqs is None:
-            self._block_seqs[block_id] = [seq]
-        else:
-            seqs.append(seq)
-        if full:
+        if self.cache.put_item(item, seq):
             self.archive_and_upload()
 
     def archive_and_upload(self) -> UploadTask | None:
@@ -233,7 +223,7 @@ class UploadPipeline:
         self.stats.objects_committed += (1 if request.object_id >= 0 else 0) + len(request.stream_objects)
         # One entry per batch of the block (8,000 for 8 MiB of 1 KiB records): in turns, so appends run
         # between them. A WAL trim computed meanwhile sees these records still live (trims less).
-        seqs = self._block_seqs.pop(task.block.block_id, [])
+        seqs = task.block.take_seqs()
         for start in range(0, len(seqs), COMMITTED_SEQS_PER_TURN):
             if start:
                 await asyncio.sleep(0)

@@ -13,6 +13,8 @@ record would: they are the engine's append latency tail).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class WalTrimTracker:
     """Live WAL records by seq (oldest first) and the bytes they hold."""
@@ -71,7 +73,7 @@ class WalTrimTracker:
             self._batches.pop(seq, None)
             self.live_bytes -= size
 
-    def committed(self, seqs: list[int]) -> None:
+    def committed(self, seqs: Iterable[int]) -> None:
         """One batch of each listed record (a seq once per batch) is now in object storage."""
         sizes = self._sizes
         offsets = self._offsets

@@ -94,3 +94,16 @@ def test_cached_records_are_invisible_to_the_garbage_collector_and_come_back_who
     assert not any(gc.is_tracked(item) for item in items)
     assert cache.active.records_by_stream() == [(1, records[:2]), (3, records[2:])]
     assert cache.get(1, 1, 3, max_bytes=1 << 20) == records[:2]
+
+
+def test_a_block_keeps_the_wal_seq_of_each_record_put_with_one_and_hands_them_over_once() -> None:
+    cache = LogCache(capacity_bytes=1 << 20, upload_threshold_bytes=1 << 20, max_stream_count=10)
+    cache.put_item((1, 0, 0, 1, b"a"), 7)
+    cache.put_item((2, 0, 0, 1, b"b"), 5)
+    cache.put_item((1, 0, 1, 1, b"c"))  # no seq: not a WAL record of this process
+    cache.put_item((1, 0, 2, 1, b"d"), 5)  # a second batch of record 5
+    block = cache.archive(0.0)
+    assert block is not None
+    assert list(block.take_seqs()) == [7, 5, 5]
+    assert list(block.take_seqs()) == []
+    assert list(cache.active.seqs) == []

@@ -12,7 +12,8 @@ around that call and the hand-back). A finished write comes back with one
 thread; they complete (futures resolve) strictly in offset order, and group n + K starts only after
 group n completed, which bounds what a crash can leave behind (the recovery rule in
 docs/format.md section 4.6 and :mod:`wal.recovery` depends on this). The pump runs again after
-the appenders a completion woke, so what they append next joins the next group.
+the appenders a completion woke, so what they append next joins the next group. When nothing is in
+flight and a large queue waits, it is sealed as two groups written at once (:data:`_SPLIT_MIN_BYTES`).
 
 Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
 Space freed by a trim is reused only once that header write is durable.

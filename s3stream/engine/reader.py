@@ -351,6 +351,7 @@ class ObjectStreamReader:
         state.held.clear()
         state.window.clear()
         state.readahead_end_offset = 0
+        state.objects_prefetched_to = 0
 
     # -- block data -------------------------------------------------------------------------
     async def _get_blocks(self, state: ReadState, refs: Sequence[BlockRef]) -> CacheReadOfBlocks:
@@ -431,6 +432,34 @@ class ObjectStreamReader:
             self._maybe_readahead(state, load_count, consumer_offset=read_end)
         return load_count
 
+    def _prefetch_next_objects(self, state: ReadState) -> None:
+        """Once readahead is within one readahead window of the window's end, open the objects after
+        the window in the background, so the extension that follows finds their indexes ready instead
+        of stalling the reader (and its readahead) on their tail GETs."""
+        window_end = state.window_end
+        if not state.window or state.objects_prefetched_to >= window_end:
+            return
+        left_bytes = sum(
+            r.entry.size_bytes for r in state.window if r.entry.start_offset >= state.readahead_end_offset
+        )
+        if left_bytes > state.readahead_bytes:
+            return
+        state.objects_prefetched_to = window_end
+        state.readahead_tasks.add(
+            asyncio.create_task(
+                self._prefetch_objects(state.stream_id, window_end), name=f"prefetch-{state.stream_id}"
+            )
+        )
+
+    async def _prefetch_objects(self, stream_id: StreamId, start_offset: int) -> None:
+        with contextlib.suppress(S3StreamError):  # best effort: the extension meets any error itself
+            slices = await self._metadata.get_objects(
+                stream_id=stream_id, start_offset=start_offset, end_offset=-1, limit=GET_OBJECTS_STEP
+            )
+            for object_slice in slices:
+                key = object_key(object_slice.object_id, self._namespace)
+                self._readers.prefetch(key, object_slice.size_bytes)
+
     async def _run_readahead(self, state: ReadState, size_bytes: int) -> None:
         """Load blocks from the readahead mark (or the consumer's position) for ``size_bytes``."""
         with contextlib.suppress(_ObjectGoneError, S3StreamError):
@@ -441,6 +470,7 @@ class ObjectStreamReader:
                 refs = _within(size_bytes, [r for r in refs if r.entry.start_offset >= start])
                 if refs:
                     state.readahead_end_offset = refs[-1].entry.end_offset
+                    self._prefetch_next_objects(state)
             if refs:
                 if not state.dropped:
                     self._maybe_readahead(state, 0)  # the next load plans now: loads overlap in order

@@ -86,6 +86,8 @@ class ReadState:
     """Blocks in offset order, each continuing the previous one."""
     held: set[BlockKey] = field(default_factory=set)
     readahead_end_offset: int = 0
+    objects_prefetched_to: int = 0
+    """The window end at which the objects after the window were last asked to open early."""
     readahead_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     paused_until_s: float = 0.0
     evicted_seen: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from s3stream.engine.reader import ReadaheadSettings
 from s3stream.objectformat import ObjectReaderCache, object_key
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.unit.test_objectformat import OBJECT, OBJECT_SIZE
@@ -73,5 +74,26 @@ async def test_a_read_waits_for_the_first_object_of_its_window_only() -> None:
     assert got == data[: len(got)]
     slow.set()
     rest = await asyncio.wait_for(reader.read(s, got[-1].end_offset, 80, 1 << 20), timeout=5)
+    assert got + rest == data
+    await reader.close()
+
+
+async def test_readahead_near_the_window_end_opens_the_next_objects_early() -> None:
+    env = await Env().setup()
+    s = await env.stream()
+    data = make_batches(s, 0, 80, size=400)  # one batch per block: a block is ~all payload
+    for i in range(8):  # eight objects: two metadata lookups of four
+        await env.write_object(data[i * 10 : (i + 1) * 10])
+    ahead = ReadaheadSettings(initial_bytes=12_000, max_bytes=12_000, free_guard_bytes=0)  # ~3 objects
+    reader = env.reader(readahead=ahead)
+    got = await reader.read(s, 0, 160, 100)
+    await asyncio.sleep(0.05)  # readahead plans near the window's end, then asks for what follows
+    slices = await env.metadata.get_objects(stream_id=s, start_offset=0, end_offset=-1, limit=10)
+    keys = [object_key(sl.object_id, NS) for sl in slices]
+    assert len(keys) == 8
+    [state] = reader._states.values()
+    assert state.window_end <= slices[3].end_offset  # the window has not reached object 5 ...
+    assert all(key in reader._readers for key in keys[4:])  # ... but its index is open already
+    rest = await reader.read(s, got[-1].end_offset, 160, 1 << 20)
     assert got + rest == data
     await reader.close()

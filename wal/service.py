@@ -624,10 +624,11 @@ class BlockWAL:
             return
         group.error = error
         group.done = True
-        stats = self.stats
-        stats["groups"] += 1
-        stats["records"] += group.records
-        stats["bytes_written"] += group.end
+        if error is None:
+            stats = self.stats
+            stats["groups"] += 1
+            stats["records"] += group.records
+            stats["bytes_written"] += group.end
         inflight = self._inflight
         while inflight and inflight[0].done:
             head = inflight[0]

@@ -8,12 +8,19 @@ from collections.abc import Sequence
 import pytest
 
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings
+from s3stream.engine.reader import (
+    MERGED_GET_MAX_BYTES,
+    ObjectStreamReader,
+    ReadaheadSettings,
+    _merged_runs,
+    _within,
+)
+from s3stream.engine.readstate import BlockRef
 from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError, OffsetOutOfRangeError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import CommitStreamObjectRequest, CommitStreamSetObjectRequest
 from s3stream.metadata.memory import MemoryMetadataStore
-from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
+from s3stream.objectformat import DataBlock, IndexEntry, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
 
@@ -426,3 +433,18 @@ async def test_blocks_the_consumer_meets_while_readahead_loads_them_are_held_onc
     for state in reader._states.values():
         await asyncio.gather(*state.readahead_tasks)
     assert reader._cache.used_bytes == 0  # each block was held once, so freed by its one read
+
+
+def test_a_load_is_cut_to_whole_blocks_within_its_size_and_merged_gets_stay_in_one_object() -> None:
+    def ref(object_id: int, i: int, size: int) -> BlockRef:
+        return BlockRef(
+            ObjectId(object_id), f"k{object_id}", 1 << 30, IndexEntry(1, i, i + 1, 1, i * size, size)
+        )
+
+    refs = [ref(1, i, 100) for i in range(5)]
+    assert _within(250, refs) == refs[:2]  # never a third block that would spill over
+    assert _within(50, refs) == refs[:1]  # at least one block
+    assert _within(10_000, refs) == refs
+    big = MERGED_GET_MAX_BYTES // 3
+    mixed = [ref(1, 0, big), ref(1, 1, big), ref(1, 2, big), ref(1, 3, big), ref(2, 4, 10)]
+    assert _merged_runs(mixed) == [[0, 1, 2], [3], [4]]  # <= MERGED_GET_MAX_BYTES, one object each

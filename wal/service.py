@@ -91,9 +91,8 @@ record (e.g. a header and a payload: no concatenation copy on the caller's side)
 class _Req:
     """One append_many call: its bodies, how many are sealed and completed, and its future.
 
-    (A single append is queued as a plain ``(body, size, future)`` tuple: the hot path allocates no
-    object of its own. An append_many is queued as ``(_Req, -1, None)``, so that every queued item
-    unpacks alike.)
+    (A single append is queued as its body and its future in two parallel lists: the hot path
+    allocates no object of its own. An append_many is queued as the _Req and None.)
     """
 
     __slots__ = ("bodies", "cum", "done", "fut", "nbytes", "offsets", "sealed", "take")
@@ -109,8 +108,8 @@ class _Req:
         self.offsets: list[int] = []
 
 
-_Single = tuple[Body | tuple[Body, ...], int, "asyncio.Future[int]"]  # (body or parts, body bytes, future)
-_Item = _Single | tuple[_Req, int, None]
+_Queued = Body | tuple[Body, ...] | _Req
+"""What the queue holds for one append: its body, its parts, or an append_many call."""
 
 
 class _Group:
@@ -168,7 +167,8 @@ class BlockWAL:
         self._flushed_start = 0  # start offset of the last durable header: space below is free
         self._durable_trim = 0
         self._groups: collections.deque[tuple[int, int]] = collections.deque()
-        self._pending: list[_Item] = []  # queued, not sealed
+        self._pending: list[_Queued] = []  # queued, not sealed
+        self._pending_futs: list[asyncio.Future[int] | None] = []  # their futures (None: append_many)
         self._pending_bytes = 0  # what they take in the log (headers included; of a _Req: unsealed)
         self._accepting = False  # recovered, writer running, not closing or failed: append's fast path
         self._record_max_bytes = config.record_max_bytes
@@ -178,7 +178,7 @@ class BlockWAL:
         self._new_future = self._loop.create_future
         # appends waiting for room below inflight_max_bytes: (bytes, the append's future, and the
         # single append's queue item, or None for an append_many waiting on its future)
-        self._admit_waiters: collections.deque[tuple[int, asyncio.Future[Any], _Single | None]] = (
+        self._admit_waiters: collections.deque[tuple[int, asyncio.Future[Any], _Queued | None]] = (
             collections.deque()
         )
         self._header_waiters: list[asyncio.Future[None]] = []
@@ -428,12 +428,13 @@ class BlockWAL:
         fut: asyncio.Future[int] = self._new_future()
         inflight = self._inflight_bytes + size
         if inflight > self._admit_max_bytes and (self._admit_waiters or self._inflight_bytes):
-            self._admit_waiters.append((size, fut, (data, n, fut)))  # type: ignore[arg-type]
+            self._admit_waiters.append((size, fut, data))  # type: ignore[arg-type]
             self._admit_max_bytes = -1  # later appends queue behind this one
             return fut
         self._inflight_bytes = inflight
         self._pending_bytes += size
-        self._pending.append((data, n, fut))  # type: ignore[arg-type]
+        self._pending.append(data)  # type: ignore[arg-type]
+        self._pending_futs.append(fut)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._pump)
@@ -458,7 +459,8 @@ class BlockWAL:
         size = cum[-1]
         await self._admit(size)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
-        self._pending.append((_Req(records, cum, fut), -1, None))
+        self._pending.append(_Req(records, cum, fut))
+        self._pending_futs.append(None)
         self._pending_bytes += size
         self._schedule()
         return await fut
@@ -496,6 +498,7 @@ class BlockWAL:
                 fut.set_result(None)
             else:
                 self._pending.append(item)
+                self._pending_futs.append(fut)
                 self._pending_bytes += need
                 self._schedule()
         if not waiters:
@@ -656,17 +659,18 @@ class BlockWAL:
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._pending:
-            items, self._pending = self._pending, []
+            items, futs = self._pending, self._pending_futs
+            self._pending, self._pending_futs = [], []
             self._pending_bytes = 0
-            for data, n, single in items:
+            for data, single in zip(items, futs, strict=True):
                 fut: asyncio.Future[Any]
-                if n < 0:
+                if single is None:
                     req: _Req = data  # type: ignore[assignment]
                     self._release_inflight(req.nbytes)
                     fut = req.fut
                 else:
-                    self._release_inflight(n + _H)
-                    fut = single  # type: ignore[assignment]
+                    self._release_inflight(_body_len(data) + _H)  # type: ignore[arg-type]
+                    fut = single
                 if not fut.done():
                     fut.set_exception(exc)
 
@@ -699,13 +703,13 @@ class BlockWAL:
         start = align_up(self._tail, layout.block)
         room_cycle = area - start % area
         room_ring = self._flushed_start + area - start
-        first, first_n, _ = self._pending[0]
-        if first_n < 0:
-            req: _Req = first  # type: ignore[assignment]
+        first = self._pending[0]
+        if first.__class__ is _Req:
+            req: _Req = first
             k = req.sealed
             first_size = req.cum[k] - (req.cum[k - 1] if k else 0)
         else:
-            first_size = first_n + _H
+            first_size = _body_len(first) + _H  # type: ignore[arg-type]
         pad_len = 0
         if first_size > room_cycle:
             pad_len = room_cycle
@@ -715,7 +719,7 @@ class BlockWAL:
         if first_size > min(room_cycle, room_ring):
             return None
         limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring, split or room_ring), first_size)
-        items = self._take(limit)
+        items, item_futs = self._take(limit)
         group = _Group(start, pad_len, slot)
         futs = group.futs
         offs = group.offs
@@ -723,6 +727,7 @@ class BlockWAL:
         # A record header is packed as its fixed part (magic .. wal_id; packed and CRCed once per WAL,
         # FIRST flag or not), its varying part and the header CRC, continued from the fixed part's.
         fixed, fixed_crc = self._fixed_first
+        fixed_rest = self._fixed_rest
         varying = _RECORD_HEADER_VARYING.pack
         crc_bytes = _CRC.pack
         join_max = _JOIN_BODY_MAX
@@ -735,8 +740,23 @@ class BlockWAL:
         off = start
         add_fut = futs.append
         add_off = offs.append
-        for data, n, fut in items:
-            if n < 0:  # an append_many: its records from ``sealed`` to ``take``
+        for data, fut in zip(items, item_futs, strict=True):
+            cls = data.__class__
+            if cls is bytes or cls is bytearray or cls is memoryview:
+                n = len(data)  # type: ignore[arg-type]
+                var = varying(n, off, crc32c(data))  # type: ignore[arg-type]
+                if n <= join_max:
+                    pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)), data)  # type: ignore[arg-type]
+                else:
+                    joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
+                    self._put_in_place(view, off - start, fixed + var, data)  # type: ignore[arg-type]
+                    joined_from = off - start + hsize + n
+                add_fut(fut)  # type: ignore[arg-type]
+                add_off(off)
+                off += hsize + n
+                fixed, fixed_crc = fixed_rest
+                continue
+            if cls is _Req:  # an append_many: its records from ``sealed`` to ``take``
                 req = data  # type: ignore[assignment]
                 req_offs: list[int] = []
                 for body in req.bodies[req.sealed : req.take]:
@@ -750,37 +770,31 @@ class BlockWAL:
                         joined_from = off - start + hsize + n
                     req_offs.append(off)
                     off += hsize + n
-                    fixed, fixed_crc = self._fixed_rest
+                    fixed, fixed_crc = fixed_rest
                 group.reqs.append((req, req_offs))
                 group.records += req.take - req.sealed
                 group.req_bytes += req.cum[req.take - 1] - (req.cum[req.sealed - 1] if req.sealed else 0)
                 req.sealed = req.take
                 req.take = len(req.cum)
                 continue
-            if data.__class__ is tuple:
-                crc = 0
-                for part in data:
-                    crc = crc32c(part, crc)
-                var = varying(n, off, crc)
-                if n <= join_max:
-                    pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)))
-                    pieces += data
-                else:
-                    joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
-                    self._put_in_place(view, off - start, fixed + var, data)
-                    joined_from = off - start + hsize + n
+            parts: tuple[Body, ...] = data  # type: ignore[assignment]
+            crc = 0
+            n = 0
+            for part in parts:
+                crc = crc32c(part, crc)
+                n += len(part)
+            var = varying(n, off, crc)
+            if n <= join_max:
+                pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)))
+                pieces += parts
             else:
-                var = varying(n, off, crc32c(data))  # type: ignore[arg-type]
-                if n <= join_max:
-                    pieces += (fixed, var, crc_bytes(crc32c(var, fixed_crc)), data)  # type: ignore[arg-type]
-                else:
-                    joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
-                    self._put_in_place(view, off - start, fixed + var, data)  # type: ignore[arg-type]
-                    joined_from = off - start + hsize + n
+                joined_from = self._flush_pieces(view, pieces, joined_from, off - start)
+                self._put_in_place(view, off - start, fixed + var, parts)
+                joined_from = off - start + hsize + n
             add_fut(fut)  # type: ignore[arg-type]
             add_off(off)
             off += hsize + n
-            fixed, fixed_crc = self._fixed_rest
+            fixed, fixed_crc = fixed_rest
         pos = off - start
         if pieces:
             view[joined_from:pos] = b"".join(pieces)
@@ -794,26 +808,27 @@ class BlockWAL:
         group.end = end
         return group
 
-    def _take(self, limit: int) -> list[_Item]:
-        """The queued items that fill at most ``limit`` bytes, taken off the queue, in order; the
-        first always fits. An append_many that fits in part is taken with ``take`` below its end and
-        also stays first in the queue for the rest."""
-        pending = self._pending
+    def _take(self, limit: int) -> tuple[list[_Queued], list[asyncio.Future[int] | None]]:
+        """The queued items (and their futures) that fill at most ``limit`` bytes, taken off the
+        queue, in order; the first always fits. An append_many that fits in part is taken with
+        ``take`` below its end and also stays first in the queue for the rest."""
+        pending, futs = self._pending, self._pending_futs
         if self._pending_bytes <= limit:  # the usual case: everything queued fits
-            self._pending = []
+            self._pending, self._pending_futs = [], []
             self._pending_bytes = 0
-            return pending
+            return pending, futs
         used = 0
         count = 0
-        partial: _Req | None = None
-        for data, n, _ in pending:
-            if n >= 0:
-                if used + n + _H > limit:
+        partial = False
+        for data in pending:
+            if data.__class__ is not _Req:
+                size = _body_len(data) + _H  # type: ignore[arg-type]
+                if used + size > limit:
                     break
-                used += n + _H
+                used += size
                 count += 1
                 continue
-            req: _Req = data  # type: ignore[assignment]
+            req: _Req = data
             cum = req.cum
             base = cum[req.sealed - 1] if req.sealed else 0
             if used + cum[-1] - base <= limit:
@@ -824,13 +839,15 @@ class BlockWAL:
             if j > req.sealed:
                 req.take = j
                 used += cum[j - 1] - base
-                partial = req
+                partial = True
                 count += 1
             break
-        items = pending[:count]
-        del pending[: count - 1 if partial is not None else count]
+        items, item_futs = pending[:count], futs[:count]
+        keep = count - 1 if partial else count
+        del pending[:keep]
+        del futs[:keep]
         self._pending_bytes -= used
-        return items
+        return items, item_futs
 
     @staticmethod
     def _flush_pieces(view: memoryview, pieces: list[Body], joined_from: int, pos: int) -> int:
@@ -946,6 +963,11 @@ class BlockWAL:
             self._device.write((header.seq % 2) * block, view[:block])
         self._device.sync()
         self.stats["headers"] += 1
+
+
+def _body_len(data: Body | tuple[Body, ...]) -> int:
+    """Bytes of a queued body or of its parts (views are flat: see :func:`_as_body`)."""
+    return sum(map(len, data)) if data.__class__ is tuple else len(data)
 
 
 def _as_view(data: Body) -> memoryview:

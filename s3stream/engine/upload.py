@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
@@ -70,12 +71,43 @@ class StreamRecords:
         return last[2] + last[3]
 
 
+class StreamGroup(Sequence[StreamRecords]):
+    """Streams of a plan, kept as three columns: a plan lives as long as its upload, and one object
+    per stream would reach the collector's oldest generation on every upload (1,000 streams: 1,000
+    more objects to scan in each full collection until they die). Items are built when read."""
+
+    __slots__ = ("payload_bytes", "records", "stream_ids")
+
+    def __init__(self, streams: Iterable[StreamRecords] = ()) -> None:
+        listed = list(streams)
+        self.stream_ids = tuple(s.stream_id for s in listed)
+        self.records = tuple(s.records for s in listed)
+        self.payload_bytes = tuple(s.payload_bytes for s in listed)
+
+    def __len__(self) -> int:
+        return len(self.stream_ids)
+
+    @overload
+    def __getitem__(self, index: int) -> StreamRecords: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> StreamGroup: ...
+
+    def __getitem__(self, index: int | slice) -> StreamRecords | StreamGroup:
+        if isinstance(index, slice):
+            return StreamGroup(self[i] for i in range(*index.indices(len(self))))
+        return StreamRecords(self.stream_ids[index], self.records[index], self.payload_bytes[index])
+
+    def __repr__(self) -> str:
+        return f"StreamGroup(stream_ids={self.stream_ids!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class UploadPlan:
-    """Which streams of a block go where. Both lists are in ascending stream id order."""
+    """Which streams of a block go where. Both groups are in ascending stream id order."""
 
-    stream_set: tuple[StreamRecords, ...]
-    stream_objects: tuple[StreamRecords, ...]
+    stream_set: StreamGroup
+    stream_objects: StreamGroup
 
     @property
     def object_count(self) -> int:
@@ -90,19 +122,19 @@ def plan_upload(streams: Sequence[StreamRecords], *, split_size_bytes: int) -> U
     )
     big = [s.payload_bytes >= split_size_bytes for s in streams]
     if len(streams) == 1 or all(big):
-        return UploadPlan((), tuple(streams))
-    stream_set = tuple(s for s, is_big in zip(streams, big, strict=True) if not is_big)
-    separate = tuple(s for s, is_big in zip(streams, big, strict=True) if is_big)
+        return UploadPlan(StreamGroup(), StreamGroup(streams))
+    stream_set = StreamGroup(s for s, is_big in zip(streams, big, strict=True) if not is_big)
+    separate = StreamGroup(s for s, is_big in zip(streams, big, strict=True) if is_big)
     return UploadPlan(stream_set, separate)
 
 
-async def _ranges_of(streams: Sequence[StreamRecords]) -> tuple[StreamOffsetRange, ...]:
+async def _ranges_of(streams: StreamGroup) -> tuple[StreamOffsetRange, ...]:
     """The StreamSet object's ranges for its commit, ``RANGES_PER_TURN`` per event-loop turn."""
     ranges: list[StreamOffsetRange] = []
     for start in range(0, len(streams), RANGES_PER_TURN):
         if start:
             await asyncio.sleep(0)
-        ranges.extend(_range_of(stream) for stream in streams[start : start + RANGES_PER_TURN])
+        ranges.extend(_range_of(streams[i]) for i in range(start, min(len(streams), start + RANGES_PER_TURN)))
     return tuple(ranges)
 
 
@@ -165,16 +197,17 @@ class ObjectUploader:
         so_ids: list[ObjectId] = []
         for stream in plan.stream_objects:
             so_ids.append(next_id)
-            jobs.append(asyncio.ensure_future(bounded(next_id, (stream,))))
+            jobs.append(asyncio.ensure_future(bounded(next_id, StreamGroup((stream,)))))
             next_id = ObjectId(next_id + 1)
         try:
-            stream_ranges = await _ranges_of(plan.stream_set)  # while the objects are written
             sizes = await asyncio.gather(*jobs)
         except BaseException:
             for job in jobs:
                 job.cancel()
             await asyncio.gather(*jobs, return_exceptions=True)
             raise
+        # built last: they live until the commit is done, not through the whole upload
+        stream_ranges = await _ranges_of(plan.stream_set)
         sso_size = sizes[0] if plan.stream_set else 0
         so_sizes = sizes[1:] if plan.stream_set else sizes
         return CommitStreamSetObjectRequest(

@@ -393,20 +393,33 @@ def verify_crc(
 # Index block
 
 
+IndexRow = tuple[int, int, int, int, int, int]
+"""An :class:`IndexEntry`'s fields as a plain tuple, in field order (a writer keeps these while an
+object is written: a tuple of ints is not tracked by the garbage collector, an entry object is)."""
+
+
+def index_row(e: IndexEntry) -> IndexRow:
+    return (e.stream_id, e.start_offset, e.end_offset, e.record_count, e.start_position, e.size_bytes)
+
+
 def encode_index(entries: Iterable[IndexEntry]) -> bytes:
-    entries = list(entries)
-    buf = bytearray(len(entries) * INDEX_ENTRY_SIZE)
+    return encode_index_rows([index_row(e) for e in entries])
+
+
+def encode_index_rows(rows: Sequence[IndexRow]) -> bytes:
+    """:func:`encode_index` of entries given as :data:`IndexRow` tuples."""
+    buf = bytearray(len(rows) * INDEX_ENTRY_SIZE)
     pack = INDEX_ENTRY.pack_into
-    for i, e in enumerate(entries):
+    for i, (stream_id, start_offset, end_offset, record_count, start_position, size_bytes) in enumerate(rows):
         pack(
             buf,
             i * INDEX_ENTRY_SIZE,
-            e.stream_id,
-            e.start_offset,
-            e.end_offset - e.start_offset,
-            e.record_count,
-            e.start_position,
-            e.size_bytes,
+            stream_id,
+            start_offset,
+            end_offset - start_offset,
+            record_count,
+            start_position,
+            size_bytes,
         )
     return bytes(buf)
 
@@ -626,7 +639,14 @@ def encode_tail(
     entries: Sequence[IndexEntry], block_crcs: Sequence[int] | None, *, index_position: int
 ) -> bytes:
     """Index block + checksum section (unless ``block_crcs`` is None) + footer."""
-    index = encode_index(entries)
+    return encode_tail_rows([index_row(e) for e in entries], block_crcs, index_position=index_position)
+
+
+def encode_tail_rows(
+    rows: Sequence[IndexRow], block_crcs: Sequence[int] | None, *, index_position: int
+) -> bytes:
+    """:func:`encode_tail` of entries given as :data:`IndexRow` tuples."""
+    index = encode_index_rows(rows)
     if block_crcs is None:
         return index + encode_footer(Footer(index_position, len(index)))
     section = encode_checksum_section(crc32c(index), block_crcs)

@@ -26,8 +26,9 @@ from s3stream.objectformat.codec import (
     I32_MAX,
     I64_MAX,
     IndexEntry,
+    IndexRow,
     check_block_header,
-    encode_tail,
+    encode_tail_rows,
 )
 from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch
 from s3stream.storage.base import MIN_PART_SIZE_BYTES, Upload
@@ -103,7 +104,9 @@ class ObjectWriter:
         """Bytes not yet handed to the upload; ``_buf[0]`` is object position ``_flushed_bytes``.
         It grows by appending (realloc, no zero-filling) and is handed over whole at each part."""
         self._flushed_bytes = 0
-        self._entries: list[IndexEntry] = []
+        self._entries: list[IndexRow] = []
+        """The index so far, as plain tuples (untracked by the garbage collector while the object is
+        written; the IndexEntry objects are built once, at close)."""
         self._crcs: list[int] = []
         self._last_stream = -1
         self._last_end = 0
@@ -163,7 +166,7 @@ class ObjectWriter:
             position = self._flushed_bytes + len(self._buf)
             self._buf += block
             self._entries.append(
-                IndexEntry(
+                (
                     entry.stream_id,
                     entry.start_offset,
                     entry.end_offset,
@@ -184,7 +187,7 @@ class ObjectWriter:
         try:
             self._cut_block()
             index_position = self._flushed_bytes + len(self._buf)
-            self._buf += encode_tail(self._entries, self._crcs, index_position=index_position)
+            self._buf += encode_tail_rows(self._entries, self._crcs, index_position=index_position)
             expected_size = self._flushed_bytes + len(self._buf)
             self._closed = True  # one attempt: after a failure here the caller aborts
             await self._flush_part()
@@ -196,7 +199,7 @@ class ObjectWriter:
                 f"storage reports {size_bytes} bytes for an object of {expected_size} bytes",
                 source=self._upload.key,
             )
-        return WrittenObject(self._upload.key, size_bytes, tuple(self._entries))
+        return WrittenObject(self._upload.key, size_bytes, tuple(IndexEntry(*row) for row in self._entries))
 
     async def abort(self) -> None:
         """Give up: nothing of the object becomes visible. Allowed at any time, also after a failure."""
@@ -351,7 +354,7 @@ class ObjectWriter:
             self._buf, at, DATA_BLOCK_MAGIC, DATA_BLOCK_FLAG, self._open_count, size - DATA_BLOCK_HEADER_SIZE
         )
         self._entries.append(
-            IndexEntry(
+            (
                 self._open_stream,
                 self._open_start_offset,
                 self._last_end,

@@ -249,10 +249,13 @@ def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:
                 code=ErrorCode.OFFSET_NOT_MATCHED,
             )
         ends[stream_id] = end
-    for stream_id, end in ends.items():  # hot path of every upload: plain constructors, no replace()
+    # hot path of every upload: plain constructors, no replace(); all streams, then all ranges (the
+    # SQLite store writes a run of one kind with one executemany, not one call per change)
+    for stream_id, end in ends.items():
         s = streams[stream_id]
         txn.write(PutStream(stream_id, s.epoch, s.state, s.start_offset, end, s.tags))
-        r = s.ranges[-1]
+    for stream_id, end in ends.items():
+        r = streams[stream_id].ranges[-1]
         txn.write(PutRange(RangeMetadata(stream_id, r.epoch, r.range_index, r.start_offset, end, r.node_id)))
 
 

@@ -23,7 +23,7 @@ from s3stream.config import Config
 from s3stream.engine.logcache import CachedBatch, LogCache, LogCacheBlock
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
-from s3stream.engine.upload import ObjectUploader, StreamRecords, UploadPlan, plan_upload
+from s3stream.engine.upload import ObjectUploader, StreamGroup, UploadPlan, plan_upload
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
@@ -320,10 +320,12 @@ class UploadPipeline:
                 delay_s = min(delay_s * 2, delay_max_s)
 
 
-def _streams_of(block: LogCacheBlock) -> list[StreamRecords]:
+def _streams_of(block: LogCacheBlock) -> StreamGroup:
     """The archived block's records by stream (ascending id): its own item lists, which no longer
-    change, with payload sizes from the cache's tallies (no per-record work)."""
-    return [
-        StreamRecords(stream_id, cache.items, cache.size_bytes - RECORD_HEADER_SIZE * len(cache))
-        for stream_id, cache in block.streams.items()
-    ]
+    change, with payload sizes from the cache's tallies (no per-record work, no object per stream)."""
+    caches = list(block.streams.values())
+    return StreamGroup.of_columns(
+        list(block.streams.keys()),
+        [cache.items for cache in caches],
+        [cache.size_bytes - RECORD_HEADER_SIZE * len(cache.items) for cache in caches],
+    )

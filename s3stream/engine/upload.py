@@ -84,6 +84,30 @@ class StreamGroup(Sequence[StreamRecords]):
         self.records = tuple(s.records for s in listed)
         self.payload_bytes = tuple(s.payload_bytes for s in listed)
 
+    @classmethod
+    def of_columns(
+        cls,
+        stream_ids: Sequence[int],
+        records: Sequence[Sequence[RecordFields]],
+        payload_bytes: Sequence[int],
+    ) -> StreamGroup:
+        assert len(stream_ids) == len(records) == len(payload_bytes)
+        group = cls()
+        group.stream_ids, group.records, group.payload_bytes = (
+            tuple(stream_ids),
+            tuple(records),
+            tuple(payload_bytes),
+        )
+        return group
+
+    def take(self, indexes: Sequence[int]) -> StreamGroup:
+        """The streams at ``indexes`` (in that order)."""
+        return StreamGroup.of_columns(
+            [self.stream_ids[i] for i in indexes],
+            [self.records[i] for i in indexes],
+            [self.payload_bytes[i] for i in indexes],
+        )
+
     def __len__(self) -> int:
         return len(self.stream_ids)
 
@@ -115,17 +139,18 @@ class UploadPlan:
 
 
 def plan_upload(streams: Sequence[StreamRecords], *, split_size_bytes: int) -> UploadPlan:
-    """AutoMQ's split rule (reference 5.2) over streams sorted by stream id."""
-    streams = [s for s in streams if s.records]
-    assert all(a.stream_id < b.stream_id for a, b in itertools.pairwise(streams)), (
-        "streams must be sorted and unique"
-    )
-    big = [s.payload_bytes >= split_size_bytes for s in streams]
-    if len(streams) == 1 or all(big):
-        return UploadPlan(StreamGroup(), StreamGroup(streams))
-    stream_set = StreamGroup(s for s, is_big in zip(streams, big, strict=True) if not is_big)
-    separate = StreamGroup(s for s, is_big in zip(streams, big, strict=True) if is_big)
-    return UploadPlan(stream_set, separate)
+    """AutoMQ's split rule (reference 5.2) over streams sorted by stream id (a :class:`StreamGroup`
+    is taken as it is: no object per stream is made)."""
+    group = streams if isinstance(streams, StreamGroup) else StreamGroup(streams)
+    keep = [i for i, records in enumerate(group.records) if records]
+    ids = group.stream_ids
+    assert all(ids[a] < ids[b] for a, b in itertools.pairwise(keep)), "streams must be sorted and unique"
+    payloads = group.payload_bytes
+    big = [i for i in keep if payloads[i] >= split_size_bytes]
+    if len(keep) == 1 or len(big) == len(keep):
+        return UploadPlan(StreamGroup(), group.take(keep))
+    small = [i for i in keep if payloads[i] < split_size_bytes]
+    return UploadPlan(group.take(small), group.take(big))
 
 
 async def _ranges_of(streams: StreamGroup) -> tuple[StreamOffsetRange, ...]:

@@ -23,7 +23,7 @@ from s3stream.engine.sequencer import fail_queue, release_ready
 from s3stream.engine.stream import PendingAppend, Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv, plain_parts
-from s3stream.engine.walport import BodyParts, WriteAheadLog
+from s3stream.engine.walport import BodyParts, WriteAheadLog, fast_append
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
     CapacityError,
@@ -74,6 +74,7 @@ class AppendPath:
         self.clock = clock
         self.wal_room_bytes = int(config.wal_capacity_bytes * WAL_ROOM_FRACTION)
         self.record_max_bytes = config.record_size_max_bytes
+        self._wal_append, self._translate_wal_error = fast_append(wal)
         self._seq = 0
         self._in_wal: dict[int, None] = {}
         """seqs of the WAL appends in flight, oldest first (the watchdog's view; no clock read per
@@ -199,8 +200,10 @@ class AppendPath:
             # The body is StreamRecordBatch.encode()'s bytes (header packed here, see walbody.plain_parts):
             # joined when small, as (header, payload) parts otherwise (see PARTS_MIN_BYTES).
             header = _pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size)
-            offset = await self.wal.append(header + payload if size < PARTS_MIN_BYTES else (header, payload))
+            offset = await self._wal_append(header + payload if size < PARTS_MIN_BYTES else (header, payload))
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
+            if self._translate_wal_error is not None:
+                exc = self._translate_wal_error(exc)
             body = plain_parts(stream_id, epoch, base, count, payload)
             offset = await self._after_failed_write(exc, body, pending, (handle,), None)
         finally:

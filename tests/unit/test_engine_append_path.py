@@ -6,13 +6,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pickle
+from pathlib import Path
 
 import pytest
 
-from s3stream.engine.client import Stream
-from s3stream.engine.walport import BodyParts, MemoryWal
-from s3stream.errors import ClosedError, FencedError, InvalidArgumentError, UnavailableError
+import wal.errors as walerr
+from s3stream.assembly import open_block_wal
+from s3stream.engine.client import Client, Stream
+from s3stream.engine.core import Engine
+from s3stream.engine.walport import BodyParts, MemoryWal, fast_append
+from s3stream.errors import CapacityError, ClosedError, FencedError, InvalidArgumentError, UnavailableError
+from s3stream.ids import NodeId
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
+from s3stream.storage.memory import MemoryObjectStorage
 from tests.unit.test_engine import SMALL, Node
 
 
@@ -209,4 +216,34 @@ async def test_watchdog_times_each_oldest_append_afresh() -> None:
     assert client.engine._supervisor.failed is None
     wal.held[1].set_result(None)
     assert await second == 1
+    await client.close()
+
+
+async def test_the_hot_path_awaits_the_block_wal_itself_and_translates_its_errors(tmp_path: Path) -> None:
+    adapter = await open_block_wal(tmp_path / "wal", SMALL, node_epoch=1)
+    append, translate = fast_append(adapter)
+    assert append == adapter._wal.append  # no adapter frame per append
+    assert translate is not None
+    full = translate(walerr.WalCapacityError("full"))
+    assert isinstance(full, CapacityError)
+    assert isinstance(full.__cause__, walerr.WalCapacityError)
+    assert isinstance(translate(OSError(5, "EIO")), UnavailableError)
+    cancelled = asyncio.CancelledError()
+    assert translate(cancelled) is cancelled
+    assert fast_append(MemoryWal(capacity_bytes=1 << 20))[1] is None  # raises s3stream errors itself
+
+    async def broken(body: BodyParts) -> int:
+        raise walerr.WalIOError("device gone")
+
+    adapter.append_untranslated = broken  # type: ignore[assignment]
+    metadata, storage = MemoryMetadataStore(), MemoryObjectStorage()
+    engine = Engine(SMALL, wal=adapter, metadata=metadata, storage=storage, node_id=NodeId(0), node_epoch=1)
+    await engine.start()
+    client = Client(engine, metadata, closers=[adapter.close])
+    stream = await client.streams.create_and_open_stream()
+    with pytest.raises(UnavailableError, match="device gone") as failed:
+        await stream.append(RecordBatch(b"lost"))
+    assert isinstance(failed.value.__cause__, walerr.WalIOError)
+    with pytest.raises(FencedError):
+        await stream.append(RecordBatch(b"after"))
     await client.close()

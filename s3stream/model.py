@@ -41,7 +41,12 @@ _set_count = RecordBatch.__dict__["count"].__set__
 
 @dataclass(frozen=True, slots=True)
 class FetchedBatch:
-    """A batch returned by fetch: ``[base_offset, end_offset)`` and its payload."""
+    """A batch returned by fetch: ``[base_offset, end_offset)`` and its payload.
+
+    Fetch returns the engine's own records, a subclass that also carries the stream id and epoch
+    (:class:`s3stream.record.StreamRecordBatch`): no copy per record. Equality is per class, as for
+    any dataclass: compare fields (``base_offset``, ``count``, ``payload``) rather than objects.
+    """
 
     base_offset: int
     count: int

@@ -7,9 +7,11 @@ The payload is opaque (the Spark sink stores a Kafka RecordBatch v2 there).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from s3stream.errors import CorruptionError
+from s3stream.model import FetchedBatch
 
 RECORD_MAGIC = 0x22
 
@@ -28,20 +30,25 @@ assert RECORD_HEADER_SIZE == 33
 RECORD_PAYLOAD_MAX_BYTES = (1 << 31) - 1 - RECORD_HEADER_SIZE
 
 
-@dataclass(frozen=True, slots=True)
-class StreamRecordBatch:
-    """``count`` offsets of one stream starting at ``base_offset``, written under ``epoch``."""
+@dataclass(frozen=True, slots=True, init=False)
+class StreamRecordBatch(FetchedBatch):
+    """``count`` offsets of one stream starting at ``base_offset``, written under ``epoch``.
+
+    A :class:`~s3stream.model.FetchedBatch` with its stream and epoch: fetch returns the records it
+    read or found cached as they are, with no second object per record.
+    """
 
     stream_id: int
     epoch: int
-    base_offset: int
-    count: int
-    payload: bytes
 
-    @property
-    def end_offset(self) -> int:
-        """Exclusive end: ``base_offset + count``."""
-        return self.base_offset + self.count
+    def __init__(self, stream_id: int, epoch: int, base_offset: int, count: int, payload: bytes) -> None:
+        # Hand-written to keep the persisted field order as the positional order (the generated one
+        # would put the inherited fields first); fields set through their slots (frozen class).
+        _set_stream_id(self, stream_id)
+        _set_epoch(self, epoch)
+        _set_base_offset(self, base_offset)
+        _set_count(self, count)
+        _set_payload(self, payload)
 
     @property
     def encoded_size(self) -> int:
@@ -70,6 +77,21 @@ class StreamRecordBatch:
         end = pos + RECORD_HEADER_SIZE + len(self.payload)
         buf[pos + RECORD_HEADER_SIZE : end] = self.payload
         return end
+
+
+def _slot_setter(name: str) -> Callable[[StreamRecordBatch, object], None]:
+    setter: Callable[[StreamRecordBatch, object], None] = getattr(StreamRecordBatch, name).__set__
+    return setter
+
+
+_set_stream_id = _slot_setter("stream_id")
+_set_epoch = _slot_setter("epoch")
+_set_base_offset = _slot_setter("base_offset")
+_set_count = _slot_setter("count")
+_set_payload = _slot_setter("payload")
+SLOT_SETTERS = (_set_stream_id, _set_epoch, _set_base_offset, _set_count, _set_payload)
+"""Setters of a record's slots in persisted field order: decoders that build many records make them
+with ``object.__new__(StreamRecordBatch)`` and these, without a call to ``__init__`` per record."""
 
 
 def decode_record(

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, cast
 
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
@@ -339,7 +339,9 @@ class Engine:
                 source=f"stream {handle.stream_id}",
             )
         handle.check_readable()
-        return [FetchedBatch(r.base_offset, r.count, r.payload) for r in records]
+        # A StreamRecordBatch is a FetchedBatch: the records go out as they are (the list is this
+        # call's own, so the caller may change it).
+        return cast(list[FetchedBatch], records)
 
     async def _read_objects(
         self, stream_id: StreamId, start_offset: int, end_offset: int, max_bytes: int

@@ -24,7 +24,8 @@ from s3stream.errors import (
 from s3stream.ids import NodeId
 from s3stream.metadata.base import ObjectState
 from s3stream.metadata.memory import MemoryMetadataStore
-from s3stream.model import RecordBatch
+from s3stream.model import FetchedBatch, RecordBatch
+from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
 
@@ -93,6 +94,26 @@ async def test_append_returns_consecutive_offsets_and_fetch_reads_them() -> None
     got = await stream.fetch(2, 3)
     assert [(b.base_offset, b.payload) for b in got] == [(1, b"bc")]
     assert await stream.fetch(4, 4) == []
+    await client.close()
+
+
+async def test_fetch_returns_the_records_themselves_from_cache_and_from_objects() -> None:
+    client = await Node().open()
+    stream = await client.streams.create_and_open_stream()
+    for i in range(3):
+        await stream.append(RecordBatch(bytes([i]) * 100))
+    from_cache = await stream.fetch(0, 3)
+    await client.engine.force_upload(None)
+    from_objects = await stream.fetch(0, 3)
+    for got in (from_cache, from_objects):
+        # the engine's own records (a FetchedBatch subclass with stream id and epoch), not copies
+        assert all(type(b) is StreamRecordBatch and isinstance(b, FetchedBatch) for b in got)
+        assert [(b.stream_id, b.epoch) for b in got] == [(stream.stream_id, stream.epoch)] * 3
+        assert [(b.base_offset, b.end_offset, b.payload) for b in got] == [
+            (i, i + 1, bytes([i]) * 100) for i in range(3)
+        ]
+    from_cache.clear()  # the caller owns the list: the next fetch is unaffected
+    assert len(await stream.fetch(0, 3)) == 3
     await client.close()
 
 

@@ -17,7 +17,8 @@ The writer follows AutoMQ's ProxyWriter / MultiPartWriter (reference section 6.3
 
 Memory (the bound compaction relies on): written bytes are copied exactly once, into pages of at
 most ``PAGE_BYTES`` that the upload owns; nothing of the caller's buffer is kept, except a whole
-immutable ``bytes`` object (kept by reference: it pins only itself). Pages are never joined: a
+immutable ``bytes`` object (kept by reference: it pins only itself); a large write lets the
+event loop run between pages. Pages are never joined: a
 body is a list of page slices that botocore reads through :class:`~s3stream.storage.s3body.PiecesReader`
 and aiohttp sends as memoryviews (:mod:`s3stream.storage.s3body`). So an upload holds at most
 ``(part_concurrency_max + 1) * part_size_bytes`` plus one page of written bytes in either mode

@@ -982,6 +982,10 @@ def _as_view(data: Body) -> memoryview:
 
 def _as_body(data: BodyParts) -> tuple[Body | tuple[Body, ...], int]:
     """A body given as a bytes-like object or as parts: what the write path packs, and its byte count."""
+    if data.__class__ is tuple and len(data) == 2:  # (header, payload) of bytes: the engine's large appends
+        head, tail = data
+        if head.__class__ is bytes and tail.__class__ is bytes:
+            return data, len(head) + len(tail)
     if isinstance(data, (list, tuple)):
         parts = tuple(p if p.__class__ is bytes or p.__class__ is bytearray else _as_view(p) for p in data)
         return parts, sum(map(len, parts))

@@ -76,9 +76,6 @@ class AppendPath:
         self.record_max_bytes = config.record_size_max_bytes
         self._wal_append, self._translate_wal_error = fast_append(wal)
         self._seq = 0
-        self._in_wal: dict[int, None] = {}
-        """seqs of the WAL appends in flight, oldest first (the watchdog's view; no clock read per
-        append: the watchdog times the oldest one from when it first sees it)."""
         self._watched: tuple[int, float] | None = None
         """(seq, time first seen) of the oldest WAL append in flight at the last watchdog pass."""
 
@@ -156,7 +153,7 @@ class AppendPath:
         if kv_entry is not None:
             self.kv.persisted(kv_entry, offset)
         for handle in handles.values():
-            release_ready(handle, self.pipeline.put)
+            release_ready(handle, self._put, self.live)
         await pending.outcome()
         if kv_entry is not None:
             await kv_entry.future
@@ -191,11 +188,12 @@ class AppendPath:
         seq = self._seq
         self._seq = seq + 1
         pending = PendingAppend(seq, None, 1, item)
-        live.submitted_one(seq, RECORD_HEADER_SIZE + size)
+        body_bytes = RECORD_HEADER_SIZE + size
+        live.live_bytes += body_bytes  # a per-block record of the trim tracker once released
         queue = handle.queue
         queue.append(pending)
-        in_wal = self._in_wal
-        in_wal[seq] = None  # the watchdog's view
+        inflight = live.inflight
+        inflight[seq] = live.end_offset  # its floor in the trim tracker; the watchdog's view
         try:
             # The body is StreamRecordBatch.encode()'s bytes (header packed here, see walbody.plain_parts):
             # joined when small, as (header, payload) parts otherwise (see PARTS_MIN_BYTES).
@@ -205,23 +203,29 @@ class AppendPath:
             if self._translate_wal_error is not None:
                 exc = self._translate_wal_error(exc)
             body = plain_parts(stream_id, epoch, base, count, payload)
-            offset = await self._after_failed_write(exc, body, pending, (handle,), None)
+            offset = await self._after_failed_write(exc, body, pending, (handle,), None, body_bytes)
         finally:
-            del in_wal[seq]
-        live.written(offset, seq)
+            del inflight[seq]
+        if offset >= live.end_offset:  # WalTrimTracker.written, inlined
+            live.end_offset = offset + 1
         pending.persisted = True
         if queue and queue[0] is pending and pending.error is None:
-            # Its stream's oldest pending append (the usual case): released right here, in line.
+            # Its stream's oldest pending append (the usual case): released right here, in line,
+            # as a per-block record of the trim tracker (the block keeps its WAL offset).
             queue.popleft()
-            if cache.put_item(item, seq):  # UploadPipeline.put, inlined
+            if cache.put_item(item, -1, offset):  # self._put, inlined
                 self.pipeline.archive_and_upload()
             handle.confirm_offset = end
             pending.remaining = 0
             pending.acked = True
             if queue and queue[0].persisted:  # later appends that completed first waited for this one
-                release_ready(handle, self.pipeline.put)
+                release_ready(handle, self._put, live)
         else:
-            release_ready(handle, self.pipeline.put)
+            if pending.error is None:
+                live.hold(seq, offset)  # durable; enters the LogCache after the earlier append
+            else:
+                live.live_bytes -= body_bytes  # failed while in flight: nothing to keep
+            release_ready(handle, self._put, live)
             if not pending.acked:
                 await pending.outcome()
         stats = self.stats
@@ -249,6 +253,13 @@ class AppendPath:
         self.kv.persisted(kv_entry, offset)
         (result,) = await kv_entry.future
         return result
+
+    def _put(self, item: CachedBatch, seq: int, wal_offset: int) -> None:
+        """An acknowledged batch enters the active LogCache block (archived and uploaded once full):
+        with its WAL record's ``seq`` (a per-record entry of the trim tracker) or its ``wal_offset``
+        (a plain append: per block)."""
+        if self.cache.put_item(item, seq, wal_offset):
+            self.pipeline.archive_and_upload()
 
     def _has_room(self, size_bytes: int) -> bool:
         return (
@@ -286,14 +297,14 @@ class AppendPath:
         kv_entry: KvEntry | None,
     ) -> int:
         """The WAL write of a record (``append_one`` has its own copy inline: the hot path)."""
-        in_wal = self._in_wal
-        in_wal[pending.seq] = None
+        inflight = self.live.inflight
+        inflight[pending.seq] = self.live.end_offset  # its floor; the watchdog's view
         try:
             return await self.wal.append(body)
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
             return await self._after_failed_write(exc, body, pending, handles, kv_entry)
         finally:
-            del in_wal[pending.seq]
+            del inflight[pending.seq]
 
     async def _after_failed_write(
         self,
@@ -302,9 +313,11 @@ class AppendPath:
         pending: PendingAppend,
         handles: Iterable[StreamHandle],
         kv_entry: KvEntry | None,
+        plain_bytes: int = 0,
     ) -> int:
         """A WAL write raised ``exc``: a full WAL is retried as commits trim it (up to the back-pressure
-        wait); any other failure fences the append's streams, cancels its KV changes and raises."""
+        wait); any other failure fences the append's streams, cancels its KV changes and raises.
+        ``plain_bytes``: a plain append's body bytes (counted at submission, no per-record entry)."""
         try:
             if not isinstance(exc, CapacityError):
                 raise exc
@@ -317,7 +330,7 @@ class AppendPath:
                 if isinstance(failure, S3StreamError)
                 else UnavailableError(f"append interrupted: {failure!r}")
             )
-            self._append_failed(pending, handles, error)
+            self._append_failed(pending, handles, error, plain_bytes)
             raise
 
     async def _retry_when_trimmed(self, body: BodyParts) -> int:
@@ -343,7 +356,7 @@ class AppendPath:
         Called every tick: the oldest append in flight is timed from the first tick that saw it, so a
         stuck append fails the engine between the timeout and the timeout plus one tick after it began.
         """
-        in_wal = self._in_wal
+        in_wal = self.live.inflight
         if not in_wal:
             self._watched = None
             return
@@ -359,10 +372,14 @@ class AppendPath:
             self.supervisor.spawn(self.wal.close(), name="s3stream-wal-close-after-timeout")
 
     def _append_failed(
-        self, pending: PendingAppend, handles: Iterable[StreamHandle], error: S3StreamError
+        self,
+        pending: PendingAppend,
+        handles: Iterable[StreamHandle],
+        error: S3StreamError,
+        plain_bytes: int = 0,
     ) -> None:
         """Any append failure fences its streams (AutoMQ): later appends of them fail too."""
-        self.live.failed(pending.seq)
+        self.live.failed(pending.seq, plain_bytes)
         fence = (
             error
             if isinstance(error, FencedError)
@@ -370,5 +387,5 @@ class AppendPath:
         )
         for handle in handles:
             handle.fence(fence)
-            fail_queue(handle, lambda other: error if other is pending else fence)
+            fail_queue(handle, lambda other: error if other is pending else fence, self.live)
         self.pipeline.room.set()

@@ -32,6 +32,9 @@ CachedBatch = tuple[int, int, int, int, bytes]
 _base_offset = operator.itemgetter(2)
 """A cached record's base offset (the key its stream's list is sorted by)."""
 
+NO_WAL_OFFSET = 1 << 62
+"""``LogCacheBlock.wal_offset_min`` of a block holding no per-block record (above any WAL offset)."""
+
 FREE_THRESHOLD_RATIO = 0.9
 """Free blocks are released once the cache holds more than this share of its capacity (AutoMQ 4.4)."""
 
@@ -107,9 +110,14 @@ class LogCacheBlock:
     free: bool = False
     archived: bool = False
     seqs: array[int] = field(default_factory=lambda: array("q"))
-    """The WAL record seq of each record put with one (a seq once per batch): the records the WAL
-    trim tracker learns are committed once the block is (:meth:`take_seqs`). An int array: 8 bytes
-    a record and no int object kept alive per record."""
+    """The WAL record seq of each record put with one (a seq once per batch): the per-record entries
+    of the WAL trim tracker (atomic groups, replayed records) that learn they are committed once
+    the block is (:meth:`take_seqs`). An int array: no int object kept alive per record."""
+    wal_offset_min: int = NO_WAL_OFFSET
+    """The lowest WAL offset of the records put with their offset (plain appends: the WAL trim
+    tracker's per-block records, live until the block is committed)."""
+    wal_bytes: int = 0
+    """The WAL body bytes of those records (``live_bytes`` of the trim tracker until committed)."""
 
     def put(self, item: CachedBatch) -> None:
         cache = self.streams.get(item[0])
@@ -154,9 +162,11 @@ class LogCache:
             (record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
         )
 
-    def put_item(self, item: CachedBatch, seq: int = -1) -> bool:
+    def put_item(self, item: CachedBatch, seq: int = -1, wal_offset: int = -1) -> bool:
         """:meth:`put` of a record in its cached form (the append path builds no StreamRecordBatch);
-        ``seq`` (if not negative) is its WAL record's, kept in the block's ``seqs``."""
+        ``seq`` (if not negative) is its WAL record's, kept in the block's ``seqs``; otherwise
+        ``wal_offset`` (if not negative) is the WAL offset of the plain record it is, kept as the
+        block's ``wal_offset_min`` and ``wal_bytes``."""
         block = self.blocks[-1]
         streams = block.streams
         cache = streams.get(item[0])
@@ -172,6 +182,10 @@ class LogCache:
         cache.size_bytes += size
         if seq >= 0:
             block.seqs.append(seq)
+        elif wal_offset >= 0:
+            if wal_offset < block.wal_offset_min:
+                block.wal_offset_min = wal_offset
+            block.wal_bytes += size
         block.size_bytes += size
         self.size_bytes += size
         return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count
@@ -205,6 +219,11 @@ class LogCache:
             self.size_bytes -= block.size_bytes
             freed += block.size_bytes
         return freed
+
+    def uncommitted_wal_offset_min(self) -> int:
+        """The lowest WAL offset of a per-block record in a block not yet committed (-1: none)."""
+        lowest = min((b.wal_offset_min for b in self.blocks if not b.free), default=NO_WAL_OFFSET)
+        return -1 if lowest == NO_WAL_OFFSET else lowest
 
     def unfree_bytes(self) -> int:
         """Bytes not yet committed to object storage (what back-pressure counts)."""

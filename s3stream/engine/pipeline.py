@@ -228,6 +228,7 @@ class UploadPipeline:
             if start:
                 await asyncio.sleep(0)
             self.live.committed(seqs[start : start + COMMITTED_SEQS_PER_TURN])
+        self.live.released(task.block.wal_bytes)
         self.cache.mark_free(task.block)
         self.inflight.remove(task)
         task.done.set()
@@ -236,7 +237,7 @@ class UploadPipeline:
 
     def trim_wal(self) -> None:
         """Trim the WAL below its oldest live record (after a commit, and when the WAL is full)."""
-        trim_to = self.live.trim_point()
+        trim_to = self.live.trim_point(self.cache.uncommitted_wal_offset_min())
         if trim_to is not None:
             self.supervisor.spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")
 

@@ -3,10 +3,24 @@
 Every WAL record the engine writes gets a submission sequence number (``seq``); WAL offsets grow
 with it. A record is *live* from submission until every batch it holds is committed to object
 storage (a record whose batches land in different LogCache blocks needs every one of those blocks
-committed). The WAL may be trimmed below the oldest live record; if that record's append is still in
-flight (its offset is not known yet) nothing is trimmed until the next commit. Pure: no I/O, no clock.
+committed). The WAL may be trimmed below the oldest live record. Pure: no I/O, no clock.
 
-The state is three ``dict[int, int]``: dicts holding only ints are not tracked by the garbage
+Live records are known in three ways (the trim point is the lowest offset any of them allows):
+
+- **in flight** (``inflight``: seq -> floor): an append whose WAL write has not returned. Its offset
+  is not known yet, but it is at least its *floor*, the tracker's ``end_offset`` when it was
+  submitted: every record whose write had returned by then was written by an earlier WAL call, and
+  WAL offsets grow with call order. Floors grow with seqs, so the oldest entry's is the lowest.
+- **per block** (the common plain append, released into the LogCache as soon as it is durable): the
+  LogCache block it lands in keeps the lowest WAL offset and the body bytes of such records
+  (``LogCacheBlock.wal_offset_min``, ``wal_bytes``); they stay live until the block is committed.
+  The caller passes the lowest such offset over uncommitted blocks to :meth:`trim_point`.
+- **held** (``seq`` -> offset): a durable plain append the sequencer holds back behind an earlier
+  append of its stream still in flight; it becomes a per-block record once released (:meth:`unhold`).
+- **per record** (``seq`` -> size, offset, batches left): atomic groups, KV records and replayed
+  records; the LogCache block keeps their seqs and reports each batch committed (:meth:`committed`).
+
+The state is ``dict[int, int]`` only: dicts holding only ints are not tracked by the garbage
 collector, so a LogCache full of records does not lengthen full collections (one object per
 record would: they are the engine's append latency tail).
 """
@@ -19,7 +33,16 @@ from collections.abc import Iterable
 class WalTrimTracker:
     """Live WAL records by seq (oldest first) and the bytes they hold."""
 
-    __slots__ = ("_batches", "_last_seq", "_offsets", "_sizes", "end_offset", "live_bytes")
+    __slots__ = (
+        "_batches",
+        "_held",
+        "_last_seq",
+        "_offsets",
+        "_sizes",
+        "end_offset",
+        "inflight",
+        "live_bytes",
+    )
 
     def __init__(self) -> None:
         self._sizes: dict[int, int] = {}
@@ -30,11 +53,21 @@ class WalTrimTracker:
         self._batches: dict[int, int] = {}
         """seq -> batches (or KV entries) of the record not yet committed (applied), for records that
         hold more than one; a live record missing here holds one (most do: a plain append)."""
+        self._held: dict[int, int] = {}
+        """seq -> WAL offset of durable plain appends not yet released into the LogCache (few: only
+        those that completed before an earlier append of their stream)."""
         self._last_seq = -1
+        self.inflight: dict[int, int] = {}
+        """seq -> floor of every append whose WAL write has not returned, oldest first: the floor is
+        ``end_offset`` at its submission, at most the offset the write will return (the append path
+        stores and deletes the entries itself; its watchdog times the oldest)."""
         self.live_bytes = 0
-        """Body bytes of live records: what the WAL must still hold (back-pressure counts it)."""
+        """Body bytes of live records: what the WAL must still hold (back-pressure counts it). The
+        append path adds a plain append's bytes at submission; :meth:`released` takes a committed
+        block's back."""
         self.end_offset = 0
-        """One past the largest WAL offset seen: trimming here drops every record written so far."""
+        """One past the largest WAL offset seen: trimming here drops every record written so far.
+        The append path's hot path updates it in line (as :meth:`written` does)."""
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -52,11 +85,23 @@ class WalTrimTracker:
         if offset >= 0:
             self.written(offset, seq)
 
-    def submitted_one(self, seq: int, size_bytes: int) -> None:
-        """:meth:`submitted` of a record of one batch whose append is in flight: the append hot path,
-        with nothing but the two updates (its ``seq`` comes from the same growing counter)."""
-        self._sizes[seq] = size_bytes
-        self.live_bytes += size_bytes
+    def hold(self, seq: int, offset: int) -> None:
+        """A plain append (its bytes counted in ``live_bytes`` at submission) is durable at ``offset``
+        but waits for an earlier append of its stream before entering the LogCache."""
+        self._held[seq] = offset
+
+    def unhold(self, seq: int) -> int:
+        """The held plain append ``seq`` enters the LogCache (a per-block record from now on): its offset."""
+        return self._held.pop(seq)
+
+    def drop_held(self, seq: int, size_bytes: int) -> None:
+        """The held plain append ``seq`` (``size_bytes`` of body) failed: it holds nothing to keep."""
+        if self._held.pop(seq, None) is not None:
+            self.live_bytes -= size_bytes
+
+    def released(self, size_bytes: int) -> None:
+        """A committed LogCache block's per-block records (``size_bytes`` of bodies) are no longer live."""
+        self.live_bytes -= size_bytes
 
     def written(self, offset: int, seq: int = -1) -> None:
         """A record is durable at ``offset`` (``seq``: the live record it is, if any)."""
@@ -65,13 +110,16 @@ class WalTrimTracker:
         if offset >= self.end_offset:
             self.end_offset = offset + 1
 
-    def failed(self, seq: int) -> None:
-        """The record's append failed: it holds nothing to keep."""
+    def failed(self, seq: int, plain_bytes: int = 0) -> None:
+        """The record's append failed: it holds nothing to keep. ``plain_bytes``: the body bytes of a
+        plain append counted at submission without a per-record entry (taken back if it has none)."""
         size = self._sizes.pop(seq, None)
         if size is not None:
             self._offsets.pop(seq, None)
             self._batches.pop(seq, None)
             self.live_bytes -= size
+        else:
+            self.live_bytes -= plain_bytes
 
     def committed(self, seqs: Iterable[int]) -> None:
         """One batch of each listed record (a seq once per batch) is now in object storage."""
@@ -88,8 +136,28 @@ class WalTrimTracker:
             self.live_bytes -= sizes.pop(seq)
             offsets.pop(seq, None)
 
-    def trim_point(self) -> int | None:
-        """The WAL offset below which nothing is live (None: nothing can be trimmed now)."""
-        if not self._sizes:
-            return self.end_offset if self.end_offset > 0 else None
-        return self._offsets.get(next(iter(self._sizes)))  # None: the oldest is in flight
+    def trim_point(self, cached_min: int = -1) -> int | None:
+        """The WAL offset below which nothing is live (None: nothing can be trimmed now).
+
+        ``cached_min``: the lowest WAL offset of the per-block records of uncommitted LogCache blocks
+        (negative: none)."""
+        point = cached_min if cached_min >= 0 else -1
+        if self._held:
+            held = min(self._held.values())
+            point = held if point < 0 else min(point, held)
+        if self.inflight:
+            floor = next(iter(self.inflight.values()))
+            point = floor if point < 0 else min(point, floor)
+        if self._sizes:
+            oldest = next(iter(self._sizes))
+            offset = self._offsets.get(oldest)
+            if offset is None:
+                if oldest not in self.inflight:
+                    return None  # its offset is not known and no floor bounds it
+                # In flight: its floor (at least the oldest floor, counted above) bounds it, and every
+                # later record's offset is above its own.
+            else:
+                point = offset if point < 0 else min(point, offset)
+        if point >= 0:
+            return point
+        return self.end_offset if self.end_offset > 0 else None

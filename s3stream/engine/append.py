@@ -19,7 +19,7 @@ from s3stream.config import Config
 from s3stream.engine.kvlog import KvApplier, KvEntry
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadPipeline
-from s3stream.engine.sequencer import fail_queue, release_ready
+from s3stream.engine.sequencer import fail_stream, release_waiting, take_turn
 from s3stream.engine.stream import PendingAppend, Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv, plain_parts
@@ -145,15 +145,16 @@ class AppendPath:
         live_count = record_count + (1 if kv_entry is not None else 0)
         if live_count:
             self.live.submitted(seq, batch_count=live_count, size_bytes=len(body))
-        for handle in handles.values():
-            handle.queue.append(pending)
         offset = await self._write(body, pending, handles.values(), kv_entry)
         self.live.written(offset, seq)
         pending.persisted = True
         if kv_entry is not None:
             self.kv.persisted(kv_entry, offset)
         for handle in handles.values():
-            release_ready(handle, self._put, self.live)
+            if handle.append_failure is not None:
+                pending.fail(handle.append_failure)
+        for stream_id, handle in handles.items():
+            take_turn(handle, pending, by_stream[stream_id][0][2], self._put, self.live)
         await pending.outcome()
         if kv_entry is not None:
             await kv_entry.future
@@ -164,7 +165,9 @@ class AppendPath:
 
     async def append_one(self, handle: StreamHandle, payload: bytes, count: int) -> int:
         """One batch to one stream: :meth:`append`'s common case, written for speed (it runs once per
-        record batch): no future of its own, no dict or list per append, no calls it can do inline."""
+        record batch): released in line when its base offset is its stream's confirm offset once
+        durable (see :mod:`s3stream.engine.sequencer`), with no future of its own, no PendingAppend,
+        no queue entry and no calls it can do inline."""
         supervisor = self.supervisor
         if handle.status is not Status.OPEN or supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
@@ -184,14 +187,10 @@ class AppendPath:
         handle.next_offset = end = base + count
         stream_id = handle.stream_id
         epoch = handle.epoch
-        item = (stream_id, epoch, base, count, payload)
         seq = self._seq
         self._seq = seq + 1
-        pending = PendingAppend(seq, None, 1, item)
         body_bytes = RECORD_HEADER_SIZE + size
         live.live_bytes += body_bytes  # a per-block record of the trim tracker once released
-        queue = handle.queue
-        queue.append(pending)
         inflight = live.inflight
         inflight[seq] = live.end_offset  # its floor in the trim tracker; the watchdog's view
         try:
@@ -203,31 +202,22 @@ class AppendPath:
             if self._translate_wal_error is not None:
                 exc = self._translate_wal_error(exc)
             body = plain_parts(stream_id, epoch, base, count, payload)
+            pending = PendingAppend(seq, None, 1)
             offset = await self._after_failed_write(exc, body, pending, (handle,), None, body_bytes)
         finally:
             del inflight[seq]
         if offset >= live.end_offset:  # WalTrimTracker.written, inlined
             live.end_offset = offset + 1
-        pending.persisted = True
-        if queue and queue[0] is pending and pending.error is None:
-            # Its stream's oldest pending append (the usual case): released right here, in line,
+        if base == handle.confirm_offset and handle.append_failure is None:
+            # Its stream's next append to release (the usual case): released right here, in line,
             # as a per-block record of the trim tracker (the block keeps its WAL offset).
-            queue.popleft()
-            if cache.put_item(item, -1, offset):  # self._put, inlined
+            if cache.put_item((stream_id, epoch, base, count, payload), -1, offset):  # self._put, inlined
                 self.pipeline.archive_and_upload()
             handle.confirm_offset = end
-            pending.remaining = 0
-            pending.acked = True
-            if queue and queue[0].persisted:  # later appends that completed first waited for this one
-                release_ready(handle, self._put, live)
+            if handle.waiting:  # later appends that completed first wait for this one
+                release_waiting(handle, self._put, live)
         else:
-            if pending.error is None:
-                live.hold(seq, offset)  # durable; enters the LogCache after the earlier append
-            else:
-                live.live_bytes -= body_bytes  # failed while in flight: nothing to keep
-            release_ready(handle, self._put, live)
-            if not pending.acked:
-                await pending.outcome()
+            await self._wait_turn(handle, seq, (stream_id, epoch, base, count, payload), offset)
         stats = self.stats
         stats.appended_records += 1
         stats.appended_bytes += size
@@ -253,6 +243,19 @@ class AppendPath:
         self.kv.persisted(kv_entry, offset)
         (result,) = await kv_entry.future
         return result
+
+    async def _wait_turn(self, handle: StreamHandle, seq: int, item: CachedBatch, offset: int) -> None:
+        """A durable plain append whose stream has an earlier append in flight (or whose appends
+        failed): it waits for its turn as a :class:`PendingAppend`, held by the trim tracker."""
+        failure = handle.append_failure
+        if failure is not None:
+            self.live.live_bytes -= RECORD_HEADER_SIZE + len(item[4])  # nothing to keep
+            raise failure
+        pending = PendingAppend(seq, None, 1, item)
+        pending.persisted = True
+        self.live.hold(seq, offset)
+        handle.waiting[item[2]] = pending
+        await pending.outcome()
 
     def _put(self, item: CachedBatch, seq: int, wal_offset: int) -> None:
         """An acknowledged batch enters the active LogCache block (archived and uploaded once full):
@@ -387,5 +390,5 @@ class AppendPath:
         )
         for handle in handles:
             handle.fence(fence)
-            fail_queue(handle, lambda other: error if other is pending else fence, self.live)
+            fail_stream(handle, fence, self.live)
         self.pipeline.room.set()

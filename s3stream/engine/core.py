@@ -25,7 +25,7 @@ from s3stream.engine.logcache import LogCache
 from s3stream.engine.pipeline import EngineStats, TestHooks, UploadPipeline
 from s3stream.engine.reader import merge_fetch
 from s3stream.engine.recovery import plan_replay
-from s3stream.engine.sequencer import fail_queue
+from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.upload import ObjectUploader
@@ -202,7 +202,7 @@ class Engine:
         fence = error if isinstance(error, FencedError | ClosedError) else ClosedError(str(error))
         for handle in self.streams.values():
             handle.fence(fence)
-            fail_queue(handle, lambda _: error)
+            fail_stream(handle, error, self._live)
         self._kv.fail_all(error)
         self._pipeline.wake_all()
 
@@ -255,9 +255,9 @@ class Engine:
             return
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
-        if handle.queue:
-            waits = [f for f in (p.wait() for p in handle.queue) if f is not None]
-            await asyncio.gather(*waits, return_exceptions=True)
+        drained = wait_drained(handle)
+        if drained is not None:
+            await asyncio.gather(drained, return_exceptions=True)
         try:
             if not was_fenced and self._supervisor.failed is None:
                 await self.force_upload(handle.stream_id)

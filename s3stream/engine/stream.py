@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections import deque
 from dataclasses import dataclass, field
 
 from s3stream.engine.logcache import CachedBatch
@@ -25,12 +24,12 @@ class Status(enum.Enum):
 
 
 class PendingAppend:
-    """One WAL record (plain append or atomic group) waiting for durability and its turn.
+    """One WAL record (plain append or atomic group) waiting for its turn in its streams.
 
     Its outcome is ``acked`` or ``error``. ``future`` exists only while the appender waits for an
-    earlier append of one of its streams (most appends are released at once and never need one).
-    A plain append (one batch, one stream: the common case) keeps its batch in ``item`` and has no
-    ``by_stream`` dict (:meth:`items` gives either form).
+    earlier append of one of its streams. A plain append released as soon as it is durable (the
+    usual case) has none of this: the sequencer builds one only for a plain append that must wait
+    (it keeps its batch in ``item`` and has no ``by_stream`` dict) and for every atomic group.
     """
 
     __slots__ = ("acked", "by_stream", "error", "future", "item", "persisted", "remaining", "seq")
@@ -53,13 +52,6 @@ class PendingAppend:
         self.acked = remaining == 0
         self.error: S3StreamError | None = None
         self.future: asyncio.Future[None] | None = None
-
-    def items(self, stream_id: int) -> list[CachedBatch]:
-        """The record's batches of stream ``stream_id``, in offset order."""
-        if self.by_stream is None:
-            assert self.item is not None
-            return [self.item]
-        return self.by_stream[stream_id]
 
     def fail(self, error: S3StreamError) -> None:
         """Fail the append unless it is already decided (its appender raises ``error``)."""
@@ -101,7 +93,11 @@ class StreamHandle:
     confirm_offset: int
     status: Status = Status.OPEN
     error: S3StreamError | None = None
-    queue: deque[PendingAppend] = field(default_factory=deque)
+    waiting: dict[int, PendingAppend] = field(default_factory=dict)
+    """base offset -> durable appends waiting for an earlier one still in flight (the sequencer's)."""
+    append_failure: S3StreamError | None = None
+    """Set once the stream's unacknowledged appends fail: those still in flight fail with it when
+    they complete (:func:`s3stream.engine.sequencer.fail_stream`)."""
 
     def check_writable(self) -> None:
         if self.status is Status.FENCED:

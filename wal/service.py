@@ -26,6 +26,7 @@ import bisect
 import collections
 import contextlib
 import itertools
+import operator
 import os
 import queue
 import random
@@ -721,9 +722,68 @@ class BlockWAL:
         limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring, split or room_ring), first_size)
         items, item_futs = self._take(limit)
         group = _Group(start, pad_len, slot)
+        off = self._pack_small(group, items, item_futs)
+        if off < 0:
+            off = self._pack(group, items, item_futs)
+        pos = off - start
+        group.nbytes = pos
+        group.records += len(group.futs)
+        self._tail = off
+        self._groups.append((start, off))
+        end = align_up(pos, layout.block)
+        if end != pos:
+            self._wviews[slot][pos:end] = self._zeros[: end - pos]
+        group.end = end
+        return group
+
+    def _pack_small(
+        self, group: _Group, items: list[_Queued], item_futs: list[asyncio.Future[int] | None]
+    ) -> int:
+        """The usual group, packed with C-level loops: every item a single append of one bytes-like
+        body of at most :data:`_JOIN_BODY_MAX` bytes. Returns the offset past the last record, or -1
+        (nothing changed) when the group holds anything else.
+
+        The same bytes as :meth:`_pack`, about half its CPU per 1 KiB record: ``map`` runs each step
+        (body CRCs, lengths, offsets, varying parts, header CRCs) over the whole group without a
+        bytecode round per record, and the pieces are interleaved by slice assignment.
+        """
+        try:
+            # TypeError: a body given as parts (a tuple) or an append_many (_Req) is queued
+            crcs = list(map(crc32c, items))  # type: ignore[arg-type]
+        except TypeError:
+            return -1
+        lens = list(map(len, items))  # type: ignore[arg-type]
+        if max(lens) > _JOIN_BODY_MAX:
+            return -1
+        count = len(lens)
+        offs: list[int] = list(
+            map(
+                operator.add,
+                itertools.accumulate(lens, initial=group.first_offset),
+                range(0, _H * count + 1, _H),
+            )
+        )
+        end = offs.pop()
+        varying = list(map(_RECORD_HEADER_VARYING.pack, lens, offs, crcs))
+        fixed, fixed_crc = self._fixed_rest
+        pieces: list[Any] = [fixed] * (4 * count)
+        pieces[1::4] = varying
+        pieces[2::4] = map(_CRC.pack, map(crc32c, varying, itertools.repeat(fixed_crc, count)))
+        pieces[3::4] = items
+        first, first_crc = self._fixed_first  # the group's first record has the FIRST flag
+        pieces[0] = first
+        pieces[2] = _CRC.pack(crc32c(varying[0], first_crc))
+        self._wviews[group.slot][: end - group.first_offset] = b"".join(pieces)
+        group.futs = item_futs  # type: ignore[assignment]
+        group.offs = offs
+        return end
+
+    def _pack(self, group: _Group, items: list[_Queued], item_futs: list[asyncio.Future[int] | None]) -> int:
+        """Pack ``items`` (any kind) into the group's write buffer; returns the offset past the last."""
+        start = group.first_offset
         futs = group.futs
         offs = group.offs
-        view = self._wviews[slot]
+        view = self._wviews[group.slot]
         # A record header is packed as its fixed part (magic .. wal_id; packed and CRCed once per WAL,
         # FIRST flag or not), its varying part and the header CRC, continued from the fixed part's.
         fixed, fixed_crc = self._fixed_first
@@ -757,7 +817,7 @@ class BlockWAL:
                 fixed, fixed_crc = fixed_rest
                 continue
             if cls is _Req:  # an append_many: its records from ``sealed`` to ``take``
-                req = data  # type: ignore[assignment]
+                req: _Req = data  # type: ignore[assignment]
                 req_offs: list[int] = []
                 for body in req.bodies[req.sealed : req.take]:
                     n = len(body)
@@ -795,18 +855,9 @@ class BlockWAL:
             add_off(off)
             off += hsize + n
             fixed, fixed_crc = fixed_rest
-        pos = off - start
         if pieces:
-            view[joined_from:pos] = b"".join(pieces)
-        group.nbytes = pos
-        group.records += len(futs)
-        self._tail = off
-        self._groups.append((start, off))
-        end = align_up(pos, layout.block)
-        if end != pos:
-            view[pos:end] = self._zeros[: end - pos]
-        group.end = end
-        return group
+            view[joined_from : off - start] = b"".join(pieces)
+        return off
 
     def _take(self, limit: int) -> tuple[list[_Queued], list[asyncio.Future[int] | None]]:
         """The queued items (and their futures) that fill at most ``limit`` bytes, taken off the

@@ -552,6 +552,27 @@ class MetadataContract:
         )
         assert (await store.describe_stream(stream_id)).end_offset == 40
 
+    async def test_an_upload_advances_only_the_end_of_the_stream_and_its_last_range(
+        self, store: MetadataStore
+    ) -> None:
+        await node(store)
+        tags = {"topic": "t", "partition": "7"}
+        stream_id = await store.create_stream(node_id=N1, node_epoch=EPOCH, tags=tags)
+        await store.open_stream(node_id=N1, node_epoch=EPOCH, stream_id=stream_id, epoch=0)
+        await upload(store, N1, [(stream_id, 0, 10)])
+        await store.close_stream(node_id=N1, node_epoch=EPOCH, stream_id=stream_id, epoch=0)
+        await store.open_stream(node_id=N1, node_epoch=EPOCH, stream_id=stream_id, epoch=1)
+        await upload(store, N1, [(stream_id, 10, 25)])
+        stream = await store.describe_stream(stream_id)
+        assert (stream.epoch, stream.state, stream.start_offset, stream.end_offset) == (
+            1, StreamState.OPENED, 0, 25,
+        )  # fmt: skip
+        assert dict(stream.tags) == tags
+        assert [(r.range_index, r.epoch, r.start_offset, r.end_offset) for r in stream.ranges] == [
+            (0, 0, 0, 10),
+            (1, 1, 10, 25),
+        ]
+
     async def test_fully_trimmed_and_deleted_streams_are_accepted(self, store: MetadataStore) -> None:
         await node(store)
         trimmed, deleted, live = await opened(store), await opened(store), await opened(store)

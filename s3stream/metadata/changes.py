@@ -65,6 +65,16 @@ class PutRange:
 
 
 @dataclass(frozen=True, slots=True)
+class AdvanceEndOffset:
+    """Set a stream's end offset and the end offset of its range ``range_index`` (both exist): the
+    advance of a WAL upload's commit, which touches no other field (no stream or range row rebuilt)."""
+
+    stream_id: StreamId
+    range_index: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class RemoveRange:
     stream_id: StreamId
     range_index: int
@@ -117,6 +127,7 @@ Change = (
     | PutStream
     | RemoveStream
     | PutRange
+    | AdvanceEndOffset
     | RemoveRange
     | PutObject
     | RemoveObject

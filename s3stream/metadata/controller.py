@@ -62,6 +62,17 @@ class StreamSetRange(NamedTuple):
     range: StreamOffsetRange
 
 
+class StreamHead(NamedTuple):
+    """A stream's state, offsets and last range (the one with the highest index; -1 and -1 when it
+    has no range): what the end-offset advance of a WAL upload checks and writes."""
+
+    state: int
+    start_offset: int
+    end_offset: int
+    range_index: int
+    range_node_id: int
+
+
 class StateView(Protocol):
     """Read access to the metadata state inside the running transaction."""
 
@@ -71,9 +82,9 @@ class StateView(Protocol):
         """With ``ranges`` sorted by range index."""
         ...
 
-    def streams_of(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, StreamMetadata]:
-        """:meth:`stream` of many at once (ids that do not exist are left out): one lookup, not
-        one per stream (a commit of 1,000 streams' ranges)."""
+    def stream_heads(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, StreamHead]:
+        """What a WAL upload's commit checks of each stream, for many at once (ids that do not
+        exist are left out): one lookup, no tags and no range list built (a commit of 1,000 streams)."""
         ...
 
     def opened_streams(self) -> list[StreamMetadata]: ...

@@ -6,6 +6,7 @@ decides against the current state, then the changes are applied in one step. Not
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -24,6 +25,7 @@ from s3stream.metadata.base import (
     StreamState,
 )
 from s3stream.metadata.changes import (
+    AdvanceEndOffset,
     Change,
     Counter,
     PutKv,
@@ -83,9 +85,19 @@ class _State:
             tags=dict(row.tags),
         )
 
-    def streams_of(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, StreamMetadata]:
-        found = {stream_id: self.stream(stream_id) for stream_id in stream_ids}
-        return {stream_id: stream for stream_id, stream in found.items() if stream is not None}
+    def stream_heads(self, stream_ids: Sequence[StreamId]) -> dict[StreamId, ctl.StreamHead]:
+        found: dict[StreamId, ctl.StreamHead] = {}
+        for stream_id in stream_ids:
+            row = self.stream_rows.get(stream_id)
+            if row is None:
+                continue
+            ranges = self.ranges.get(stream_id)
+            last = ranges[max(ranges)] if ranges else None
+            found[stream_id] = ctl.StreamHead(
+                int(row.state), row.start_offset, row.end_offset,
+                -1 if last is None else last.range_index, -1 if last is None else last.node_id,
+            )  # fmt: skip
+        return found
 
     def _described(self, stream_ids: list[StreamId]) -> list[StreamMetadata]:
         out = []
@@ -184,6 +196,12 @@ class _State:
                     self.sos.pop(object_id, None)
             case PutRange(rng):
                 self.ranges.setdefault(rng.stream_id, {})[rng.range_index] = rng
+            case AdvanceEndOffset(stream_id, range_index, end_offset):
+                self.stream_rows[stream_id] = dataclasses.replace(
+                    self.stream_rows[stream_id], end_offset=end_offset
+                )
+                rng = self.ranges[stream_id][range_index]
+                self.ranges[stream_id][range_index] = dataclasses.replace(rng, end_offset=end_offset)
             case RemoveRange(stream_id, range_index):
                 self.ranges.get(stream_id, {}).pop(range_index, None)
             case PutObject(obj):

@@ -22,17 +22,15 @@ from s3stream.metadata.base import (
     CommitStreamSetObjectRequest,
     ObjectKind,
     ObjectState,
-    RangeMetadata,
     S3ObjectMetadata,
     StreamObject,
     StreamSetObject,
     StreamState,
 )
 from s3stream.metadata.changes import (
+    AdvanceEndOffset,
     Counter,
     PutObject,
-    PutRange,
-    PutStream,
     PutStreamObject,
     PutStreamSetObject,
     RemoveObject,
@@ -41,6 +39,7 @@ from s3stream.metadata.changes import (
     SetCounter,
 )
 from s3stream.metadata.controller import (
+    OFFSET_MAX,
     PREPARE_COUNT_MAX,
     RANGES_PER_COMMIT_MAX,
     TTL_MS_MAX,
@@ -122,6 +121,13 @@ def _check_stream_set_request(req: CommitStreamSetObjectRequest) -> None:
         raise InvalidArgumentError("stream_ranges need a StreamSet object (object_id is -1)")
     previous = -1
     for r in req.stream_ranges:
+        sid, start, end, size = r.stream_id, r.start_offset, r.end_offset, r.size_bytes
+        if (  # the common case in one expression; anything else takes the checks below for its error
+            type(sid) is int and type(start) is int and type(end) is int and type(size) is int
+            and previous < sid <= OFFSET_MAX and 0 <= start < end <= OFFSET_MAX and 0 <= size <= OFFSET_MAX
+        ):  # fmt: skip
+            previous = sid
+            continue
         check_int("stream_id", r.stream_id, low=0)
         if r.stream_id <= previous:
             raise InvalidArgumentError("stream_ranges must be sorted by stream id, one range per stream")
@@ -223,40 +229,37 @@ def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:
     spans += [(so.stream_id, so.start_offset, so.end_offset) for so in req.stream_objects]
     spans.sort()
     ends: dict[StreamId, int] = {}
-    streams = txn.view.streams_of([span[0] for span in spans])
+    heads = txn.view.stream_heads([span[0] for span in spans])
+    opened = StreamState.OPENED
     for stream_id, start, end in spans:
-        stream = streams.get(stream_id)
-        if stream is None:
+        head = heads.get(stream_id)
+        if head is None:
             continue  # deleted meanwhile: its data is dropped by compaction
-        if end <= stream.start_offset:
+        if end <= head.start_offset:
             continue  # a fully trimmed upload: accepted, advances nothing
-        if stream.state != StreamState.OPENED:
+        if head.state != opened:
             raise ConflictError(f"stream {stream_id} is not opened", code=ErrorCode.STREAM_NOT_OPENED)
-        if not stream.ranges:
+        if head.range_index < 0:
             raise ConflictError(f"stream {stream_id} has no current range", code=ErrorCode.STREAM_INNER_ERROR)
-        owner = stream.ranges[-1].node_id
-        if owner != req.node_id:
+        if head.range_node_id != req.node_id:
             raise FencedError(
-                f"stream {stream_id} is owned by node {owner}, not node {req.node_id}",
+                f"stream {stream_id} is owned by node {head.range_node_id}, not node {req.node_id}",
                 code=ErrorCode.STREAM_FENCED,
             )
-        expected = ends.get(stream_id, stream.end_offset)
+        expected = ends.get(stream_id, head.end_offset)
         # once the trim reached the logical end, an upload may start at or below the trim point
-        matched = start == expected if expected > stream.start_offset else start <= stream.start_offset
+        matched = start == expected if expected > head.start_offset else start <= head.start_offset
         if not matched:
             raise ConflictError(
                 f"stream {stream_id} range [{start}, {end}) does not continue at end offset {expected}",
                 code=ErrorCode.OFFSET_NOT_MATCHED,
             )
         ends[stream_id] = end
-    # hot path of every upload: plain constructors, no replace(); all streams, then all ranges (the
-    # SQLite store writes a run of one kind with one executemany, not one call per change)
+    # hot path of every upload: one small change per stream, only the two end offsets written (the
+    # SQLite store runs them as one executemany per table, not one upsert of the whole row each)
+    write = txn.write
     for stream_id, end in ends.items():
-        s = streams[stream_id]
-        txn.write(PutStream(stream_id, s.epoch, s.state, s.start_offset, end, s.tags))
-    for stream_id, end in ends.items():
-        r = streams[stream_id].ranges[-1]
-        txn.write(PutRange(RangeMetadata(stream_id, r.epoch, r.range_index, r.start_offset, end, r.node_id)))
+        write(AdvanceEndOffset(stream_id, heads[stream_id].range_index, end))
 
 
 def commit_stream_object(txn: Txn, req: CommitStreamObjectRequest, *, now_ms: int) -> None:

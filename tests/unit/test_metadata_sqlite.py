@@ -33,6 +33,7 @@ from tests.metadata_contract import (
     node,
     opened,
     snapshot,
+    sso_request,
     upload,
 )
 
@@ -364,5 +365,30 @@ async def test_a_commit_looks_its_streams_up_in_batches(
         with pytest.raises(ConflictError):
             await upload(store, N1, [(sids[1], 20, 30), (sids[2], 25, 30)])  # sids[2] does not continue
         assert [(await store.describe_stream(sid)).end_offset for sid in sids[1:3]] == [20, 20]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "match"),
+    [("state", 9, "StreamState"), ("end_offset", "'x'", "integer"), ("start_offset", "1.5", "integer")],
+)
+async def test_a_commit_finds_bad_stored_stream_values_corrupt(
+    tmp_path: Path, column: str, value: object, match: str
+) -> None:
+    """The end-offset advance of an upload reads each stream's state, offsets and last range as
+    plain values: what is stored is still checked, and the failed commit writes nothing."""
+    path = tmp_path / "meta.db"
+    store = await SqliteMetadataStore.open(path, clock_ms=FakeClock())
+    try:
+        await node(store)
+        stream_id = await opened(store)
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute(f"UPDATE streams SET {column} = {value} WHERE stream_id = ?", (stream_id,))
+        conn.close()
+        first = await store.prepare_objects(count=1, ttl_ms=60_000)
+        with pytest.raises(CorruptionError, match=match):
+            await store.commit_stream_set_object(sso_request(N1, first, [(stream_id, 0, 10)]))
+        assert (await store.get_object(first)).state == ObjectState.PREPARED
     finally:
         await store.close()

@@ -13,8 +13,9 @@
   O_DIRECT write of the same record bytes in 1 MiB writes, counted in records.
 - **latency at half load**: open-loop 1 KiB appends at half the best 1 KiB rate measured above;
   p50/p99 ms (goal p99 <= 2 ms) vs the p99 of a raw 4 KiB ``pwrite`` + ``fdatasync`` cycle. The same
-  generator against a no-op append gives the method's own floor, and a busy-loop probe counts how
-  often this process was off the CPU (both in ``extra``): on a shared 2-core machine, scheduling
+  generator against a no-op append gives the method's own floor, the send lag of both runs (how late
+  each send went out against its slot) tells the generator's share of a latency, and a busy-loop
+  probe counts how often this process was off the CPU (all in ``extra``): on a shared 2-core machine, scheduling
   stalls of 10-100 ms from other processes set the p99 more than the WAL does. Both paced runs start
   on a frozen heap (``gc.collect()`` + ``gc.freeze()``, unfrozen after): a full collection then scans
   only what the run itself allocates, not the harness's modules and earlier sections' leftovers.
@@ -302,7 +303,13 @@ PACER_TICK_S = 0.001
 
 
 async def _paced_latency(
-    target: Any, rate: float, duration_s: float, data: bytes, *, wal: BlockWAL | None = None
+    target: Any,
+    rate: float,
+    duration_s: float,
+    data: bytes,
+    *,
+    wal: BlockWAL | None = None,
+    send_lag: LatencyRecorder | None = None,
 ) -> LatencyRecorder:
     """Open-loop load at ``rate``: send slot i is due at ``begin + i / rate``.
 
@@ -311,6 +318,10 @@ async def _paced_latency(
     earlier of the slot's due time and the actual send, so a target that falls behind (no idle
     producer, or a late pacer) pays for the lag (no coordinated omission). One timer per tick rather
     than one ``asyncio.sleep`` per send keeps the generator's own cost on the loop small.
+
+    ``send_lag`` records how late each send went out against its slot (0 when early): the
+    generator's own lateness (a late pacer, no idle producer), a part of every latency sample; a
+    p99 send lag near the latency p99 says the loop, not the target's service time, set it.
     """
     rec = LatencyRecorder()
     loop = asyncio.get_running_loop()
@@ -330,9 +341,12 @@ async def _paced_latency(
                 due = await fut
             if due < 0:  # no more slots
                 return
-            start = min(due, time.perf_counter())
+            now = time.perf_counter()
+            start = min(due, now)
             await append(data)
             rec.record(time.perf_counter() - start)
+            if send_lag is not None:
+                send_lag.record(max(0.0, now - due))
 
     async def pacer() -> None:
         released = 0
@@ -477,11 +491,12 @@ async def run(ctx: Context) -> list[Result]:
     target_rate = best_rate / 2
     wal = await BlockWAL.open(path, config)
     await wal.recover_all()
+    wal_lag, floor_lag = LatencyRecorder(), LatencyRecorder()
     with _frozen_heap():
-        rec = await _paced_latency(wal, target_rate, duration_s, small, wal=wal)
+        rec = await _paced_latency(wal, target_rate, duration_s, small, wal=wal, send_lag=wal_lag)
     await wal.close()
     with _frozen_heap():
-        floor = await _paced_latency(_NoopAppend(), target_rate, duration_s, small)
+        floor = await _paced_latency(_NoopAppend(), target_rate, duration_s, small, send_lag=floor_lag)
     stalls = await asyncio.to_thread(_stall_probe, 1.0)
     raw_lat = await asyncio.to_thread(_raw_sync_latency, path, 2000)
     summary = rec.summary_ms()
@@ -501,6 +516,9 @@ async def run(ctx: Context) -> list[Result]:
                 # the same generator against an append that completes on the next loop turn: what
                 # the method and the machine add on their own (scheduling noise from other processes)
                 "generator_floor_latency_ms": floor.summary_ms(),
+                # how late the sends went out against their slots (part of each latency sample)
+                "send_lag_ms": wal_lag.summary_ms(),
+                "generator_floor_send_lag_ms": floor_lag.summary_ms(),
                 **stalls,
             },
         )

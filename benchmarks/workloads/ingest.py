@@ -18,11 +18,13 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   made), writes one object per stream present (goal <= 1/100).
 - **append p99 latency** while uploads run, at half the measured maximum rate (1 KiB records,
   ``s3.wal.upload.threshold`` 8 MiB so several uploads overlap the run), vs the WAL alone at the
-  same rate (goal <= 3 ms). Both targets first run :data:`WARMUP_S` of unrecorded paced appends.
-  The extras give the generator's send lag, the method's floor (a no-op target at the same rate)
-  and the full garbage collections of the recorded engine run. Each paced run starts on a frozen
-  heap like the ``wal`` workload's (the harness's and earlier sections' objects are not scanned; the
-  engine's own objects, created inside the run, are).
+  same rate (goal <= 3 ms). Both targets first run :data:`WARMUP_S` of unrecorded paced appends,
+  then call :func:`s3stream.assembly.freeze_startup_heap` (what docs/architecture.md, "Latency and
+  Python's garbage collector", tells a long-running application to do once it has started): the
+  harness, the WAL or the engine with its S3 client (created at open), streams and first uploads
+  are out of the collector's scans; everything the recorded run allocates is collected as usual.
+  The extras give the generator's send lag, the method's floor (a no-op target at the same rate),
+  the full garbage collections of the recorded engine run and the objects frozen.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ from pathlib import Path
 
 from benchmarks.core import Context, Result
 from benchmarks.measure import CountingStorage, LatencyRecorder, RequestCounter, per_gib
-from s3stream.assembly import open_block_wal, open_client
+from s3stream.assembly import freeze_startup_heap, open_block_wal, open_client
 from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
 from s3stream.model import RecordBatch
 from s3stream.record import RECORD_HEADER_SIZE
 from s3stream.storage.base import ObjectStorage
+from s3stream.storage.s3 import S3ObjectStorage
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -52,7 +55,10 @@ RAW_PUT_BYTES = 16 * MiB
 
 async def _open_engine(ctx: Context, name: str, config: Config) -> tuple[Client, RequestCounter]:
     counter = RequestCounter()
-    storage: ObjectStorage = CountingStorage(ctx.open_storage(name), counter)
+    inner = ctx.open_storage(name)
+    if isinstance(inner, S3ObjectStorage):
+        await inner.connect()  # what open_client does with a storage it opens itself
+    storage: ObjectStorage = CountingStorage(inner, counter)
     client = await open_client(ctx.scratch(name), config=config, storage=storage)
     return client, counter
 
@@ -130,8 +136,9 @@ async def _wal_alone(
             await wal.trim(offset)
 
     try:
-        if rate_per_s:  # the same warm-up as the engine's latency run, unrecorded
+        if rate_per_s:  # the same warm-up and start-up heap freeze as the engine's latency run
             await _paced(one, int(rate_per_s * WARMUP_S), rate_per_s)
+            freeze_startup_heap()
             latency = LatencyRecorder()
         started = time.perf_counter()
         if rate_per_s:
@@ -151,9 +158,9 @@ async def _wal_alone(
 
 PACED_PRODUCERS = 256
 WARMUP_S = 2.0
-"""Paced appends before the latency run records anything (both targets): the S3 client's creation
-(~70 ms of botocore model loading at the first upload), the first prepare and commit, and the
-allocator's first growth are start-up costs, not the steady state the figure is about."""
+"""Paced appends before the latency run records anything (both targets): the first prepare and
+commit, the caches' and the allocator's first growth are start-up costs, not the steady state the
+figure is about (the S3 client is created when the engine opens). The heap is frozen after it."""
 
 
 async def _paced(one: object, count: int, rate_per_s: float, send_lag: LatencyRecorder | None = None) -> None:
@@ -241,9 +248,10 @@ class GcPauses:
 
 async def _engine_latency(
     ctx: Context, *, record_bytes: int, stream_count: int, rate_per_s: float, duration_s: float
-) -> tuple[LatencyRecorder, int, LatencyRecorder, GcPauses]:
-    """Append latency at ``rate_per_s`` after :data:`WARMUP_S` of unrecorded appends; also returns
-    the uploads that ran, the generator's send lag and the full collections during the recorded run."""
+) -> tuple[LatencyRecorder, int, LatencyRecorder, GcPauses, int]:
+    """Append latency at ``rate_per_s`` after :data:`WARMUP_S` of unrecorded appends and
+    :func:`~s3stream.assembly.freeze_startup_heap`; also returns the uploads that ran, the
+    generator's send lag, the full collections during the recorded run and the objects frozen."""
     config = Config(wal_upload_threshold_bytes=8 * MiB)
     client, _ = await _open_engine(ctx, "engine-latency", config)
     latency = LatencyRecorder()
@@ -260,6 +268,7 @@ async def _engine_latency(
             latency.record(time.perf_counter() - t0)
 
         await _paced(one, int(rate_per_s * WARMUP_S), rate_per_s)
+        frozen = freeze_startup_heap()  # start-up is over: what the application is told to do
         latency = LatencyRecorder()
         uploads_before = client.engine.stats.uploads
         with GcPauses() as gc_pauses:
@@ -267,7 +276,7 @@ async def _engine_latency(
         uploads = client.engine.stats.uploads - uploads_before
     finally:
         await client.close()
-    return latency, uploads, send_lag, gc_pauses
+    return latency, uploads, send_lag, gc_pauses, frozen
 
 
 async def _raw_put_mb_s(ctx: Context, object_count: int) -> float:
@@ -334,11 +343,11 @@ async def run(ctx: Context) -> list[Result]:
         )  # fmt: skip
     ctx.status("ingest: append latency, engine with uploads running")
     with _frozen_heap():
-        eng_lat, uploads, send_lag, gc_pauses = await _engine_latency(
+        eng_lat, uploads, send_lag, gc_pauses, frozen = await _engine_latency(
             ctx, record_bytes=1 * KiB, stream_count=stream_count, rate_per_s=rate, duration_s=duration
         )
     ctx.status("ingest: the latency method's floor (a target that only yields once)")
     with _frozen_heap():
         floor = await _paced_floor(rate, min(duration, 3.0))
-    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
+    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
     return results

@@ -277,8 +277,15 @@ class S3ObjectStorage:
             response_checksum_validation=config.checksum_mode,
         )
 
+    async def connect(self) -> None:
+        """Create the client now (botocore's models and the client are ~60,000 Python objects and
+        tens of ms of CPU): the assembly calls this while it opens the engine, so that start-up work
+        is not done at the first upload, in the middle of appends, and the objects exist before an
+        application freezes its start-up heap (:func:`s3stream.assembly.freeze_startup_heap`)."""
+        await self.client()
+
     async def client(self) -> Any:
-        """The aiobotocore client, created on first use."""
+        """The aiobotocore client, created on first use (or by :meth:`connect`)."""
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         if self._client is None:

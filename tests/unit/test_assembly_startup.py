@@ -1,0 +1,54 @@
+"""Start-up work happens at start-up: the S3 client is created when the assembly opens the storage,
+and an application can freeze its start-up heap (docs/architecture.md, "Latency and Python's garbage
+collector")."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from s3stream.assembly import _open_storage, freeze_startup_heap
+from s3stream.storage.local import LocalObjectStorage
+from s3stream.storage.s3 import S3ObjectStorage
+
+S3_URI = "0@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:9&pathStyle=true&accessKey=a&secretKey=b"
+
+
+async def test_the_s3_client_is_created_when_the_assembly_opens_the_storage(tmp_path: Path) -> None:
+    storage = await _open_storage(tmp_path, S3_URI)  # creating the client sends no request
+    try:
+        assert isinstance(storage, S3ObjectStorage)
+        assert storage._client is not None
+        client = storage._client
+        await storage.connect()  # idempotent
+        assert storage._client is client
+    finally:
+        await storage.close()
+
+
+async def test_a_local_storage_needs_no_start_up_work(tmp_path: Path) -> None:
+    storage = await _open_storage(tmp_path, None)
+    assert isinstance(storage, LocalObjectStorage)
+    await storage.close()
+
+
+def test_freeze_startup_heap_moves_live_objects_out_of_the_collectors_scans() -> None:
+    class Node:
+        def __init__(self) -> None:
+            self.peer: Node | None = None
+
+    kept = Node()
+    garbage = Node()
+    garbage.peer = garbage  # a cycle: collected before the freeze, not frozen with the live objects
+    del garbage
+    try:
+        frozen = freeze_startup_heap()
+        assert frozen == gc.get_freeze_count() > 0
+        assert gc.isenabled()  # the collector stays on
+        assert not any(obj is kept for obj in gc.get_objects())  # frozen: out of every generation
+        assert not any(type(obj) is Node for obj in gc.get_objects())  # the cycle was collected first
+        later = Node()
+        assert any(obj is later for obj in gc.get_objects())  # new objects are tracked as usual
+    finally:
+        gc.unfreeze()
+    assert any(obj is kept for obj in gc.get_objects())

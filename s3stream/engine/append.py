@@ -211,7 +211,7 @@ class AppendPath:
         if base == handle.confirm_offset and handle.append_failure is None:
             # Its stream's next append to release (the usual case): released right here, in line,
             # as a per-block record of the trim tracker (the block keeps its WAL offset).
-            if cache.put_item((stream_id, epoch, base, count, payload), -1, offset):  # self._put, inlined
+            if cache.put_plain(stream_id, epoch, base, count, payload, offset):  # self._put, inlined
                 self.pipeline.archive_and_upload()
             handle.confirm_offset = end
             if handle.waiting:  # later appends that completed first wait for this one

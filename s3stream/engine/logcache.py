@@ -7,20 +7,22 @@ A block is full at ``upload_threshold_bytes`` or at ``max_stream_count`` streams
 commit the block is marked *free*; free blocks stay readable and are dropped (oldest first) only when
 the cache holds more than 90 % of its capacity. No I/O, no clock: the caller passes times.
 
-Records are kept as plain tuples (:data:`CachedBatch`, the fields of a StreamRecordBatch in
-constructor order), not as StreamRecordBatch objects: the garbage collector stops tracking a tuple
-of ints and bytes, so a full cache (100,000+ small records) does not lengthen every full
-collection, which would otherwise stall the event loop for tens of ms (the append latency tail).
-Readers get StreamRecordBatch objects built on the way out.
+Records are kept in columns per stream and block (payloads in a list, epochs, base offsets and
+counts in int arrays), not as StreamRecordBatch objects nor as one tuple each: caching a record
+creates no object the garbage collector tracks (a tuple per record was one: one young collection
+per ~700 appends, and a full one, tens of ms on a big heap, per ~70,000), and the arrays hold no int
+objects. Readers get StreamRecordBatch objects built on the way out; the upload reads a stream's
+records as :data:`CachedBatch` tuples through :class:`CachedRecords`, built one at a time.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import operator
 from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from sortedcontainers import SortedDict
 
@@ -28,9 +30,6 @@ from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 
 CachedBatch = tuple[int, int, int, int, bytes]
 """(stream id, epoch, base offset, count, payload): ``StreamRecordBatch(*item)`` rebuilds the batch."""
-
-_base_offset = operator.itemgetter(2)
-"""A cached record's base offset (the key its stream's list is sorted by)."""
 
 NO_WAL_OFFSET = 1 << 62
 """``LogCacheBlock.wal_offset_min`` of a block holding no per-block record (above any WAL offset)."""
@@ -42,42 +41,75 @@ FREE_THRESHOLD_RATIO = 0.9
 class StreamCache:
     """One stream's records within one block: ``[start_offset, end_offset)`` in offset order.
 
-    Records arrive in offset order (the sequencer guarantees it), so the plain list stays sorted
-    by base offset and serves binary search as it is.
+    Records arrive in offset order and continue each other (the sequencer guarantees it), so the
+    columns are: the payloads, the base offsets (sorted: binary search as they are) and the end
+    offset (a record's count is the next one's base offset minus its own); the epoch is one for the
+    whole stream cache unless the stream was reopened under a new epoch meanwhile (then ``epochs``
+    holds one per record). Nothing per record the garbage collector tracks.
     """
 
-    __slots__ = ("items", "size_bytes")
+    __slots__ = ("bases", "end", "epoch", "epochs", "payloads", "size_bytes", "stream_id")
 
-    def __init__(self) -> None:
-        self.items: list[CachedBatch] = []
+    def __init__(self, stream_id: int, epoch: int) -> None:
+        self.stream_id = stream_id
+        self.epoch: int | None = epoch
+        """The epoch of every record (None: mixed, see ``epochs``)."""
+        self.epochs: array[int] | None = None
+        self.payloads: list[bytes] = []
+        self.bases = array("q")
+        self.end = -1
+        """The end offset of the last record (-1: none yet)."""
         self.size_bytes = 0
 
     @property
     def start_offset(self) -> int:
-        return self.items[0][2]
+        return self.bases[0]
 
     @property
     def end_offset(self) -> int:
-        last = self.items[-1]
-        return last[2] + last[3]
+        return self.end
+
+    @property
+    def items(self) -> CachedRecords:
+        """The records as :data:`CachedBatch` tuples (a view: built when read, none kept)."""
+        return CachedRecords(self)
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.payloads)
 
     def add(self, item: CachedBatch) -> int:
         """Append the next record of the stream; returns its encoded size."""
-        items = self.items
-        assert not items or item[2] == items[-1][2] + items[-1][3], (
-            f"stream {item[0]}: record at {item[2]} after end {self.end_offset}"
-        )
-        items.append(item)
-        size = RECORD_HEADER_SIZE + len(item[4])
+        stream_id, epoch, base, count, payload = item
+        assert stream_id == self.stream_id
+        assert self.end < 0 or base == self.end, f"stream {stream_id}: record at {base} after end {self.end}"
+        if epoch != self.epoch and self.epochs is None:
+            self.epochs = array("q", [self.epoch or 0]) * len(self.payloads)
+            self.epoch = None
+        if self.epochs is not None:
+            self.epochs.append(epoch)
+        self.payloads.append(payload)
+        self.bases.append(base)
+        self.end = base + count
+        size = RECORD_HEADER_SIZE + len(payload)
         self.size_bytes += size
         return size
 
+    def field(self, index: int) -> CachedBatch:
+        """Record ``index`` (negative: from the end) as a :data:`CachedBatch`."""
+        bases = self.bases
+        if index < 0:
+            index += len(bases)
+        base = bases[index]
+        count = (bases[index + 1] if index + 1 < len(bases) else self.end) - base
+        epoch = self.epoch if self.epochs is None else self.epochs[index]
+        assert epoch is not None
+        return (self.stream_id, epoch, base, count, self.payloads[index])
+
     def batches(self, start: int = 0, end: int | None = None) -> list[StreamRecordBatch]:
         """The records ``[start, end)`` (positions in this cache) as StreamRecordBatch objects."""
-        return [StreamRecordBatch(*item) for item in self.items[start:end]]
+        return [
+            StreamRecordBatch(*self.field(i)) for i in range(*slice(start, end).indices(len(self.payloads)))
+        ]
 
     @property
     def records(self) -> list[StreamRecordBatch]:
@@ -85,17 +117,58 @@ class StreamCache:
 
     def overlapping(self, start_offset: int, end_offset: int) -> list[StreamRecordBatch]:
         """Records overlapping ``[start_offset, end_offset)`` in order."""
-        if not self.items or start_offset >= self.end_offset or end_offset <= self.start_offset:
+        bases = self.bases
+        if not bases or start_offset >= self.end or end_offset <= bases[0]:
             return []
         # The record containing start_offset is the last one whose base offset is <= start_offset.
-        index = max(bisect.bisect_right(self.items, start_offset, key=_base_offset) - 1, 0)
+        index = max(bisect.bisect_right(bases, start_offset) - 1, 0)
         out: list[StreamRecordBatch] = []
-        for item in itertools.islice(self.items, index, None):
-            if item[2] >= end_offset:
+        for i in range(index, len(bases)):
+            if bases[i] >= end_offset:
                 break
-            if item[2] + item[3] > start_offset:
-                out.append(StreamRecordBatch(*item))
+            out.append(StreamRecordBatch(*self.field(i)))  # records continue each other: all overlap
         return out
+
+
+class CachedRecords(Sequence[CachedBatch]):
+    """A :class:`StreamCache`'s records as :data:`CachedBatch` tuples, each built when read (the
+    upload encodes from these): the cache keeps none, so it holds nothing the collector tracks."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self, cache: StreamCache) -> None:
+        self._cache = cache
+
+    def __len__(self) -> int:
+        return len(self._cache.payloads)
+
+    @overload
+    def __getitem__(self, index: int) -> CachedBatch: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[CachedBatch]: ...
+
+    def __getitem__(self, index: int | slice) -> CachedBatch | list[CachedBatch]:
+        c = self._cache
+        if isinstance(index, slice):
+            return [c.field(i) for i in range(*index.indices(len(c.payloads)))]
+        # StreamCache.field, inlined: the upload reads every record through here.
+        bases = c.bases
+        n = len(bases)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        base = bases[index]
+        after = index + 1
+        epochs = c.epochs
+        epoch = c.epoch if epochs is None else epochs[index]
+        assert epoch is not None
+        return (c.stream_id, epoch, base, (bases[after] if after < n else c.end) - base, c.payloads[index])
+
+    def __iter__(self) -> Iterator[CachedBatch]:
+        c = self._cache
+        return (c.field(i) for i in range(len(c.payloads)))
 
 
 @dataclass(eq=False)
@@ -122,7 +195,7 @@ class LogCacheBlock:
     def put(self, item: CachedBatch) -> None:
         cache = self.streams.get(item[0])
         if cache is None:
-            cache = self.streams[item[0]] = StreamCache()
+            cache = self.streams[item[0]] = StreamCache(item[0], item[1])
         self.size_bytes += cache.add(item)
 
     def take_seqs(self) -> array[int]:
@@ -167,22 +240,42 @@ class LogCache:
         ``seq`` (if not negative) is its WAL record's, kept in the block's ``seqs``; otherwise
         ``wal_offset`` (if not negative) is the WAL offset of the plain record it is, kept as the
         block's ``wal_offset_min`` and ``wal_bytes``."""
+        if seq < 0:
+            return self.put_plain(*item, wal_offset)
         block = self.blocks[-1]
         streams = block.streams
         cache = streams.get(item[0])
         if cache is None:
-            cache = streams[item[0]] = StreamCache()
-        # StreamCache.add, inlined: this runs once per append.
-        items = cache.items
-        assert not items or item[2] == items[-1][2] + items[-1][3], (
-            f"stream {item[0]}: record at {item[2]} after end {cache.end_offset}"
-        )
-        items.append(item)
-        size = RECORD_HEADER_SIZE + len(item[4])
-        cache.size_bytes += size
-        if seq >= 0:
-            block.seqs.append(seq)
-        elif wal_offset >= 0:
+            cache = streams[item[0]] = StreamCache(item[0], item[1])
+        size = cache.add(item)
+        block.seqs.append(seq)
+        block.size_bytes += size
+        self.size_bytes += size
+        return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count
+
+    def put_plain(
+        self, stream_id: int, epoch: int, base_offset: int, count: int, payload: bytes, wal_offset: int
+    ) -> bool:
+        """:meth:`put_item` of a plain append's batch given as its fields (the append hot path: no
+        tuple built), with its WAL offset (negative: none); True when the block is now full."""
+        block = self.blocks[-1]
+        streams = block.streams
+        cache = streams.get(stream_id)
+        if cache is None:
+            cache = streams[stream_id] = StreamCache(stream_id, epoch)
+        if epoch == cache.epoch:
+            # StreamCache.add, inlined: this runs once per append.
+            assert cache.end < 0 or base_offset == cache.end, (
+                f"stream {stream_id}: record at {base_offset} after end {cache.end}"
+            )
+            cache.payloads.append(payload)
+            cache.bases.append(base_offset)
+            cache.end = base_offset + count
+            size = RECORD_HEADER_SIZE + len(payload)
+            cache.size_bytes += size
+        else:
+            size = cache.add((stream_id, epoch, base_offset, count, payload))
+        if wal_offset >= 0:
             if wal_offset < block.wal_offset_min:
                 block.wal_offset_min = wal_offset
             block.wal_bytes += size

@@ -88,12 +88,19 @@ def test_cached_records_are_invisible_to_the_garbage_collector_and_come_back_who
     records = [rec(1, 0, count=2), rec(1, 2), rec(3, 0)]
     for record in records:
         cache.put(record)
-    gc.collect()
     items = [item for stream in cache.active.streams.values() for item in stream.items]
-    assert items
-    assert not any(gc.is_tracked(item) for item in items)
+    assert items == [(r.stream_id, r.epoch, r.base_offset, r.count, r.payload) for r in records]
+    assert cache.active.streams[1].items[-1] == items[1]
+    assert cache.active.streams[1].items[0:1] == items[:1]
     assert cache.active.records_by_stream() == [(1, records[:2]), (3, records[2:])]
     assert cache.get(1, 1, 3, max_bytes=1 << 20) == records[:2]
+    payload = bytes(10)
+    gc.collect()
+    tracked = len(gc.get_objects())
+    for base in range(3, 3003):  # columns: no object per record the collector tracks
+        cache.put_plain(1, 0, base, 1, payload, -1)
+    assert len(gc.get_objects()) - tracked < 10
+    assert cache.get(1, 3001, 3003, max_bytes=1 << 20)[-1] == StreamRecordBatch(1, 0, 3002, 1, payload)
 
 
 def test_a_block_keeps_the_wal_seq_of_each_record_put_with_one_and_hands_them_over_once() -> None:
@@ -107,3 +114,20 @@ def test_a_block_keeps_the_wal_seq_of_each_record_put_with_one_and_hands_them_ov
     assert list(block.take_seqs()) == [7, 5, 5]
     assert list(block.take_seqs()) == []
     assert list(cache.active.seqs) == []
+
+
+def test_a_stream_reopened_under_a_new_epoch_keeps_each_records_epoch_in_the_block() -> None:
+    cache = LogCache(capacity_bytes=1 << 20, upload_threshold_bytes=1 << 20, max_stream_count=10)
+    cache.put_plain(1, 4, 0, 2, b"old", 0)
+    cache.put_plain(1, 5, 2, 1, b"new", 100)
+    cache.put_item((1, 5, 3, 3, b"newer"))
+    stream = cache.active.streams[1]
+    assert list(stream.items) == [(1, 4, 0, 2, b"old"), (1, 5, 2, 1, b"new"), (1, 5, 3, 3, b"newer")]
+    assert stream.items[-1] == (1, 5, 3, 3, b"newer")
+    assert (stream.start_offset, stream.end_offset, len(stream)) == (0, 6, 3)
+    assert [(r.epoch, r.base_offset, r.count) for r in cache.get(1, 1, 4, max_bytes=1 << 20)] == [
+        (4, 0, 2),
+        (5, 2, 1),
+        (5, 3, 3),
+    ]
+    assert (cache.active.wal_offset_min, cache.active.wal_bytes) == (0, 2 * 33 + 6)

@@ -43,6 +43,13 @@ class ReorderingWal(MemoryWal):
         while len(self.held) < count:
             await asyncio.sleep(0)
 
+    async def held_appends(self, stream: Stream, *payloads: bytes) -> list[asyncio.Task[int]]:
+        """Appends of ``payloads`` to ``stream``, each written but held until the test releases it."""
+        self.hold = True
+        tasks = [asyncio.create_task(stream.append(RecordBatch(p))) for p in payloads]
+        await self.wait_held(len(self.held) + len(payloads))
+        return tasks
+
 
 async def test_appends_the_wal_completes_in_reverse_are_acknowledged_in_offset_order() -> None:
     wal = ReorderingWal()
@@ -78,10 +85,7 @@ async def test_an_append_completing_before_an_earlier_one_waits_for_it() -> None
     wal = ReorderingWal()
     client = await Node(wal=wal).open()
     stream = await client.streams.create_and_open_stream()
-    wal.hold = True
-    first = asyncio.create_task(stream.append(RecordBatch(b"a")))
-    second = asyncio.create_task(stream.append(RecordBatch(b"b")))
-    await wal.wait_held(2)
+    first, second = await wal.held_appends(stream, b"a", b"b")
     wal.held[1].set_result(None)
     await asyncio.sleep(0.01)
     assert not second.done()  # durable, but its predecessor is not
@@ -97,10 +101,7 @@ async def test_a_failed_append_fails_the_later_ones_of_its_stream_even_when_they
     wal = ReorderingWal()
     client = await Node(wal=wal).open()
     stream = await client.streams.create_and_open_stream()
-    wal.hold = True
-    first = asyncio.create_task(stream.append(RecordBatch(b"a")))
-    second = asyncio.create_task(stream.append(RecordBatch(b"b")))
-    await wal.wait_held(2)
+    first, second = await wal.held_appends(stream, b"a", b"b")
     wal.held[1].set_result(None)
     await asyncio.sleep(0)
     wal.held[0].set_exception(UnavailableError("disk gone"))

@@ -83,10 +83,7 @@ async def test_a_failed_append_fails_its_streams_appends_in_flight_and_a_waiting
     wal = ReorderingWal()
     client = await Node(wal=wal).open()
     stream = await client.streams.create_and_open_stream()
-    wal.hold = True
-    first = asyncio.create_task(stream.append(RecordBatch(b"a")))
-    second = asyncio.create_task(stream.append(RecordBatch(b"b")))
-    await wal.wait_held(2)
+    first, second = await wal.held_appends(stream, b"a", b"b")
     closing = asyncio.create_task(stream.close())
     await asyncio.sleep(0)
     wal.held[0].set_exception(UnavailableError("disk gone"))

@@ -82,10 +82,7 @@ async def test_a_failed_append_and_its_fenced_durable_successor_pin_no_wal_recor
     client = await Node(wal=wal).open()
     stream = await client.streams.create_and_open_stream()
     other = await client.streams.create_and_open_stream()
-    wal.hold = True
-    first = asyncio.create_task(stream.append(RecordBatch(b"a")))
-    second = asyncio.create_task(stream.append(RecordBatch(b"b")))
-    await wal.wait_held(2)
+    first, second = await wal.held_appends(stream, b"a", b"b")
     wal.held[1].set_result(None)  # durable, held back behind the first
     await asyncio.sleep(0)
     wal.held[0].set_exception(UnavailableError("disk gone"))

@@ -87,6 +87,7 @@ class UploadTask:
 
     block: LogCacheBlock
     prev: UploadTask | None
+    """The task archived just before, until this one is done (its prepare and commit come first)."""
     prepared: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     stream_ids: frozenset[int] = frozenset()
@@ -212,6 +213,11 @@ class UploadPipeline:
             await self._after_commit(task, request)
         finally:
             task.prepared.set()
+            # Done: no later task waits for it any more, and it must not keep the earlier ones (with
+            # their blocks, released by the LogCache meanwhile) alive in a chain.
+            task.prev = None
+            if self._last_task is task:
+                self._last_task = None
             self._active_count -= 1
             if self._active_count == 0:
                 self.stats.upload_busy_s += self.clock() - self._busy_since_s

@@ -21,6 +21,7 @@ import math
 import resource
 import threading
 import time
+from array import array
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,9 @@ class LatencyRecorder:
 
     def __init__(self, samples_max: int = 1_000_000, seed: int = 0) -> None:
         assert samples_max > 0
-        self._samples: list[float] = []
+        self._samples = array("d")
+        """Raw doubles, not a list of float objects: a full garbage collection during a paced run
+        would walk every sample of a list (400,000 a run: ~1.4 ms of each collection's pause)."""
         self._seen_count = 0
         self._samples_max = samples_max
         self._rng_state = seed or 0x9E3779B9

@@ -25,6 +25,7 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   are out of the collector's scans; everything the recorded run allocates is collected as usual.
   The extras give the generator's send lag, the method's floor (a no-op target at the same rate),
   the full garbage collections of the recorded engine run and the objects frozen.
+  ``--param latency_rate=N`` runs this section alone at N appends/s (``latency_s=S``: its duration).
 """
 
 from __future__ import annotations
@@ -304,9 +305,14 @@ async def run(ctx: Context) -> list[Result]:
     producers = ctx.param("producers", 128)
     results: list[Result] = []
     backend = "s3" if ctx.s3 is not None else "local"
-    raw_put = await _raw_put_mb_s(ctx, ctx.scale(quick=4, full=16))
     max_rate_1k = 0.0
-    for record_bytes, quick_mib, full_mib in ((1 * KiB, 8, 64), (64 * KiB, 96, 1024)):
+    latency_rate = ctx.param("latency_rate", 0.0)
+    sizes: tuple[tuple[int, int, int], ...] = ((1 * KiB, 8, 64), (64 * KiB, 96, 1024))
+    if latency_rate:  # the latency section alone, at this rate (the run's max_rate is not measured)
+        sizes = ()
+        max_rate_1k = 2 * latency_rate
+    raw_put = 0.0 if latency_rate else await _raw_put_mb_s(ctx, ctx.scale(quick=4, full=16))
+    for record_bytes, quick_mib, full_mib in sizes:
         total = ctx.scale(quick=quick_mib, full=full_mib) * MiB
         label = f"{record_bytes // KiB} KiB records, {stream_count} streams"
         ctx.status(f"ingest: WAL alone, {label}")
@@ -334,7 +340,7 @@ async def run(ctx: Context) -> list[Result]:
         results.append(Result(W, f"PUT requests per GiB ({label})", puts_gib, "req/GiB", "naive writer: one object per stream per upload", naive_gib, False, extra))  # fmt: skip
 
     rate = max(max_rate_1k / 2, 100.0)
-    duration = ctx.scale(quick=3.0, full=10.0)
+    duration = ctx.param("latency_s", ctx.scale(quick=3.0, full=10.0))
     ctx.status(f"ingest: append latency at {rate:.0f} appends/s (half of max), WAL alone")
     with _frozen_heap():
         _, wal_lat = await _wal_alone(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 from pathlib import Path
@@ -236,6 +237,13 @@ def test_latency_reservoir_stays_bounded_and_representative() -> None:
     assert recorder.percentile_s(0.5) == pytest.approx(0.5, abs=0.05)
 
 
+def test_latency_samples_give_the_garbage_collector_nothing_to_walk() -> None:
+    recorder = LatencyRecorder()
+    for i in range(10_000):
+        recorder.record(i / 1e6)
+    assert len(gc.get_referents(recorder._samples)) <= 1  # an array's type at most, no float objects
+
+
 def test_resource_meter_sees_cpu_time_and_memory() -> None:
     with ResourceMeter(interval_s=0.01) as before:
         pass
@@ -433,3 +441,21 @@ def test_resource_meter_counts_the_cpu_of_child_processes() -> None:
             check=True,
         )
     assert meter.usage.cpu_s >= 0.35
+
+
+async def test_ingest_latency_rate_param_runs_the_latency_section_alone(tmp_path: Path) -> None:
+    from benchmarks.workloads import ingest
+
+    ctx = Context(
+        quick=True,
+        work_dir=tmp_path,
+        s3=None,
+        params={"latency_rate": "200", "latency_s": "0.5", "streams": "10"},
+    )
+    results = await ingest.run(ctx)
+    assert [r.metric for r in results] == [
+        "append p99 latency at half max rate (1 KiB records, uploads running)"
+    ]
+    extra = results[0].extra
+    assert extra["rate_per_s"] == 200
+    assert extra["engine_latency_ms"]["count"] == 100  # 0.5 s at 200/s, after the unrecorded warm-up

@@ -3,7 +3,8 @@
 An append (one batch, or an atomic group of batches and KV puts) takes its offsets from its streams
 without awaiting in between, so offsets follow submission order; it becomes ONE WAL record; once
 durable, the per-stream sequencer (:mod:`s3stream.engine.sequencer`) releases it into the LogCache in
-offset order and acknowledges it. KV changes are WAL records too; :mod:`s3stream.engine.kvlog`
+offset order and acknowledges it (an atomic group in all its streams at once, or, if it fails, in none:
+every stream it touches is fenced). KV changes are WAL records too; :mod:`s3stream.engine.kvlog`
 applies (and acknowledges) them in WAL order, the order recovery replays them in. When the LogCache or the WAL has no room, appends wait up to
 ``append_backpressure_wait_ms`` for a commit to free some, then fail with CapacityError: never loss.
 """
@@ -19,7 +20,7 @@ from s3stream.config import Config
 from s3stream.engine.kvlog import KvApplier, KvEntry
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadPipeline
-from s3stream.engine.sequencer import fail_stream, release_waiting, take_turn
+from s3stream.engine.sequencer import fail_group, fail_stream, release_waiting, take_turn
 from s3stream.engine.stream import PendingAppend, Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.walbody import KvMutation, KvOp, encode_group, encode_kv, plain_parts
@@ -118,15 +119,14 @@ class AppendPath:
             for handle, _, _ in appends:
                 handle.check_writable()
         # No await from here until the WAL write: offsets are assigned in submission order.
-        by_stream: dict[int, list[CachedBatch]] = {}
-        handles: dict[int, StreamHandle] = {}
+        by_stream: dict[StreamHandle, list[CachedBatch]] = {}
         bases = []
         for handle, payload, count in appends:
             base = handle.next_offset
             handle.next_offset += count
-            item = (handle.stream_id, handle.epoch, base, count, bytes(payload))
-            by_stream.setdefault(handle.stream_id, []).append(item)
-            handles[handle.stream_id] = handle
+            by_stream.setdefault(handle, []).append(
+                (handle.stream_id, handle.epoch, base, count, bytes(payload))
+            )
             bases.append(base)
         body = encode_group([StreamRecordBatch(*i) for items in by_stream.values() for i in items], kv_puts)
         record_count = len(appends)
@@ -145,16 +145,17 @@ class AppendPath:
         live_count = record_count + (1 if kv_entry is not None else 0)
         if live_count:
             self.live.submitted(seq, batch_count=live_count, size_bytes=len(body))
-        offset = await self._write(body, pending, handles.values(), kv_entry)
+        offset = await self._write(body, pending, by_stream, kv_entry)
         self.live.written(offset, seq)
         pending.persisted = True
         if kv_entry is not None:
             self.kv.persisted(kv_entry, offset)
-        for handle in handles.values():
-            if handle.append_failure is not None:
-                pending.fail(handle.append_failure)
-        for stream_id, handle in handles.items():
-            take_turn(handle, pending, by_stream[stream_id][0][2], self._put, self.live)
+        failure = next((h.append_failure for h in by_stream if h.append_failure is not None), None)
+        if failure is not None:
+            fail_group(pending, failure, self.live)  # one of its streams failed while it was in flight
+        else:
+            for handle, items in by_stream.items():
+                take_turn(handle, pending, items[0][2], self._put, self.live)
         await pending.outcome()
         if kv_entry is not None:
             await kv_entry.future

@@ -211,7 +211,11 @@ class Client:
     async def append_atomic(
         self, appends: Sequence[tuple[Stream, RecordBatch]], *, kv: Mapping[str, bytes] | None = None
     ) -> list[int]:
-        """All-or-nothing across streams and KV puts: ONE WAL record. Returns the base offsets."""
+        """All-or-nothing across streams and KV puts: ONE WAL record. Returns the base offsets.
+
+        The batches become readable in every stream at once, when the group is acknowledged. A group
+        that fails (its WAL write, or one of its streams failing while it is in flight) is readable
+        in none and fences every stream it touches (see :mod:`s3stream.engine.sequencer`)."""
         self._check_open()
         entries = []
         for item in appends:

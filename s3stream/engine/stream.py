@@ -29,7 +29,8 @@ class PendingAppend:
     Its outcome is ``acked`` or ``error``. ``future`` exists only while the appender waits for an
     earlier append of one of its streams. A plain append released as soon as it is durable (the
     usual case) has none of this: the sequencer builds one only for a plain append that must wait
-    (it keeps its batch in ``item`` and has no ``by_stream`` dict) and for every atomic group.
+    (it keeps its batch in ``item`` and has no ``by_stream`` dict) and for every atomic group
+    (``by_stream``; ``remaining`` counts the streams whose confirm offset it has not reached yet).
     """
 
     __slots__ = ("acked", "by_stream", "error", "future", "item", "persisted", "remaining", "seq")
@@ -37,7 +38,7 @@ class PendingAppend:
     def __init__(
         self,
         seq: int,
-        by_stream: dict[int, list[CachedBatch]] | None,
+        by_stream: dict[StreamHandle, list[CachedBatch]] | None,
         remaining: int,
         item: CachedBatch | None = None,
     ) -> None:
@@ -47,7 +48,7 @@ class PendingAppend:
         self.item = item
         """A plain append's batch (None: a group)."""
         self.remaining = remaining
-        """Streams that have not yet released the record."""
+        """A group's streams whose confirm offset it has not reached yet (released at 0)."""
         self.persisted = False
         self.acked = remaining == 0
         self.error: S3StreamError | None = None

@@ -43,7 +43,7 @@ async def test_a_group_and_plain_appends_take_their_turns_in_offset_order() -> N
     await asyncio.sleep(0.01)
     wal.held[1].set_result(None)  # the group: waits behind the first plain append in `one`...
     await asyncio.sleep(0.01)
-    assert (one.confirm_offset, two.confirm_offset) == (0, 1)  # ...but is released in `two`
+    assert (one.confirm_offset, two.confirm_offset) == (0, 0)  # ...and is parked at the head of `two`
     assert not group.done()
     assert not after.done()
     assert sorted(one.handle.waiting) == [1, 2]
@@ -95,4 +95,27 @@ async def test_a_failed_append_fails_its_streams_appends_in_flight_and_a_waiting
         await second
     assert stream.confirm_offset == 0
     assert client.engine._live.live_bytes == 0
+    await client.close()
+
+
+async def test_a_chain_of_groups_completed_newest_first_is_released_in_order_in_one_pass() -> None:
+    wal = ReorderingWal()
+    client = await Node(wal=wal).open()
+    streams = [await client.streams.create_and_open_stream() for _ in range(3)]
+    wal.hold = True
+    count = 600  # more than the recursion limit's worth of groups, each waiting for the previous
+    groups = [
+        asyncio.create_task(
+            client.append_atomic(
+                [(streams[i % 3], RecordBatch(b"a")), (streams[(i + 1) % 3], RecordBatch(b"b"))]
+            )
+        )
+        for i in range(count)
+    ]
+    await wal.wait_held(count)
+    for release in reversed(wal.held):
+        release.set_result(None)
+    results = await asyncio.gather(*groups)
+    assert [s.confirm_offset for s in streams] == [2 * count // 3] * 3
+    assert results[:3] == [[0, 0], [1, 0], [1, 1]]
     await client.close()

@@ -8,14 +8,24 @@ source and the byte position of the structure that failed; nothing else escapes.
 
 from __future__ import annotations
 
+import functools
+import operator
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from crc32c import crc32c
 
 from s3stream.errors import CorruptionError
-from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, SLOT_SETTERS, StreamRecordBatch
+from s3stream.record import (
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RECORD_MAGIC,
+    SLOT_SETTERS,
+    StreamRecordBatch,
+    build_records,
+)
 
 I32_MAX = (1 << 31) - 1
 I64_MAX = (1 << 63) - 1
@@ -266,6 +276,10 @@ def decode_block_gapless(
                 source=source,
                 position=cursor + shift,
             )
+    if entry.record_count and cursor <= last_header:
+        uniform = _decode_uniform(data, cursor, end, entry)
+        if uniform is not None:
+            return uniform, True
     # The hot loop (one pass per record batch): locals only, the record built through its slots
     # (record.SLOT_SETTERS) inline, one check expression per batch.
     unpack = RECORD_HEADER.unpack_from
@@ -325,6 +339,56 @@ def decode_block_gapless(
             position=entry.start_position,
         )
     return tuple(records), gapless
+
+
+UNIFORM_ROWS_MAX = 128
+"""Records one unpack of a uniform block reads: its flat tuple and column slices are the only
+objects the garbage collector tracks (a tuple per record, all alive at once, drove young
+collections)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _uniform_layout(payload_bytes: int, rows: int) -> struct.Struct:
+    """``rows`` records of ``payload_bytes`` each, back to back (header fields, then the payload)."""
+    return struct.Struct(">" + (RECORD_HEADER.format.lstrip(">") + f"{payload_bytes}s") * rows)
+
+
+def _decode_uniform(
+    data: bytes, cursor: int, end: int, entry: IndexEntry
+) -> tuple[StreamRecordBatch, ...] | None:
+    """The records of ``data[cursor:end]`` if their payloads all have the first one's length and
+    they continue each other without a gap from the entry's start to its end offset: header fields
+    and payloads unpacked in runs of up to :data:`UNIFORM_ROWS_MAX` records into columns, the checks
+    of the record-by-record loop done on whole columns, the records built by
+    :func:`~s3stream.record.build_records`. Otherwise (sizes vary, a gap, or anything the loop
+    reports as corruption) None: the loop decodes or reports it."""
+    count = entry.record_count
+    length = RECORD_HEADER.unpack_from(data, cursor)[5]
+    stride = RECORD_HEADER_SIZE + length
+    if length < 0 or end - cursor != count * stride:
+        return None
+    columns: list[list[Any]] = [[] for _ in range(7)]  # the record layout's seven fields
+    magics, stream_ids, epochs, base_offsets, counts, lengths, payloads = columns
+    left = count
+    while left:
+        rows = min(left, UNIFORM_ROWS_MAX)
+        fields = _uniform_layout(length, rows).unpack_from(data, cursor)
+        for k, column in enumerate(columns):
+            column += fields[k::7]
+        cursor += rows * stride
+        left -= rows
+    if (
+        magics.count(RECORD_MAGIC) != count
+        or stream_ids.count(entry.stream_id) != count
+        or lengths.count(length) != count
+        or min(counts) < 0
+        or base_offsets[0] != entry.start_offset
+    ):
+        return None
+    end_offsets = list(map(operator.add, base_offsets, counts))
+    if end_offsets[-1] != entry.end_offset or end_offsets[:-1] != base_offsets[1:]:
+        return None
+    return build_records(stream_ids, epochs, base_offsets, counts, payloads)
 
 
 def _record_problem(

@@ -6,7 +6,10 @@ progress record -- (query id) -> (batch id, chunks committed, chunk digests) -- 
 ``append_atomic`` call (one WAL record) as each chunk's data. A replay reads the progress record and
 :func:`plan_batch` says which chunks are still to be written. The LAST chunk of a micro-batch also
 carries the topic's :class:`Committed` record (every partition's committed end offset): readers stop
-there, so the chunks of an unfinished micro-batch are never visible through the sink's reader. The
+there, so the chunks of an unfinished micro-batch are never visible through the sink's reader.
+Chunk 0 of a multi-chunk micro-batch carries the topic's :class:`Writer` record (who may leave one
+unfinished). ``spark_sink abandon`` (:mod:`spark_sink.abandon`) puts an unfinished micro-batch's
+chunks into the committed record's discarded ranges and marks its progress record abandoned. The
 protocol is documented in ``docs/spark-sink.md`` section "Exactly once".
 """
 
@@ -21,8 +24,13 @@ import crc32c
 
 from s3stream.errors import ConflictError, CorruptionError
 
-PROGRESS_VERSION = 1
-COMMITTED_VERSION = 1
+PROGRESS_VERSION = 2
+"""2 added ``abandoned``; version 1 is read as not abandoned."""
+COMMITTED_VERSION = 2
+"""2 added ``discarded``; version 1 is read as nothing discarded."""
+WRITER_VERSION = 1
+DISCARDED_RANGES_MAX = 1000
+"""Discarded ranges a topic's committed record may hold (``spark_sink abandon`` refuses beyond)."""
 APPEND_OVERHEAD_BYTES = 128
 """Bytes a chunk budgets per appended batch besides its payload (WAL and batch headers)."""
 KV_OVERHEAD_BYTES = 1024
@@ -44,9 +52,21 @@ def committed_key(topic: str) -> str:
     return f"spark_sink/topic/{topic}/committed"
 
 
-def committed_bytes_max(partition_count: int) -> int:
-    """An upper bound of ``len(Committed(...).encode())`` for a topic of ``partition_count`` partitions."""
-    return 512 + 21 * partition_count  # 20 digits and a comma per end; the rest is the JSON frame
+def committed_bytes_max(partition_count: int, discarded_count: int = 0) -> int:
+    """An upper bound of ``len(Committed(...).encode())`` for a topic of ``partition_count`` partitions
+    and ``discarded_count`` discarded ranges."""
+    # 20 digits and a comma per end, [p,start,end], per range; the rest is the JSON frame
+    return 512 + 21 * partition_count + discarded_bytes_max(discarded_count)
+
+
+def discarded_bytes_max(discarded_count: int) -> int:
+    """Bytes ``discarded_count`` discarded ranges add to a committed record at most."""
+    return 50 * discarded_count  # "[" 5 digits "," 20 digits "," 20 digits "],"
+
+
+def writer_key(topic: str) -> str:
+    """The KV key of a topic's :class:`Writer` record."""
+    return f"spark_sink/topic/{topic}/writer"
 
 
 def progress_key(query_id: str) -> str:
@@ -87,13 +107,22 @@ class Progress:
     chunks_done: int
     chain: int
     """:func:`chain_digest` of chunks ``[0, chunks_done)`` of ``batch_id``."""
+    abandoned: bool = False
+    """Set by ``spark_sink abandon`` on an unfinished batch: its chunks were discarded, a replay of
+    ``batch_id`` is refused."""
 
     def __post_init__(self) -> None:
         assert 0 < self.chunks_done <= self.chunk_count
+        assert not (self.abandoned and self.complete), "only an unfinished batch can be abandoned"
 
     @property
     def complete(self) -> bool:
         return self.chunks_done == self.chunk_count
+
+    @property
+    def unfinished(self) -> bool:
+        """Chunks of ``batch_id`` are in the streams, invisible, waiting for the replay to finish it."""
+        return not self.complete and not self.abandoned
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -103,6 +132,7 @@ class Progress:
                 "chunk_count": self.chunk_count,
                 "chunks_done": self.chunks_done,
                 "chain": self.chain,
+                "abandoned": self.abandoned,
             },
             separators=(",", ":"),
         ).encode()
@@ -111,13 +141,17 @@ class Progress:
     def decode(cls, raw: bytes, *, key: str) -> Progress:
         try:
             obj = json.loads(raw)
-            if obj["version"] != PROGRESS_VERSION:
+            if obj["version"] not in (1, PROGRESS_VERSION):
                 raise ValueError(f"version {obj['version']}")
+            abandoned = obj["abandoned"] if obj["version"] >= 2 else False
+            if not isinstance(abandoned, bool):
+                raise ValueError(f"abandoned {abandoned!r}")
             progress = cls(
                 int(obj["batch_id"]),
                 int(obj["chunk_count"]),
                 int(obj["chunks_done"]),
                 int(obj["chain"]),
+                abandoned,
             )
         except (ValueError, KeyError, TypeError, AssertionError) as exc:
             raise CorruptionError(f"bad sink progress record: {exc}", source=f"kv:{key}") from exc
@@ -175,13 +209,20 @@ def plan_batch(progress: Progress | None, batch_id: int, chunks: Sequence[Chunk]
     - progress of a newer batch, or this batch complete: write nothing (a replay of committed data);
     - this batch partly committed: the replay must have cut the same chunks (same digests) for the
       committed part, else :class:`ConflictError` (the source did not replay the same rows); write
-      the rest.
+      the rest;
+    - this batch abandoned (``spark_sink abandon`` discarded its chunks): :class:`ConflictError`.
     """
     n = len(chunks)
     if progress is None or progress.batch_id < batch_id:
         return BatchPlan(batch_id, 0, n)
     if progress.batch_id > batch_id:
         return BatchPlan(batch_id, n, n)
+    if progress.abandoned:
+        raise ConflictError(
+            f"micro-batch {batch_id} was abandoned by an operator (spark_sink abandon) after "
+            f"{progress.chunks_done} of {progress.chunk_count} chunks: its records were discarded and "
+            "it cannot be replayed; start the query from a new checkpoint"
+        )
     if progress.chunk_count != n or chain_digest(chunks[: progress.chunks_done]) != progress.chain:
         raise ConflictError(
             f"micro-batch {batch_id} was replayed with different data: {progress.chunks_done} of "
@@ -212,30 +253,60 @@ def chain_digest(chunks: Sequence[Chunk]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscardedRange:
+    """Offsets ``[start_offset, end_offset)`` of one partition that no reader returns (abandoned)."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class Committed:
     """A topic's read-committed state: ``ends[p]`` is the committed end offset of partition ``p``.
 
-    Written with the last chunk of every micro-batch; readers return records below the ends only.
-    ``query_id``/``batch_id`` name the micro-batch that wrote it (diagnostics).
+    Written with the last chunk of every micro-batch; readers return records below the ends only,
+    except those in ``discarded`` (ranges ``spark_sink abandon`` put behind the ends, sorted by
+    partition and offset, kept by every later record). ``query_id``/``batch_id`` name the
+    micro-batch that wrote it (diagnostics).
     """
 
     ends: tuple[int, ...]
     query_id: str
     batch_id: int
+    discarded: tuple[DiscardedRange, ...] = ()
 
     def __post_init__(self) -> None:
         assert all(e >= 0 for e in self.ends)
+        assert _discarded_problem(self.discarded, self.ends) is None, self.discarded
 
     @classmethod
     def empty(cls, partition_count: int) -> Committed:
         """The state of a topic no micro-batch has completed: nothing is committed."""
         return cls((0,) * partition_count, "", -1)
 
+    def readable(self, partition: int, start_offset: int, end_offset: int) -> list[tuple[int, int]]:
+        """``[start_offset, end_offset)`` of ``partition`` without its discarded ranges, in order."""
+        out: list[tuple[int, int]] = []
+        pos = start_offset
+        for r in self.discarded:
+            if r.partition != partition or r.end_offset <= pos:
+                continue
+            if r.start_offset >= end_offset:
+                break
+            if r.start_offset > pos:
+                out.append((pos, r.start_offset))
+            pos = r.end_offset
+        if pos < end_offset:
+            out.append((pos, end_offset))
+        return out
+
     def encode(self) -> bytes:
         return json.dumps(
             {
                 "version": COMMITTED_VERSION,
                 "ends": list(self.ends),
+                "discarded": [[r.partition, r.start_offset, r.end_offset] for r in self.discarded],
                 "query_id": self.query_id,
                 "batch_id": self.batch_id,
             },
@@ -246,17 +317,73 @@ class Committed:
     def decode(cls, raw: bytes, *, key: str, partition_count: int) -> Committed:
         try:
             obj = json.loads(raw)
-            if obj["version"] != COMMITTED_VERSION:
+            if obj["version"] not in (1, COMMITTED_VERSION):
                 raise ValueError(f"version {obj['version']}")
             ends = tuple(int(e) for e in obj["ends"])
             if len(ends) != partition_count:
                 raise ValueError(f"{len(ends)} ends for {partition_count} partitions")
             if any(e < 0 for e in ends):
                 raise ValueError(f"negative end offset in {ends}")
-            committed = cls(ends, str(obj["query_id"]), int(obj["batch_id"]))
+            raw_ranges = obj["discarded"] if obj["version"] >= 2 else []
+            discarded = tuple(DiscardedRange(int(p), int(s), int(e)) for p, s, e in raw_ranges)
+            problem = _discarded_problem(discarded, ends)
+            if problem is not None:
+                raise ValueError(problem)
+            committed = cls(ends, str(obj["query_id"]), int(obj["batch_id"]), discarded)
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptionError(f"bad committed-offsets record: {exc}", source=f"kv:{key}") from exc
         return committed
+
+
+def _discarded_problem(discarded: Sequence[DiscardedRange], ends: Sequence[int]) -> str | None:
+    """What is wrong with ``discarded`` for a topic with committed ``ends``, or None.
+
+    Every range lies below its partition's end, is not empty, and the ranges are sorted by
+    (partition, offset) without overlapping.
+    """
+    if len(discarded) > DISCARDED_RANGES_MAX:
+        return f"{len(discarded)} discarded ranges, above {DISCARDED_RANGES_MAX}"
+    prev: DiscardedRange | None = None
+    for r in discarded:
+        if not (0 <= r.partition < len(ends) and 0 <= r.start_offset < r.end_offset <= ends[r.partition]):
+            return f"discarded range {r} is outside the committed ends {tuple(ends)}"
+        if prev is not None and (r.partition, r.start_offset) < (prev.partition, prev.end_offset):
+            return f"discarded ranges {prev} and {r} overlap or are out of order"
+        prev = r
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """The query and micro-batch that last started a multi-chunk write to a topic.
+
+    Written with chunk 0 of every micro-batch of more than one chunk: the only kind that can be
+    left unfinished, and (one writer per topic) the only one that can be. ``spark_sink abandon``
+    follows it to the progress record of the unfinished batch.
+    """
+
+    query_id: str
+    batch_id: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"version": WRITER_VERSION, "query_id": self.query_id, "batch_id": self.batch_id},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes, *, key: str) -> Writer:
+        try:
+            obj = json.loads(raw)
+            if obj["version"] != WRITER_VERSION:
+                raise ValueError(f"version {obj['version']}")
+            query_id = obj["query_id"]
+            if not isinstance(query_id, str):
+                raise ValueError(f"query_id {query_id!r}")
+            writer = cls(query_id, int(obj["batch_id"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptionError(f"bad sink writer record: {exc}", source=f"kv:{key}") from exc
+        return writer
 
 
 def partition_record_counts(chunks: Sequence[Chunk], partition_count: int) -> list[int]:
@@ -285,4 +412,4 @@ def committed_after(
     """The :class:`Committed` record written with the last chunk of ``plan``'s micro-batch."""
     counts = partition_record_counts(chunks, len(committed.ends))
     ends = tuple(e + c for e, c in zip(committed.ends, counts, strict=True))
-    return Committed(ends, query_id, plan.batch_id)
+    return Committed(ends, query_id, plan.batch_id, committed.discarded)

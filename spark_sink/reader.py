@@ -6,7 +6,8 @@ columns of :data:`READ_DDL` on the executors, keeping only offsets inside the re
 
 Read-committed: a partition is readable up to the end offset the sink committed with the last chunk
 of its last finished micro-batch (:class:`~spark_sink.protocol.Committed`), never further; the
-chunks of an unfinished micro-batch stay invisible until its replay completes it.
+chunks of an unfinished micro-batch stay invisible until its replay completes it, and the ranges
+``spark_sink abandon`` discarded (behind the committed ends) are skipped.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ COMMIT_WAIT_S_MAX = 2.0
 """How long a reader waits for a stream's confirm offset to reach a just-committed end."""
 
 
-def committed_ends(client: SyncClient, topic: Topic, streams: list[SyncStream]) -> list[int]:
-    """Each partition's committed end offset (0 where no micro-batch completed).
+def read_committed(client: SyncClient, topic: Topic, streams: list[SyncStream]) -> Committed:
+    """The topic's committed record (nothing committed where no micro-batch completed).
 
     The KV record is read before the streams' confirm offsets: the engine applies the record and
     advances the confirm offsets of one ``append_atomic`` at about the same moment, so a reader can
@@ -98,18 +99,18 @@ def committed_ends(client: SyncClient, topic: Topic, streams: list[SyncStream]) 
     key = committed_key(topic.name)
     raw = client.kv.get(key)
     if raw is None:
-        return [0] * topic.partition_count
-    ends = list(Committed.decode(raw, key=key, partition_count=topic.partition_count).ends)
+        return Committed.empty(topic.partition_count)
+    committed = Committed.decode(raw, key=key, partition_count=topic.partition_count)
     deadline = time.monotonic() + COMMIT_WAIT_S_MAX
     for p, stream in enumerate(streams):
-        while stream.confirm_offset < ends[p]:
+        while stream.confirm_offset < committed.ends[p]:
             if time.monotonic() > deadline:
                 raise UnavailableError(
-                    f"topic {topic.name!r} partition {p}: committed end {ends[p]} is above the stream's "
-                    f"confirm offset {stream.confirm_offset} after {COMMIT_WAIT_S_MAX} s"
+                    f"topic {topic.name!r} partition {p}: committed end {committed.ends[p]} is above the "
+                    f"stream's confirm offset {stream.confirm_offset} after {COMMIT_WAIT_S_MAX} s"
                 )
             time.sleep(0.001)
-    return ends
+    return committed
 
 
 def fetch_payloads(
@@ -119,29 +120,36 @@ def fetch_payloads(
 ) -> tuple[pa.Table, list[PartitionRange]]:
     """The payloads covering ``ranges`` (partition -> (start, end); default: everything committed).
 
-    Streams opened here for a client stay open (a client opens a stream once); the sink's own
-    streams are reused.
+    Ranges discarded by ``spark_sink abandon`` are left out: the returned :class:`PartitionRange`
+    list holds the readable pieces (several per partition around a discarded range), and each
+    payload row carries the piece it belongs to. Streams opened here for a client stay open (a
+    client opens a stream once); the sink's own streams are reused.
     """
     client, topic, streams = _streams_for(source, topic_name)
-    ends = committed_ends(client, topic, streams)
+    committed = read_committed(client, topic, streams)
+    ends = committed.ends
     if ranges is None:
-        wanted = [PartitionRange(p, min(s.start_offset, ends[p]), ends[p]) for p, s in enumerate(streams)]
+        asked = [(p, min(s.start_offset, ends[p]), ends[p]) for p, s in enumerate(streams)]
     else:
-        wanted = []
+        asked = []
         for p, (start, end) in sorted(ranges.items()):
             if not 0 <= p < topic.partition_count:
                 raise InvalidArgumentError(f"topic {topic_name!r} has no partition {p}")
             if start > end:
                 raise InvalidArgumentError(f"partition {p}: start offset {start} > end offset {end}")
-            wanted.append(PartitionRange(p, start, end))
+            asked.append((p, start, end))
+    wanted: list[PartitionRange] = []
+    for p, start, end in asked:
+        if start < streams[p].start_offset or end > ends[p]:
+            raise OffsetOutOfRangeError(
+                f"partition {p}: [{start}, {end}) is outside the committed "
+                f"[{streams[p].start_offset}, {ends[p]})"
+            )
+        pieces = committed.readable(p, start, end) or [(end, end)]  # an empty range names its partition
+        wanted.extend(PartitionRange(p, lo, hi) for lo, hi in pieces)
     cols: dict[str, list[object]] = {name: [] for name in _PAYLOAD_SCHEMA.names}
     for r in wanted:
         stream = streams[r.partition]
-        if r.start_offset < stream.start_offset or r.end_offset > ends[r.partition]:
-            raise OffsetOutOfRangeError(
-                f"partition {r.partition}: [{r.start_offset}, {r.end_offset}) is outside the committed "
-                f"[{stream.start_offset}, {ends[r.partition]})"
-            )
         pos = r.start_offset
         while pos < r.end_offset:
             batches = stream.fetch(pos, r.end_offset, FETCH_BYTES_MAX)
@@ -221,10 +229,9 @@ def read_records(
     """The records of ``topic`` per partition, decoded in this process (small volumes: tests, demo)."""
     table, wanted = fetch_payloads(source, topic, ranges)
     out: dict[int, list[KafkaRecord]] = {r.partition: [] for r in wanted}
-    bounds = {r.partition: (r.start_offset, r.end_offset) for r in wanted}
     for row in table.to_pylist():
         part = row["partition"]
-        lo, hi = bounds[part]
+        lo, hi = row["start_offset"], row["end_offset"]
         decoded, _ = decode_batch(
             row["payload"],
             source=f"stream {row['stream_id']} offset {row['base_offset']}",

@@ -15,8 +15,9 @@ Per micro-batch (all on the driver except step 2):
    (:func:`~spark_sink.protocol.plan_batch`) from the progress record in the engine's KV;
 4. check that every partition ends where the protocol says (committed end plus this batch's
    committed chunks), then append each remaining chunk with ``append_atomic``, the progress record
-   in the same WAL record, and with the last chunk the topic's committed end offsets (read-committed
-   visibility: :mod:`spark_sink.reader` stops there).
+   in the same WAL record, with chunk 0 of a multi-chunk batch the topic's writer record, and with
+   the last chunk the topic's committed end offsets (read-committed visibility:
+   :mod:`spark_sink.reader` stops there).
 
 The engine is opened once per sink (lazily, in the driver) and kept until :meth:`S3StreamSink.close`.
 """
@@ -53,14 +54,17 @@ from spark_sink.protocol import (
     KV_OVERHEAD_BYTES,
     Committed,
     Progress,
+    Writer,
     chunk_payloads,
     committed_after,
     committed_bytes_max,
     committed_key,
+    discarded_bytes_max,
     expected_next_offsets,
     plan_batch,
     progress_after,
     progress_key,
+    writer_key,
 )
 from spark_sink.topic import PARTITION_COUNT_MAX, Topic, ensure_topic, open_partitions
 
@@ -206,6 +210,21 @@ class S3StreamSink:
             return Committed.empty(self.partition_count)
         return Committed.decode(raw, key=key, partition_count=self.partition_count)
 
+    def _chunk_kv_bytes_max(self, committed: Committed) -> int:
+        """Bytes each chunk keeps for its KV records, the committed record's discarded ranges included.
+
+        The ranges change only by ``spark_sink abandon``, which also refuses the replay of the batch
+        it abandons: a partly written micro-batch is always re-cut with the same budget.
+        """
+        kv_bytes_max = self._kv_bytes_max + discarded_bytes_max(len(committed.discarded))
+        payload_max = self.batch_bytes_target + self.record_bytes_max + RECORD_OVERHEAD_MAX_BYTES
+        if payload_max + kv_bytes_max + 1024 > self.chunk_bytes_max:
+            raise InvalidArgumentError(
+                f"chunk_bytes_max {self.chunk_bytes_max} is too small for one payload next to the "
+                f"committed record of topic {self.topic_name!r} ({len(committed.discarded)} discarded ranges)"
+            )
+        return kv_bytes_max
+
     def _check_next_offsets(self, streams: list[SyncStream], expected: list[int], batch_id: int) -> None:
         """Before anything is written: every stream ends where the protocol says, else ConflictError.
 
@@ -321,12 +340,12 @@ class S3StreamSink:
     ) -> BatchStats:
         refs = payloads.refs()
         streams = self._ensure_streams()
-        chunks = chunk_payloads(refs, self.chunk_bytes_max, kv_bytes_max=self._kv_bytes_max)
+        committed = self._committed()
+        chunks = chunk_payloads(refs, self.chunk_bytes_max, kv_bytes_max=self._chunk_kv_bytes_max(committed))
         key = progress_key(query_id)
         raw = self.client.kv.get(key)
         progress = None if raw is None else Progress.decode(raw, key=key)
         plan = plan_batch(progress, batch_id, chunks)
-        committed = self._committed()
         next_offsets = expected_next_offsets(committed, chunks, plan)
         self._check_next_offsets(streams, next_offsets, batch_id)
         t1 = time.perf_counter()
@@ -346,6 +365,8 @@ class S3StreamSink:
                 appends.append((streams[ref.partition], batch))
                 written += len(payload)
             kv = {key: progress_after(plan, chunks, index).encode()}
+            if index == 0 and plan.chunk_count > 1:
+                kv[writer_key(self.topic_name)] = Writer(query_id, batch_id).encode()
             if index == plan.chunk_count - 1:
                 kv[committed_key(self.topic_name)] = committed_after(
                     committed, chunks, plan, query_id=query_id

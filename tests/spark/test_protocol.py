@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from s3stream.errors import ConflictError, CorruptionError
+from spark_sink.abandon import NothingToDiscardError, PartitionState, plan_abandon
 from spark_sink.protocol import (
     APPEND_OVERHEAD_BYTES,
+    DISCARDED_RANGES_MAX,
     KV_OVERHEAD_BYTES,
     Committed,
+    DiscardedRange,
     PayloadRef,
     Progress,
+    Writer,
     chunk_payloads,
     committed_after,
     committed_bytes_max,
@@ -125,10 +132,119 @@ def test_committed_ends_advance_by_the_whole_batch_and_resume_where_the_chunks_s
 def test_bad_committed_record_is_corruption() -> None:
     for raw in (
         b"[]",
-        b'{"version": 2, "ends": [0], "query_id": "q", "batch_id": 0}',
+        b'{"version": 3, "ends": [0], "query_id": "q", "batch_id": 0}',
+        b'{"version": 2, "ends": [0], "query_id": "q", "batch_id": 0}',  # v2 without discarded
         b'{"version": 1, "ends": [0, 1], "query_id": "q", "batch_id": 0}',
         b'{"version": 1, "ends": [-1], "query_id": "q", "batch_id": 0}',
         b'{"version": 1, "ends": ["x"], "query_id": "q", "batch_id": 0}',
     ):
         with pytest.raises(CorruptionError, match="committed-offsets record"):
             Committed.decode(raw, key="k", partition_count=1)
+
+
+def test_version_1_progress_and_committed_records_still_read() -> None:
+    v1 = b'{"version":1,"batch_id":7,"chunk_count":3,"chunks_done":1,"chain":42}'
+    assert Progress.decode(v1, key="k") == Progress(7, 3, 1, 42, abandoned=False)
+    v1c = b'{"version":1,"ends":[5,6],"query_id":"q","batch_id":7}'
+    assert Committed.decode(v1c, key="k", partition_count=2) == Committed((5, 6), "q", 7, ())
+
+
+def test_records_are_written_as_version_2_and_round_trip() -> None:
+    progress = Progress(7, 3, 1, 42, abandoned=True)
+    assert json.loads(progress.encode())["version"] == 2
+    assert Progress.decode(progress.encode(), key="k") == progress
+    committed = Committed(
+        (10, 20), "q", 7, (DiscardedRange(0, 2, 4), DiscardedRange(0, 4, 6), DiscardedRange(1, 0, 20))
+    )
+    assert json.loads(committed.encode())["version"] == 2
+    assert Committed.decode(committed.encode(), key="k", partition_count=2) == committed
+    assert len(committed.encode()) <= committed_bytes_max(2, 3)
+    writer = Writer("q", 7)
+    assert Writer.decode(writer.encode(), key="k") == writer
+
+
+def test_discarded_ranges_bound_holds_for_the_largest_offsets() -> None:
+    ends = (2**63 - 1,) * 10_000
+    ranges = tuple(DiscardedRange(9_999 - i, 2**62 + i, 2**63 - 1) for i in range(DISCARDED_RANGES_MAX))
+    record = Committed(ends, "q" * 36, 2**62, tuple(sorted(ranges, key=lambda r: r.partition)))
+    assert len(record.encode()) <= committed_bytes_max(10_000, DISCARDED_RANGES_MAX)
+
+
+def test_bad_discarded_ranges_are_corruption() -> None:
+    for ranges in (
+        "[[1, 0, 1]]",  # no such partition
+        "[[0, 3, 3]]",  # empty
+        "[[0, 0, 11]]",  # past the end
+        "[[0, 4, 6], [0, 5, 7]]",  # overlapping
+        "[[0, 6, 7], [0, 1, 2]]",  # out of order
+        "[[0, 1]]",
+        '"x"',
+    ):
+        raw = f'{{"version":2,"ends":[10],"discarded":{ranges},"query_id":"q","batch_id":0}}'.encode()
+        with pytest.raises(CorruptionError, match="committed-offsets record"):
+            Committed.decode(raw, key="k", partition_count=1)
+    for raw in (
+        b'{"version":2,"batch_id":1,"chunk_count":2,"chunks_done":1,"chain":0,"abandoned":1}',
+        b'{"version":2,"batch_id":1,"chunk_count":2,"chunks_done":2,"chain":0,"abandoned":true}',
+    ):
+        with pytest.raises(CorruptionError, match="progress record"):
+            Progress.decode(raw, key="k")
+    for raw in (
+        b"{}",
+        b'{"version":2,"query_id":"q","batch_id":0}',
+        b'{"version":1,"query_id":1,"batch_id":0}',
+    ):
+        with pytest.raises(CorruptionError, match="writer record"):
+            Writer.decode(raw, key="k")
+
+
+def test_readers_skip_discarded_ranges() -> None:
+    c = Committed(
+        (100, 50), "q", 1, (DiscardedRange(0, 10, 20), DiscardedRange(0, 30, 40), DiscardedRange(1, 0, 5))
+    )
+    assert c.readable(0, 0, 100) == [(0, 10), (20, 30), (40, 100)]
+    assert c.readable(0, 15, 35) == [(20, 30)]
+    assert c.readable(0, 12, 18) == []
+    assert c.readable(0, 40, 40) == []
+    assert c.readable(1, 0, 50) == [(5, 50)]
+    assert Committed((100,), "q", 1).readable(0, 3, 9) == [(3, 9)]
+
+
+def test_an_abandoned_batch_is_refused_on_replay_and_later_batches_go_on() -> None:
+    chunks = chunk_payloads(_refs([4000] * 6), 10_000)
+    partial = progress_after(plan_batch(None, 5, chunks), chunks, 0)
+    abandoned = Progress.decode(replace(partial, abandoned=True).encode(), key="k")
+    assert not abandoned.unfinished
+    with pytest.raises(ConflictError, match="micro-batch 5 was abandoned by an operator"):
+        plan_batch(abandoned, 5, chunks)
+    assert plan_batch(abandoned, 6, chunks).first_chunk == 0
+    assert plan_batch(abandoned, 4, chunks).skip
+
+
+def _states(committed: Committed, stream_ends: list[int]) -> tuple[PartitionState, ...]:
+    return tuple(
+        PartitionState(p, 100 + p, e, s)
+        for p, (e, s) in enumerate(zip(committed.ends, stream_ends, strict=True))
+    )
+
+
+def test_plan_abandon_moves_the_ends_past_every_discarded_range_and_marks_the_batch() -> None:
+    committed = Committed((10, 20, 30), "q0", 3, (DiscardedRange(1, 5, 20),))
+    progress = Progress(4, 5, 2, 99)
+    plan = plan_abandon("t", committed, _states(committed, [15, 25, 30]), query_id="q", progress=progress)
+    assert plan.new_committed == Committed(
+        (15, 25, 30), "q0", 3, (DiscardedRange(0, 10, 15), DiscardedRange(1, 5, 25))
+    ), "[5, 20) and [20, 25) of partition 1 merge"
+    assert plan.new_progress == Progress(4, 5, 2, 99, abandoned=True)
+    assert plan.discard_count == 10
+    assert set(plan.kv()) == {"spark_sink/topic/t/committed", "spark_sink/query/q/progress"}
+    # foreign records only: no progress record changes
+    foreign = plan_abandon("t", committed, _states(committed, [11, 20, 30]), query_id=None, progress=None)
+    assert set(foreign.kv()) == {"spark_sink/topic/t/committed"}
+    # an unfinished batch with nothing past the ends (discarded before without its query) is still marked
+    marked = plan_abandon("t", committed, _states(committed, [10, 20, 30]), query_id="q", progress=progress)
+    assert marked.new_committed == committed
+    with pytest.raises(NothingToDiscardError):
+        plan_abandon("t", committed, _states(committed, [10, 20, 30]), query_id=None, progress=None)
+    with pytest.raises(CorruptionError, match="below the committed end"):
+        plan_abandon("t", committed, _states(committed, [9, 20, 30]), query_id=None, progress=None)

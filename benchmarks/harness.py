@@ -38,6 +38,13 @@ CEPH_SCRIPT = REPO_ROOT / "scripts" / "ceph-rgw"
 WORKLOAD_ORDER = ("format", "storage", "wal", "ingest", "read", "compaction", "spark", "peers")
 """``all`` runs the workloads that exist in this order (then any others, by name)."""
 WORKLOAD_TIMEOUT_S_DEFAULT = 1800.0
+CEPH_SCRIPT_TIMEOUT_S = 120.0
+"""``scripts/ceph-rgw env`` and ``fill`` answer in seconds; this bounds a stuck monitor."""
+CEPH_FILL_WARN_RATIO = 0.80
+"""The local Ceph RGW's OSD fill from which the harness warns (a run writes gigabytes)."""
+CEPH_FILL_FAIL_RATIO = 0.95
+"""... and from which it refuses to run (Ceph's default full ratio: every write blocks)."""
+GIB = 1 << 30
 ENV_PREFIXES = ("S3STREAM_BENCH_S3_", "S3STREAM_TEST_S3_")
 PIPE_WIDTH = 180
 """Console width when the output is not a terminal (log files, CI)."""
@@ -114,6 +121,19 @@ def s3_target_from(args: argparse.Namespace, environ: Mapping[str, str]) -> S3Ta
     )
 
 
+def _script_env(script: Path) -> dict[str, str]:
+    """The variables ``<script> env`` prints (``export NAME=value`` lines)."""
+    env_out = subprocess.run(
+        [str(script), "env"], capture_output=True, text=True, check=True, timeout=CEPH_SCRIPT_TIMEOUT_S
+    ).stdout
+    environ: dict[str, str] = {}
+    for line in env_out.splitlines():
+        for word in line.removeprefix("export ").split():
+            name, _, value = word.partition("=")
+            environ[name] = value.strip("'\"")
+    return environ
+
+
 def start_ceph(log: Callable[[str], None]) -> S3Target:
     """``scripts/ceph-rgw start`` (idempotent), then the endpoint and keys from ``scripts/ceph-rgw env``."""
     if not CEPH_SCRIPT.exists():
@@ -122,19 +142,61 @@ def start_ceph(log: Callable[[str], None]) -> S3Target:
     started = subprocess.run([str(CEPH_SCRIPT), "start"], capture_output=True, text=True, check=False)
     if started.returncode != 0:
         raise UsageError(f"scripts/ceph-rgw start failed:\n{started.stderr[-3000:]}")
-    env_out = subprocess.run([str(CEPH_SCRIPT), "env"], capture_output=True, text=True, check=True).stdout
-    environ: dict[str, str] = {}
-    for line in env_out.splitlines():
-        for word in line.removeprefix("export ").split():
-            name, _, value = word.partition("=")
-            environ[name] = value.strip("'\"")
+    environ = _script_env(CEPH_SCRIPT)
     target = s3_target_from(
         argparse.Namespace(endpoint=None, access_key=None, secret_key=None, bucket=None, region=None),
         {key.replace("S3STREAM_TEST_S3_", "S3STREAM_BENCH_S3_"): value for key, value in environ.items()},
     )
     if target is None:
-        raise UsageError(f"scripts/ceph-rgw env printed no endpoint:\n{env_out}")
+        raise UsageError(f"scripts/ceph-rgw env printed no endpoint:\n{environ}")
     return target
+
+
+def check_ceph_fill(
+    target: S3Target, log: Callable[[str], None], *, script: Path | None = None
+) -> str | None:
+    """If ``target`` is the project's own Ceph RGW (the endpoint ``scripts/ceph-rgw env`` prints), read
+    its OSD's fill (``scripts/ceph-rgw fill``): a full OSD does not fail requests, every write just
+    waits until the client times out. Warns loudly from :data:`CEPH_FILL_WARN_RATIO` and raises
+    :class:`UsageError` from :data:`CEPH_FILL_FAIL_RATIO` (or Ceph's own full ratio, if lower).
+    Returns a note for the report, or None when the target is not that RGW (a remote endpoint has no
+    such check) or its OSD is comfortably empty. ``script`` stands in for scripts/ceph-rgw in tests."""
+    script = script or CEPH_SCRIPT
+    if not script.exists():
+        return None
+    try:
+        ours = _script_env(script).get("S3STREAM_TEST_S3_ENDPOINT", "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not ours or ours.rstrip("/") != target.endpoint.rstrip("/"):
+        return None
+    try:
+        done = subprocess.run(
+            [str(script), "fill"], capture_output=True, text=True, check=False, timeout=CEPH_SCRIPT_TIMEOUT_S
+        )
+        fill = dict(line.split("=", 1) for line in done.stdout.split() if "=" in line)
+        ratio, full_ratio = float(fill["osd_fill_ratio"]), float(fill["full_ratio"])
+        used, avail = int(fill["osd_used_bytes"]), int(fill["osd_avail_bytes"])
+    except (OSError, subprocess.SubprocessError, KeyError, ValueError):
+        note = "could not read the fill of the local Ceph RGW's OSD (scripts/ceph-rgw status tells more)"
+        log(f"warning: {note}")
+        return note
+    state = (
+        f"the local Ceph RGW's OSD is {ratio:.1%} full (raw used {used / GIB:.1f} GiB, available "
+        f"{avail / GIB:.1f} GiB; Ceph stops writing at {full_ratio:.0%})"
+    )
+    advice = (
+        "At that point every PUT waits until it times out. Deleted objects' space comes back a minute "
+        "or two after the delete; objects left by earlier runs stay (scripts/ceph-rgw status, "
+        "scripts/ceph-rgw reset wipes the cluster)."
+    )
+    if ratio >= min(CEPH_FILL_FAIL_RATIO, full_ratio):
+        raise UsageError(f"{state}: refusing to run. {advice}")
+    if ratio < CEPH_FILL_WARN_RATIO:
+        return None
+    rule = "!" * 78
+    log(f"{rule}\nWARNING: {state}.\n{advice}\n{rule}")
+    return f"{state} when the run started"
 
 
 async def ensure_bucket(target: S3Target) -> None:
@@ -493,7 +555,10 @@ def main(
 
     try:
         kind, target = resolve_target(args, log)
+        target_notes: list[str] = []
         if target is not None:
+            fill_note = check_ceph_fill(target, log)
+            target_notes += [fill_note] if fill_note else []
             run_loop(ensure_bucket(target))
     except UsageError as exc:
         log(f"error: {exc}")
@@ -511,7 +576,7 @@ def main(
         else:
             work_root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="s3stream-bench-")))
         run_id = os.urandom(5).hex()
-        notes: list[str] = []
+        notes: list[str] = list(target_notes)
         notes_by_ctx: list[tuple[str, Context]] = []
 
         def ctx_factory(name: str, status: Callable[[str], None]) -> Context:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from s3stream.assembly import open_sync
@@ -182,6 +183,8 @@ def abandon_unfinished(
     """
     if isinstance(target, SyncClient):
         client, owns = target, False
+    elif not Path(target).is_dir():
+        raise NotFoundError(f"data dir {os.fspath(target)!r} does not exist")  # opening would create it
     else:
         client, owns = open_sync(target, bucket_uri=bucket_uri, config=config), True
     try:
@@ -207,8 +210,8 @@ def _open_streams(client: SyncClient, topic: Topic) -> list[SyncStream]:
         return open_partitions(client, topic)
     except ConflictError as exc:
         raise ConflictError(
-            f"topic {topic.name!r}: its streams are open in this client ({exc}); close the sink "
-            "(stop the query) before discarding"
+            f"topic {topic.name!r}: its streams are open in this client ({exc}): a live sink (stop the "
+            "query, close the sink) or a reader of this client; pass a client that has not opened them"
         ) from exc
 
 

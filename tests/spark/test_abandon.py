@@ -22,7 +22,13 @@ import pyarrow as pa
 import pytest
 
 from s3stream.assembly import open_sync
-from s3stream.errors import ConflictError, InvalidArgumentError, OffsetOutOfRangeError, UnavailableError
+from s3stream.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    OffsetOutOfRangeError,
+    UnavailableError,
+)
 from s3stream.facade import SyncClient, SyncStream
 from s3stream.model import RecordBatch
 from spark_sink import cli
@@ -251,6 +257,16 @@ def test_a_fresh_topic_has_nothing_to_discard(tmp_path: Path) -> None:
         abandon_unfinished(data_dir, "t")
 
 
+def test_a_missing_data_dir_or_topic_is_not_found_and_not_created(tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="does not exist"):
+        abandon_unfinished(tmp_path / "nowhere", "t")
+    assert not (tmp_path / "nowhere").exists()
+    with _sink(tmp_path / "engine", "q") as sink:
+        _write(sink, 0, 0)
+    with pytest.raises(NotFoundError, match="topic 'other' does not exist"):
+        abandon_unfinished(tmp_path / "engine", "other")
+
+
 def test_the_tool_writes_both_records_in_one_append_atomic(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
     _leave_batch_unfinished(data_dir)
@@ -279,7 +295,7 @@ def test_a_live_sink_is_refused(tmp_path: Path) -> None:
         sink._ensure_streams()
         with pytest.raises(ConflictError, match="data dir in use"):
             abandon_unfinished(data_dir, "t")
-        with pytest.raises(ConflictError, match="close the sink"):
+        with pytest.raises(ConflictError, match="a live sink"):
             abandon_unfinished(sink.client, "t")
 
 

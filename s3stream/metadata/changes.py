@@ -65,13 +65,16 @@ class PutRange:
 
 
 @dataclass(frozen=True, slots=True)
-class AdvanceEndOffset:
-    """Set a stream's end offset and the end offset of its range ``range_index`` (both exist): the
-    advance of a WAL upload's commit, which touches no other field (no stream or range row rebuilt)."""
+class AdvanceEndOffsets:
+    """Set each stream's end offset and the end offset of its last range (the highest index; both
+    exist): the advance of a WAL upload's commit, which touches no other field (no stream or range
+    row rebuilt). Columns, one change for every stream of the commit (no object per stream)."""
 
-    stream_id: StreamId
-    range_index: int
-    end_offset: int
+    stream_ids: tuple[StreamId, ...]
+    end_offsets: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        assert len(self.stream_ids) == len(self.end_offsets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,7 @@ Change = (
     | PutStream
     | RemoveStream
     | PutRange
-    | AdvanceEndOffset
+    | AdvanceEndOffsets
     | RemoveRange
     | PutObject
     | RemoveObject

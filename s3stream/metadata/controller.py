@@ -87,6 +87,15 @@ class StateView(Protocol):
         exist are left out): one lookup, no tags and no range list built (a commit of 1,000 streams)."""
         ...
 
+    def all_continue_at_end(self, node_id: NodeId, spans: Sequence[tuple[StreamId, int, int]]) -> bool:
+        """Whether every ``(stream id, start offset, end offset)`` span starts exactly at its
+        stream's end offset, the stream being OPENED, not trimmed to its end (start offset below
+        end offset, integers as stored) and with a last range owned by ``node_id``: the common
+        case of a WAL upload's commit, which then advances with no check per stream. False means
+        nothing but "check span by span" (the SQLite view decides it in SQL, with no Python object
+        per stream)."""
+        ...
+
     def opened_streams(self) -> list[StreamMetadata]: ...
 
     def streams(self) -> list[StreamMetadata]:

@@ -25,7 +25,7 @@ from s3stream.metadata.base import (
     StreamState,
 )
 from s3stream.metadata.changes import (
-    AdvanceEndOffset,
+    AdvanceEndOffsets,
     Change,
     Counter,
     PutKv,
@@ -98,6 +98,22 @@ class _State:
                 -1 if last is None else last.range_index, -1 if last is None else last.node_id,
             )  # fmt: skip
         return found
+
+    def all_continue_at_end(self, node_id: NodeId, spans: Sequence[tuple[StreamId, int, int]]) -> bool:
+        opened = StreamState.OPENED
+        for stream_id, start, _ in spans:
+            row = self.stream_rows.get(stream_id)
+            ranges = self.ranges.get(stream_id) if row is not None else None
+            if (
+                row is None
+                or not ranges
+                or row.state != opened
+                or not row.start_offset < row.end_offset == start
+            ):
+                return False
+            if ranges[max(ranges)].node_id != node_id:
+                return False
+        return True
 
     def _described(self, stream_ids: list[StreamId]) -> list[StreamMetadata]:
         out = []
@@ -196,12 +212,14 @@ class _State:
                     self.sos.pop(object_id, None)
             case PutRange(rng):
                 self.ranges.setdefault(rng.stream_id, {})[rng.range_index] = rng
-            case AdvanceEndOffset(stream_id, range_index, end_offset):
-                self.stream_rows[stream_id] = dataclasses.replace(
-                    self.stream_rows[stream_id], end_offset=end_offset
-                )
-                rng = self.ranges[stream_id][range_index]
-                self.ranges[stream_id][range_index] = dataclasses.replace(rng, end_offset=end_offset)
+            case AdvanceEndOffsets(stream_ids, end_offsets):
+                for stream_id, end_offset in zip(stream_ids, end_offsets, strict=True):
+                    self.stream_rows[stream_id] = dataclasses.replace(
+                        self.stream_rows[stream_id], end_offset=end_offset
+                    )
+                    ranges = self.ranges[stream_id]
+                    last = max(ranges)
+                    ranges[last] = dataclasses.replace(ranges[last], end_offset=end_offset)
             case RemoveRange(stream_id, range_index):
                 self.ranges.get(stream_id, {}).pop(range_index, None)
             case PutObject(obj):

@@ -28,7 +28,7 @@ from s3stream.metadata.base import (
     StreamState,
 )
 from s3stream.metadata.changes import (
-    AdvanceEndOffset,
+    AdvanceEndOffsets,
     Counter,
     PutObject,
     PutStreamObject,
@@ -228,6 +228,11 @@ def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:
     spans = [(r.stream_id, r.start_offset, r.end_offset) for r in req.stream_ranges]
     spans += [(so.stream_id, so.start_offset, so.end_offset) for so in req.stream_objects]
     spans.sort()
+    stream_ids = tuple(span[0] for span in spans)
+    if len(set(stream_ids)) == len(spans) and txn.view.all_continue_at_end(req.node_id, spans):
+        # hot path of every upload: every check below would pass, and a span's end is its stream's
+        txn.write(AdvanceEndOffsets(stream_ids, tuple(span[2] for span in spans)))
+        return
     ends: dict[StreamId, int] = {}
     heads = txn.view.stream_heads([span[0] for span in spans])
     opened = StreamState.OPENED
@@ -255,11 +260,10 @@ def _advance_end_offsets(txn: Txn, req: CommitStreamSetObjectRequest) -> None:
                 code=ErrorCode.OFFSET_NOT_MATCHED,
             )
         ends[stream_id] = end
-    # hot path of every upload: one small change per stream, only the two end offsets written (the
-    # SQLite store runs them as one executemany per table, not one upsert of the whole row each)
-    write = txn.write
-    for stream_id, end in ends.items():
-        write(AdvanceEndOffset(stream_id, heads[stream_id].range_index, end))
+    # only the two end offsets are written (the SQLite store runs them as one executemany per
+    # table, not one upsert of the whole row each); the range advanced is the head's, the last one
+    if ends:
+        txn.write(AdvanceEndOffsets(tuple(ends), tuple(ends.values())))
 
 
 def commit_stream_object(txn: Txn, req: CommitStreamObjectRequest, *, now_ms: int) -> None:

@@ -8,6 +8,7 @@ a value outside its domain raises :class:`~s3stream.errors.CorruptionError`.
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +28,7 @@ from s3stream.metadata.base import (
     StreamState,
 )
 from s3stream.metadata.changes import (
-    AdvanceEndOffset,
+    AdvanceEndOffsets,
     Change,
     Counter,
     PutKv,
@@ -199,6 +200,18 @@ _HEADS_QUERY = (
     "WHERE s.stream_id IN ({})"
 )
 """:meth:`SqlView.stream_heads`: each stream with its last range (-1, -1 when it has none)."""
+_SPANS_PER_QUERY = 300
+"""Spans bound per :meth:`SqlView.all_continue_at_end` query (3 variables each, under 999)."""
+_CONTINUE_QUERY = (
+    "WITH s(stream_id, start_offset, end_offset) AS (VALUES {}) SELECT count(*) FROM s "
+    "LEFT JOIN streams t ON t.stream_id = s.stream_id LEFT JOIN ranges r ON r.stream_id = s.stream_id "
+    "AND r.range_index = (SELECT max(range_index) FROM ranges WHERE stream_id = s.stream_id) WHERE ("
+    "typeof(t.state) = 'integer' AND t.state = ? AND typeof(t.start_offset) = 'integer' "
+    "AND typeof(t.end_offset) = 'integer' AND t.start_offset < t.end_offset AND t.end_offset = s.start_offset "
+    "AND typeof(r.range_index) = 'integer' AND r.range_index >= 0 "
+    "AND typeof(r.node_id) = 'integer' AND r.node_id = ?) IS NOT 1"
+)
+""":meth:`SqlView.all_continue_at_end`: the spans that are not the common case (0: all are)."""
 _STREAM_STATE_VALUES = frozenset(int(s) for s in StreamState)
 _RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_id"
 _SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
@@ -288,6 +301,18 @@ class SqlView:
                     )
                 found[StreamId(stream_id)] = StreamHead(state, start_offset, end_offset, range_index, node_id)
         return found
+
+    def all_continue_at_end(self, node_id: NodeId, spans: Sequence[tuple[StreamId, int, int]]) -> bool:
+        opened = int(StreamState.OPENED)
+        for start in range(0, len(spans), _SPANS_PER_QUERY):
+            chunk = spans[start : start + _SPANS_PER_QUERY]
+            statement = _CONTINUE_QUERY.format(",".join(["(?, ?, ?)"] * len(chunk)))
+            (others,) = self._c.execute(
+                statement, (*itertools.chain.from_iterable(chunk), opened, node_id)
+            ).fetchone()
+            if others:
+                return False
+        return True
 
     def opened_streams(self) -> list[StreamMetadata]:
         return self._streams("WHERE state = ?", (int(StreamState.OPENED),))
@@ -513,16 +538,17 @@ def _flush(conn: sqlite3.Connection, run: list[Change]) -> None:
         statement, params = simple
         conn.executemany(statement, [params(c) for c in run])
         return
-    if kind is AdvanceEndOffset:
-        advances = cast("list[AdvanceEndOffset]", run)
-        conn.executemany(
-            "UPDATE streams SET end_offset = ? WHERE stream_id = ?",
-            [(c.end_offset, c.stream_id) for c in advances],
-        )
-        conn.executemany(
-            "UPDATE ranges SET end_offset = ? WHERE stream_id = ? AND range_index = ?",
-            [(c.end_offset, c.stream_id, c.range_index) for c in advances],
-        )
+    if kind is AdvanceEndOffsets:
+        for advance in cast("list[AdvanceEndOffsets]", run):
+            ids, ends = advance.stream_ids, advance.end_offsets
+            conn.executemany(
+                "UPDATE streams SET end_offset = ? WHERE stream_id = ?", zip(ends, ids, strict=True)
+            )
+            conn.executemany(
+                "UPDATE ranges SET end_offset = ? WHERE stream_id = ? AND range_index = "
+                "(SELECT max(range_index) FROM ranges WHERE stream_id = ?)",
+                zip(ends, ids, ids, strict=True),
+            )
         return
     for change in run:
         if isinstance(change, RemoveStream):

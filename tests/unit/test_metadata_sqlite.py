@@ -23,10 +23,12 @@ from s3stream.ids import NodeId, StreamId
 from s3stream.metadata import sqlite as sqlite_module
 from s3stream.metadata import sqlite_schema
 from s3stream.metadata.base import ObjectState, StreamState
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from tests.metadata_contract import (
     EPOCH,
     N1,
+    N2,
     TTL_MS,
     FakeClock,
     MetadataContract,
@@ -392,3 +394,72 @@ async def test_a_commit_finds_bad_stored_stream_values_corrupt(
         assert (await store.get_object(first)).state == ObjectState.PREPARED
     finally:
         await store.close()
+
+
+async def test_a_common_upload_is_checked_in_sql_with_no_lookup_per_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every span continuing its opened, owned stream at its end: one SQL check per
+    _SPANS_PER_QUERY spans and the advance, no stream head read into Python; anything else (a
+    stream's first upload from offset 0, a gap) still takes the check span by span."""
+    monkeypatch.setattr(sqlite_schema, "_SPANS_PER_QUERY", 2)
+    store = await SqliteMetadataStore.open(tmp_path / "meta.db", clock_ms=FakeClock())
+    try:
+        await node(store)
+        sids = [await opened(store) for _ in range(5)]
+        await upload(store, N1, [(sid, 0, 10) for sid in sids[:4]], [(sids[4], 0, 7)])
+
+        def no_heads(self: object, stream_ids: object) -> None:
+            raise AssertionError("the common case reads no stream heads")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(sqlite_schema.SqlView, "stream_heads", no_heads)
+            await upload(store, N1, [(sid, 10, 20) for sid in sids[:4]], [(sids[4], 7, 9)])
+        streams = [await store.describe_stream(sid) for sid in sids]
+        assert [s.end_offset for s in streams] == [20, 20, 20, 20, 9]
+        assert [[(r.range_index, r.end_offset) for r in s.ranges] for s in streams] == [[(0, 20)]] * 4 + [
+            [(0, 9)]
+        ]
+        with pytest.raises(ConflictError):
+            await upload(store, N1, [(sids[1], 20, 30), (sids[2], 25, 30)])  # sids[2] does not continue
+        assert [(await store.describe_stream(sid)).end_offset for sid in sids[1:3]] == [20, 20]
+    finally:
+        await store.close()
+
+
+async def test_the_sql_continuity_check_agrees_with_the_memory_twin(tmp_path: Path) -> None:
+    """``all_continue_at_end`` of the SQLite view answers as the in-memory twin's, case by case."""
+    stores: list[Any] = [
+        await SqliteMetadataStore.open(tmp_path / "meta.db", clock_ms=FakeClock()),
+        MemoryMetadataStore(clock_ms=FakeClock()),
+    ]
+    answers = []
+    try:
+        for store in stores:
+            await node(store, N1, N2)
+            live, fresh, closed, trimmed, moved = [await opened(store) for _ in range(5)]
+            await upload(store, N1, [(s, 0, 10) for s in (live, closed, trimmed, moved)])
+            await store.close_stream(node_id=N1, node_epoch=EPOCH, stream_id=closed, epoch=0)
+            await store.trim_stream(
+                node_id=N1, node_epoch=EPOCH, stream_id=trimmed, epoch=0, new_start_offset=10
+            )
+            await store.close_stream(node_id=N1, node_epoch=EPOCH, stream_id=moved, epoch=0)
+            await store.open_stream(node_id=N2, node_epoch=EPOCH, stream_id=moved, epoch=1)
+            cases = [
+                (N1, [(live, 10, 20)]),  # the common case
+                (N1, [(live, 10, 20), (moved, 10, 20)]),  # moved's last range is N2's
+                (N2, [(moved, 10, 20)]),
+                (N1, [(live, 11, 20)]),  # gap
+                (N1, [(live, 5, 20)]),  # overlap
+                (N1, [(fresh, 0, 10)]),  # nothing stored yet: start = end
+                (N1, [(closed, 10, 20)]),
+                (N1, [(trimmed, 10, 20)]),  # trimmed to its end
+                (N1, [(StreamId(999), 0, 10)]),  # no such stream
+            ]
+            answers.append(
+                [await store._query(lambda view, n=n, s=s: view.all_continue_at_end(n, s)) for n, s in cases]
+            )
+    finally:
+        for store in stores:
+            await store.close()
+    assert answers[0] == answers[1] == [True, False, True, False, False, False, False, False, False]

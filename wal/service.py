@@ -15,6 +15,9 @@ docs/format.md section 4.6 and :mod:`wal.recovery` depends on this). The pump ru
 the appenders a completion woke, so what they append next joins the next group. When nothing is in
 flight and a large queue waits, it is sealed as two groups written at once (:data:`_SPLIT_MIN_BYTES`).
 
+The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them once it
+is unreachable (``weakref.finalize``), as ``close()`` does.
+
 Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
 Space freed by a trim is reused only once that header write is durable.
 """
@@ -31,6 +34,7 @@ import os
 import queue
 import random
 import threading
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -359,8 +363,7 @@ class BlockWAL:
     async def _release(self) -> None:
         try:
             if self._threads:
-                for _ in self._threads:
-                    self._jobs.put(None)
+                self._stop_threads()
                 await self._loop.run_in_executor(self._pool, self._join_threads)
             await self._loop.run_in_executor(self._pool, self._device.close)
         finally:
@@ -539,31 +542,16 @@ class BlockWAL:
         ]
         self._fixed_first, self._fixed_rest = ((f, crc32c(f)) for f in fixed)
         for k in range(self._k_max):
-            thread = threading.Thread(target=self._io_thread, name=f"wal-io-{k}", daemon=True)
+            thread = threading.Thread(
+                target=_io_thread, args=(self._jobs, self._loop), name=f"wal-io-{k}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
+        # The threads hold the job queue, not the WAL: a WAL dropped without close() becomes
+        # unreachable once no job is queued or running, and then stops its threads.
+        self._stop_threads = weakref.finalize(self, _stop_io_threads, self._jobs, self._k_max)
         self._started = True
         self._accepting = True
-
-    def _io_thread(self) -> None:
-        """An I/O thread: run each job ``(fn, arg, done)`` as ``fn(arg)``; hand ``done(arg, error)``
-        to the loop. A ``None`` job stops the thread."""
-        jobs = self._jobs
-        call = self._loop.call_soon_threadsafe
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            fn, arg, done = job
-            error: BaseException | None = None
-            try:
-                fn(arg)
-            except BaseException as exc:  # noqa: BLE001 - thread boundary: the loop fails the WAL with it
-                error = exc
-            try:
-                call(done, arg, error)
-            except RuntimeError:  # the loop is closed: nobody is left to tell
-                return
 
     def _pump(self) -> None:
         """The writer's one step, run as a loop callback: complete what is in order, then start a
@@ -1014,6 +1002,36 @@ class BlockWAL:
             self._device.write((header.seq % 2) * block, view[:block])
         self._device.sync()
         self.stats["headers"] += 1
+
+
+def _io_thread(jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None], loop: asyncio.AbstractEventLoop) -> None:
+    """An I/O thread: run each job ``(fn, arg, done)`` as ``fn(arg)``; hand ``done(arg, error)`` to
+    the loop. A ``None`` job stops the thread. (A plain function: between jobs the thread holds no
+    reference to the WAL, see :meth:`BlockWAL._start_writer`.)"""
+    call = loop.call_soon_threadsafe
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fn, arg, done = job
+        del job
+        error: BaseException | None = None
+        try:
+            fn(arg)
+        except BaseException as exc:  # noqa: BLE001 - thread boundary: the loop fails the WAL with it
+            error = exc
+        try:
+            call(done, arg, error)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            return
+        finally:
+            del fn, arg, done, error
+
+
+def _stop_io_threads(jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None], count: int) -> None:
+    """Stop ``count`` I/O threads (at close, or once a WAL that was never closed is unreachable)."""
+    for _ in range(count):
+        jobs.put(None)
 
 
 def _body_len(data: Body | tuple[Body, ...]) -> int:

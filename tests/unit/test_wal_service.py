@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 from pathlib import Path
@@ -533,3 +534,24 @@ async def test_a_group_with_parts_or_append_many_is_packed_by_the_general_path()
     wal, recs = await reopen(dev)
     assert [data for _, data in recs] == [body(1), body(2, 10) + body(3, 20), body(4), body(5)]
     await wal.close()
+
+
+async def test_io_threads_of_a_wal_never_closed_stop_once_it_is_unreachable() -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+    await wal.append(body(1))
+    threads = list(wal._threads)
+    assert threads
+    assert all(t.is_alive() for t in threads)
+    del wal
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+
+
+async def test_close_stops_and_joins_the_io_threads() -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+    await wal.append(body(1))
+    threads = list(wal._threads)
+    await wal.close()
+    assert not any(t.is_alive() for t in threads)

@@ -36,6 +36,8 @@ from s3stream.errors import (
 from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch
 
 _pack_header = RECORD_HEADER.pack
+_OPEN = Status.OPEN
+"""A module constant: ``Status.OPEN`` is an enum class attribute lookup (~45 ns on CPython 3.11)."""
 
 PARTS_MIN_BYTES = 16 * 1024
 """A plain append whose payload has at least this many bytes goes to the WAL as (header, payload)
@@ -170,7 +172,7 @@ class AppendPath:
         durable (see :mod:`s3stream.engine.sequencer`), with no future of its own, no PendingAppend,
         no queue entry and no calls it can do inline."""
         supervisor = self.supervisor
-        if handle.status is not Status.OPEN or supervisor.failed is not None or supervisor.closed:
+        if handle.status is not _OPEN or supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
             handle.check_writable()
         size = len(payload)

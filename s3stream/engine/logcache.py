@@ -261,8 +261,10 @@ class LogCache:
         block = self.blocks[-1]
         streams = block.streams
         cache = streams.get(stream_id)
+        full = False  # the stream count only grows here: checked here, not on every put
         if cache is None:
             cache = streams[stream_id] = StreamCache(stream_id, epoch)
+            full = len(streams) >= self.max_stream_count
         if epoch == cache.epoch:
             # StreamCache.add, inlined: this runs once per append.
             assert cache.end < 0 or base_offset == cache.end, (
@@ -281,7 +283,7 @@ class LogCache:
             block.wal_bytes += size
         block.size_bytes += size
         self.size_bytes += size
-        return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count
+        return full or block.size_bytes >= self.upload_threshold_bytes
 
     def is_full(self, block: LogCacheBlock) -> bool:
         return block.size_bytes >= self.upload_threshold_bytes or len(block.streams) >= self.max_stream_count

@@ -222,6 +222,18 @@ def test_the_unfinished_batch_of_a_new_query_is_found_through_the_writer_record(
         assert _keys(sink) == list(range(ROWS))
 
 
+def test_chunks_budget_the_discarded_ranges_and_a_too_small_chunk_is_refused(tmp_path: Path) -> None:
+    with _sink(tmp_path / "engine", "q") as sink:
+        _write(sink, 0, 0)
+        # 20,000-byte chunks keep ~4 kB beside one payload (13.3 kB) and the KV records (1.6 kB)
+        payload_max = sink.batch_bytes_target + sink.record_bytes_max + 1024
+        room = sink.chunk_bytes_max - payload_max - sink._chunk_kv_bytes_max(Committed.empty(2)) - 1024
+        ranges = tuple(DiscardedRange(1, 2 * i, 2 * i + 1) for i in range(room // 50 + 1))
+        sink.client.kv.put(committed_key("t"), Committed((200, 10_000), "q", 0, ranges).encode())
+        with pytest.raises(InvalidArgumentError, match=r"too small for one payload next to the committed"):
+            _write(sink, 1, ROWS)
+
+
 def test_a_dry_run_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
     ends = _leave_batch_unfinished(data_dir)

@@ -4,6 +4,8 @@
   ``os.pwrite``, one ``fdatasync`` at the end): the disk's ceiling for the WAL.
 - :func:`raw_s3_put_get`: N objects of S bytes PUT then GET with concurrency C through a plain
   aiobotocore client: the object store's ceiling for uploads and catch-up reads.
+- :func:`raw_put_ceiling`: the best of single PUTs and multipart uploads in the engine's shape, warmed
+  up, best of alternating rounds: what the engine's upload rate is held against.
 - :func:`naive_writer`: durable writes where every flush PUTs one object per stream that has data
   (what a writer without a WAL or StreamSet objects does): the design the engine must beat.
 - :func:`slatedb_writer`: the same durable writes through SlateDB (``slatedb`` on PyPI) on the same
@@ -255,6 +257,149 @@ async def raw_s3_put_get(
                         Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
                     )
     return put, (got if get else None)
+
+
+@dataclass(frozen=True)
+class PutCeilingSpec:
+    """The request shapes :func:`raw_put_ceiling` measures: single PutObjects of ``put_bytes``, and
+    multipart uploads of ``object_bytes`` objects in ``part_bytes`` parts (all parts of an object at
+    once), ``concurrency`` PUTs or objects in flight. The defaults are the engine's: 16 MiB parts
+    (``s3.object.part.size``), objects of the 32 MiB upload threshold, 4 uploads in flight."""
+
+    total_bytes: int
+    """Bytes each shape PUTs per round."""
+    put_bytes: int = 16 * MIB
+    object_bytes: int = 32 * MIB
+    part_bytes: int = 16 * MIB
+    concurrency: int = 4
+    rounds: int = 2
+
+    def __post_init__(self) -> None:
+        if min(self.total_bytes, self.put_bytes, self.object_bytes, self.concurrency, self.rounds) <= 0:
+            raise ValueError(f"every PutCeilingSpec size and count must be positive: {self}")
+        if not 5 * MIB <= self.part_bytes <= self.object_bytes:
+            raise ValueError(f"part_bytes must be in [5 MiB, object_bytes]: {self}")
+
+    def shapes(self, multipart: bool) -> list[str]:
+        single = f"PutObject {_size_label(self.put_bytes)}, {self.concurrency} in flight"
+        many = (
+            f"multipart {_size_label(self.object_bytes)} objects in {_size_label(self.part_bytes)} parts, "
+            f"{self.concurrency} objects in flight"
+        )
+        return [single, many] if multipart else [single]
+
+    def label(self, multipart: bool) -> str:
+        return "best of " + " / ".join(self.shapes(multipart))
+
+
+async def raw_put_ceiling(
+    storage: ObjectStorage, target: S3Target | None, *, prefix: str, spec: PutCeilingSpec
+) -> Measured:
+    """The best PUT rate a plain client gets from the object store, for the engine's upload figures.
+
+    Two request shapes (:class:`PutCeilingSpec`), each warmed up unmeasured first (client, connections,
+    a server that was idle), then ``spec.rounds`` rounds of ``spec.total_bytes`` alternating which
+    shape goes first; the best round of the best shape is the result (its notes hold every round):
+
+    - single PutObjects through ``storage.put`` (on S3 one PutObject whose SHA-256 is computed off
+      the event loop; the local store's put otherwise);
+    - multipart uploads straight through aiobotocore under ``prefix`` of ``target``'s bucket (what a
+      raw client does with objects the engine's size), only when ``target`` is given.
+
+    Every object is deleted after its round (outside the timing), so the store does not fill up."""
+    put_body = os.urandom(spec.put_bytes)
+    object_body = os.urandom(spec.object_bytes)
+    shapes = spec.shapes(multipart=target is not None)
+    rates: dict[str, list[float]] = {shape: [] for shape in shapes}
+    best = Measured(name="")
+    best_rate = -1.0
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(raw_s3_client(target)) if target is not None else None
+
+        async def single_round(tag: str, count: int, measured: Measured) -> None:
+            limit = asyncio.Semaphore(spec.concurrency)
+            keys = [f"raw-put-{tag}-{i:05d}" for i in range(count)]
+
+            async def put(key: str) -> None:
+                async with limit:
+                    started = time.perf_counter()
+                    await storage.put(key, put_body)
+                    measured.latency.record(time.perf_counter() - started)
+
+            try:
+                await _timed(measured, spec.put_bytes * count, count, *(put(key) for key in keys))
+            finally:
+                await storage.delete(keys)
+
+        async def multipart_round(tag: str, count: int, measured: Measured) -> None:
+            assert client is not None
+            assert target is not None
+            limit = asyncio.Semaphore(spec.concurrency)
+            keys = [f"{prefix}raw-mpu-{tag}-{i:05d}" for i in range(count)]
+            starts = range(0, spec.object_bytes, spec.part_bytes)
+            parts = [object_body[start : start + spec.part_bytes] for start in starts]
+
+            async def upload(key: str) -> None:
+                async with limit:
+                    started = time.perf_counter()
+                    created = await client.create_multipart_upload(Bucket=target.bucket, Key=key)
+                    upload_id = created["UploadId"]
+
+                    async def part(number: int, body: bytes) -> dict[str, Any]:
+                        sent = await client.upload_part(
+                            Bucket=target.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                        )
+                        return {"PartNumber": number, "ETag": sent["ETag"]}
+
+                    done = await asyncio.gather(*(part(n, body) for n, body in enumerate(parts, start=1)))
+                    await client.complete_multipart_upload(
+                        Bucket=target.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
+                    )
+                    measured.latency.record(time.perf_counter() - started)
+
+            try:
+                await _timed(measured, spec.object_bytes * count, count, *(upload(key) for key in keys))
+            finally:
+                for start in range(0, len(keys), 1000):
+                    await client.delete_objects(
+                        Bucket=target.bucket,
+                        Delete={
+                            "Objects": [{"Key": key} for key in keys[start : start + 1000]],
+                            "Quiet": True,
+                        },
+                    )
+
+        async def one(shape: str, tag: str, *, warmup: bool) -> Measured:
+            measured = Measured(name=f"raw {shape}")
+            if shape == shapes[0]:
+                count = spec.concurrency if warmup else max(1, spec.total_bytes // spec.put_bytes)
+                await single_round(tag, count, measured)
+            else:
+                count = spec.concurrency if warmup else max(1, spec.total_bytes // spec.object_bytes)
+                await multipart_round(tag, count, measured)
+            return measured
+
+        for shape in shapes:
+            await one(shape, "warm", warmup=True)
+        for round_index in range(spec.rounds):
+            for shape in shapes if round_index % 2 == 0 else shapes[::-1]:
+                measured = await one(shape, f"r{round_index}", warmup=False)
+                rates[shape].append(measured.mb_per_s)
+                if measured.mb_per_s > best_rate:
+                    best, best_rate = measured, measured.mb_per_s
+    best.notes.extend(
+        f"{shape}: {', '.join(f'{rate:.0f}' for rate in rates[shape])} MB/s" for shape in shapes
+    )
+    return best
+
+
+async def _timed(measured: Measured, payload_bytes: int, op_count: int, *jobs: Any) -> None:
+    """Run ``jobs`` together; their wall time, CPU and memory, payload and count go into ``measured``."""
+    with ResourceMeter() as meter:
+        started = time.perf_counter()
+        await asyncio.gather(*jobs)
+        measured.elapsed_s = time.perf_counter() - started
+    measured.usage, measured.payload_bytes, measured.op_count = meter.usage, payload_bytes, op_count
 
 
 async def delete_prefix(target: S3Target, prefix: str) -> int:

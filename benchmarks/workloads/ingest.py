@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.baselines import Measured, PutCeilingSpec, raw_put_ceiling
 from benchmarks.core import Context, Result
 from benchmarks.measure import CountingStorage, LatencyRecorder, RequestCounter, per_gib
 from s3stream.assembly import freeze_startup_heap, open_block_wal, open_client
@@ -51,7 +52,6 @@ from s3stream.storage.s3 import S3ObjectStorage
 KiB = 1 << 10
 MiB = 1 << 20
 W = "ingest"
-RAW_PUT_BYTES = 16 * MiB
 
 
 async def _open_engine(ctx: Context, name: str, config: Config) -> tuple[Client, RequestCounter]:
@@ -217,24 +217,33 @@ def _frozen_heap() -> Iterator[None]:
 
 
 class GcPauses:
-    """Full (generation 2) garbage collections while active: count, total and longest pause."""
+    """Full (generation 2) garbage collections while active: count, total and longest pause, in
+    wall time and in the collecting thread's CPU time (the wall time includes any time the machine
+    gave another process meanwhile; the CPU time is the collector's own work)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.total_s = 0.0
         self.max_s = 0.0
+        self.cpu_total_s = 0.0
+        self.cpu_max_s = 0.0
         self._started = 0.0
+        self._started_cpu = 0.0
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if info.get("generation") != 2:
             return
         if phase == "start":
             self._started = time.perf_counter()
+            self._started_cpu = time.thread_time()
             return
         pause = time.perf_counter() - self._started
+        cpu = time.thread_time() - self._started_cpu
         self.count += 1
         self.total_s += pause
         self.max_s = max(self.max_s, pause)
+        self.cpu_total_s += cpu
+        self.cpu_max_s = max(self.cpu_max_s, cpu)
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self._callback)
@@ -244,7 +253,13 @@ class GcPauses:
         gc.callbacks.remove(self._callback)
 
     def summary_ms(self) -> dict[str, float]:
-        return {"count": self.count, "total": self.total_s * 1000, "max": self.max_s * 1000}
+        return {
+            "count": self.count,
+            "total": self.total_s * 1000,
+            "max": self.max_s * 1000,
+            "cpu_total": self.cpu_total_s * 1000,
+            "cpu_max": self.cpu_max_s * 1000,
+        }
 
 
 async def _engine_latency(
@@ -280,24 +295,23 @@ async def _engine_latency(
     return latency, uploads, send_lag, gc_pauses, frozen
 
 
-async def _raw_put_mb_s(ctx: Context, object_count: int) -> float:
+async def _raw_put(ctx: Context) -> tuple[str, Measured]:
+    """The object store's PUT ceiling (:func:`benchmarks.baselines.raw_put_ceiling`) in the engine's
+    request shapes, measured right after the engine run it is compared with; and its label."""
+    config = Config()
+    spec = PutCeilingSpec(
+        total_bytes=ctx.scale(quick=64, full=256) * MiB,
+        put_bytes=config.object_part_size_bytes,
+        object_bytes=config.wal_upload_threshold_bytes,
+        part_bytes=config.object_part_size_bytes,
+        concurrency=config.upload_inflight_max,
+    )
     storage = ctx.open_storage("raw-put")
-    body = os.urandom(RAW_PUT_BYTES)
-    limit = asyncio.Semaphore(4)
-    keys = [f"raw-{i:05d}" for i in range(object_count)]
-
-    async def put(key: str) -> None:
-        async with limit:
-            await storage.put(key, body)
-
     try:
-        started = time.perf_counter()
-        await asyncio.gather(*(put(k) for k in keys))
-        elapsed = time.perf_counter() - started
-        await storage.delete(keys)
+        measured = await raw_put_ceiling(storage, ctx.s3, prefix=ctx.key_prefix("raw-put-mpu"), spec=spec)
+        return spec.label(multipart=ctx.s3 is not None), measured
     finally:
         await storage.close()
-    return object_count * RAW_PUT_BYTES / 1e6 / elapsed
 
 
 async def run(ctx: Context) -> list[Result]:
@@ -311,7 +325,6 @@ async def run(ctx: Context) -> list[Result]:
     if latency_rate:  # the latency section alone, at this rate (the run's max_rate is not measured)
         sizes = ()
         max_rate_1k = 2 * latency_rate
-    raw_put = 0.0 if latency_rate else await _raw_put_mb_s(ctx, ctx.scale(quick=4, full=16))
     for record_bytes, quick_mib, full_mib in sizes:
         total = ctx.scale(quick=quick_mib, full=full_mib) * MiB
         label = f"{record_bytes // KiB} KiB records, {stream_count} streams"
@@ -323,6 +336,8 @@ async def run(ctx: Context) -> list[Result]:
         eng = await _engine_ingest(
             ctx, record_bytes=record_bytes, total_bytes=total, stream_count=stream_count, producers=producers
         )
+        ctx.status(f"ingest: raw PUT ceiling right after the engine's uploads, {label}")
+        raw_shapes, raw = await _raw_put(ctx)
         ctx.status(f"ingest: engine with uploads held back, {label}")
         held = await _engine_ingest(
             ctx, record_bytes=record_bytes, total_bytes=total, stream_count=stream_count, producers=producers,
@@ -332,8 +347,10 @@ async def run(ctx: Context) -> list[Result]:
             max_rate_1k = eng["ingest_mb_s"] * 1e6 / record_bytes
         extra = {"backend": backend, "producers": producers, **eng}
         results.append(Result(W, f"ingest MB/s ({label})", eng["ingest_mb_s"], "MB/s", "WAL alone (BlockWAL, same bodies and concurrency)", wal_mb_s, True, extra))  # fmt: skip
-        results.append(Result(W, f"upload MB/s while uploads are in flight ({label})", eng["upload_mb_s"], "MB/s", f"raw PUT of 16 MiB objects ({backend}, 4 in flight)", raw_put, True, extra))  # fmt: skip
-        results.append(Result(W, f"ingest + upload drain MB/s ({label})", eng["drain_mb_s"], "MB/s", f"raw PUT of 16 MiB objects ({backend})", raw_put, True, extra))  # fmt: skip
+        raw_label = f"raw PUT ceiling ({backend}, right after the engine run): {raw_shapes}"
+        raw_extra = {**extra, **raw.extra("raw_put_")}
+        results.append(Result(W, f"upload MB/s while uploads are in flight ({label})", eng["upload_mb_s"], "MB/s", raw_label, raw.mb_per_s, True, raw_extra))  # fmt: skip
+        results.append(Result(W, f"ingest + upload drain MB/s ({label})", eng["drain_mb_s"], "MB/s", raw_label, raw.mb_per_s, True, raw_extra))  # fmt: skip
         results.append(Result(W, f"ingest MB/s, uploads held back until the end ({label})", held["ingest_mb_s"], "MB/s", "WAL alone (BlockWAL, same bodies and concurrency)", wal_mb_s, True, {"backend": backend, **held}))  # fmt: skip
         puts_gib = per_gib(eng["put_requests"], int(eng["payload_bytes"]))
         naive_gib = per_gib(eng["naive_puts"], int(eng["payload_bytes"]))

@@ -9,8 +9,10 @@ What a workload should do (the harness runs it under ``python -m benchmarks <nam
 
 - size itself with ``ctx.scale(quick=..., full=...)`` (``--quick`` runs take seconds);
 - do a warm-up, then a fixed duration or volume; report throughput and latency percentiles;
-- measure its baseline in the same run: :mod:`benchmarks.baselines` has raw O_DIRECT writes, raw
-  aiobotocore PUT / GET, the naive writer (one object per stream per flush) and SlateDB;
+- measure its baseline in the same run, warmed up and right next to the figure it is compared with
+  (a cold first sample of a shared server can be half its rate): :mod:`benchmarks.baselines` has raw
+  O_DIRECT writes, raw aiobotocore PUT / GET, the raw PUT ceiling in the engine's upload shapes, the
+  naive writer (one object per stream per flush) and SlateDB;
 - put latency percentiles, CPU and memory and S3 requests per GiB in ``Result.extra`` with the keys
   of :mod:`benchmarks.measure` (``latency_ms``, ``baseline_latency_ms``, ``cpu_s``,
   ``peak_rss_bytes``, ``s3_requests_per_gib``); the harness also records CPU, peak RSS and every

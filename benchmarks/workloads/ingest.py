@@ -10,10 +10,12 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
 - **ingest MB/s with uploads held back** (thresholds above the run's size, so no upload competes
   with the WAL for the disk and the CPU until the end) vs the WAL alone: the engine's own cost.
 - **upload MB/s**: bytes the engine uploaded / wall time with at least one upload in flight, vs
-  raw PUT MB/s of 16 MiB objects (4 in flight) to the same store: do uploads keep up?
-- **drain MB/s**: ingest plus the wait until everything is committed to object storage, vs **raw PUT**
-  MB/s of 16 MiB objects to the same store (uploads keep up when the ratio is near or above the
-  ingest ratio: the upload path is not the bottleneck).
+  the store's **raw PUT ceiling**, measured right after that engine run
+  (:func:`benchmarks.baselines.raw_put_ceiling`: warmed up, best of alternating rounds of 16 MiB
+  PutObjects and of plain multipart uploads in the engine's shape, 4 in flight): do uploads keep up?
+- **drain MB/s**: ingest plus the wait until everything is committed to object storage, vs the same
+  raw PUT ceiling (uploads keep up when the ratio is near or above the ingest ratio: the upload path
+  is not the bottleneck).
 - **PUT requests per GiB** vs a **naive writer** that, on the same schedule (every upload the engine
   made), writes one object per stream present (goal <= 1/100).
 - **append p99 latency** while uploads run, at half the measured maximum rate (1 KiB records,

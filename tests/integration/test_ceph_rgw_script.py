@@ -77,6 +77,8 @@ def test_status_reports_a_running_gateway(s3_server: S3TestServer) -> None:
     assert re.search(
         r"^osd\.0 fill +[0-9.]+% \(raw used [0-9.]+ GiB, available [0-9.]+ GiB of", done.stdout, re.M
     )
+    bucket_line = r"^bucket +s3stream-test: [0-9]+ objects, [0-9.]+ GiB; [0-9]+ unfinished multipart uploads$"
+    assert re.search(bucket_line, done.stdout, re.M)
 
 
 def test_fill_prints_the_osd_statfs_as_name_value_lines(s3_server: S3TestServer) -> None:

@@ -3,11 +3,14 @@ bytes exactly, for any split into pieces, any seek and any content length."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
+import itertools
 import random
 import zlib
+from typing import Any
 
 import pytest
 
@@ -81,6 +84,36 @@ async def test_payload_writes_views_of_the_pieces(seed: int, monkeypatch: pytest
         assert all(len(c) <= 64 for c in writer.chunks)
         assert len(writer.chunks[0]) <= 16 if writer.chunks else True
     assert await payload.as_bytes() == data
+
+
+async def test_payload_lets_the_loop_run_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp's drain does not yield while the socket takes everything: the payload yields itself,
+    so a part does not go out in one event-loop step."""
+    monkeypatch.setattr(s3body, "WRITE_CHUNK_BYTES", 64)
+    monkeypatch.setattr(s3body, "FIRST_CHUNK_BYTES", 16)
+    payload = PiecesPayload([(bytes(500), 0, 500)])
+    turns = 0
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    class Writer(_RecordingWriter):
+        async def write(self, chunk: Any) -> None:
+            seen.append(turns)
+            await super().write(chunk)
+
+    task = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)
+    try:
+        await payload.write_with_length(Writer(), None)  # type: ignore[arg-type]
+    finally:
+        task.cancel()
+    assert len(seen) == 9  # 16 + 7 x 64 + 36 bytes
+    assert all(a < b for a, b in itertools.pairwise(seen)), seen
 
 
 def test_before_send_swaps_only_pieces_readers() -> None:

@@ -459,3 +459,17 @@ async def test_ingest_latency_rate_param_runs_the_latency_section_alone(tmp_path
     extra = results[0].extra
     assert extra["rate_per_s"] == 200
     assert extra["engine_latency_ms"]["count"] == 100  # 0.5 s at 200/s, after the unrecorded warm-up
+
+
+def test_ingest_gc_pauses_count_full_collections_in_wall_and_cpu_time() -> None:
+    from benchmarks.workloads.ingest import GcPauses
+
+    garbage = [[i] for i in range(50_000)]
+    with GcPauses() as pauses:
+        gc.collect(1)  # a young collection is not counted
+        gc.collect()
+    del garbage
+    summary = pauses.summary_ms()
+    assert summary["count"] == 1
+    assert 0 < summary["cpu_total"] == summary["cpu_max"]
+    assert 0 < summary["total"] == summary["max"]

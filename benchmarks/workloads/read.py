@@ -9,8 +9,11 @@ Then, for 1 KiB and 64 KiB records:
   consumer does: ``read(offset, end, max_bytes=1 MiB)`` in a loop. Everything is timed: tail
   (index) reads, block GETs, CRC checks, decoding into record batches.
 - **baseline**: the same byte ranges (each object's span of this stream's data blocks) fetched with
-  plain ranged GETs, 4 MiB per GET (AutoMQ's merged-read size), ``baseline_inflight`` GETs at a time
-  (aiobotocore straight to the bucket on S3; the local store's ``get`` otherwise). No decoding.
+  plain ranged GETs, 4 MiB per GET (AutoMQ's merged-read size), ``baseline_inflight`` (4) and
+  ``baseline_inflight_wide`` (16) GETs at a time, the better of the two (aiobotocore straight to the
+  bucket on S3; the local store's ``get`` otherwise). No decoding. (On the shared Ceph RGW, 16 in
+  flight beat 4 in each of 6 alternating rounds, best 519 vs 342 MB/s: 4 alone is not the store's
+  ceiling, and the engine's readahead, 4 loads plus the read itself, could pass it.)
 
 An unmeasured raw pass warms the server first; then the start-up heap is frozen
 (:func:`s3stream.assembly.freeze_startup_heap`, as the ``ingest`` and ``wal`` workloads do and as an
@@ -195,6 +198,7 @@ async def run(ctx: Context) -> list[Result]:
     object_bytes = ctx.param("object_mib", ctx.scale(quick=4, full=16)) * MiB
     rounds = ctx.param("rounds", ctx.scale(quick=2, full=4))
     inflight = ctx.param("baseline_inflight", 4)
+    wide = ctx.param("baseline_inflight_wide", 16)
     results: list[Result] = []
     storage = ctx.open_storage("read")
     try:
@@ -217,7 +221,8 @@ async def run(ctx: Context) -> list[Result]:
                 object_bytes=object_bytes,
             )
             span_bytes = sum(s.end - s.start for s in spans)
-            engine_best = baseline_best = float("inf")
+            engine_best = float("inf")
+            baseline_best_s = dict.fromkeys((inflight, wide), float("inf"))
             engine_extra: dict[str, Any] = {}
             seq_best = float("inf")
             # one unmeasured pass first, so both sides meet the server in the same (warm) state
@@ -235,9 +240,9 @@ async def run(ctx: Context) -> list[Result]:
                             if elapsed < engine_best:
                                 engine_best, engine_extra = elapsed, extra
                         else:
-                            baseline_best = min(
-                                baseline_best, await _baseline_round(ctx, storage, spans, inflight)
-                            )
+                            for n in baseline_best_s:
+                                elapsed = await _baseline_round(ctx, storage, spans, n)
+                                baseline_best_s[n] = min(baseline_best_s[n], elapsed)
                     seq_best = min(seq_best, await _baseline_round(ctx, storage, spans, 1))
             finally:
                 gc.unfreeze()
@@ -248,13 +253,18 @@ async def run(ctx: Context) -> list[Result]:
                     metric=f"catch-up read MB/s, {record_bytes >> 10} KiB records",
                     value=mbps,
                     unit="MB/s",
-                    baseline=f"raw ranged GETs of the same bytes, 4 MiB each, {inflight} in flight",
-                    baseline_value=span_bytes / baseline_best / 1e6,
+                    baseline="raw ranged GETs of the same bytes, 4 MiB each, best of "
+                    + " / ".join(str(n) for n in baseline_best_s)
+                    + " in flight",
+                    baseline_value=span_bytes / min(baseline_best_s.values()) / 1e6,
                     extra={
                         **engine_extra,
                         "span_bytes": span_bytes,
                         "objects": len(spans),
                         "baseline_sequential_mb_s": span_bytes / seq_best / 1e6,
+                        "baseline_mb_s_by_inflight": {
+                            n: span_bytes / t / 1e6 for n, t in baseline_best_s.items()
+                        },
                         "backend": "s3" if ctx.s3 is not None else "local",
                         "block_size_bytes": config.object_block_size_bytes,
                         "block_cache_bytes": config.block_cache_size_bytes,

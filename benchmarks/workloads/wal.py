@@ -526,10 +526,12 @@ async def run(ctx: Context) -> list[Result]:
     wal_lag, floor_lag = LatencyRecorder(), LatencyRecorder()
     wal_stats: dict[str, float] = {}
     floor_stats: dict[str, float] = {}
+    groups, headers = wal.stats["groups"], wal.stats["headers"]
     with _frozen_heap():
         rec = await _paced_latency(
             wal, target_rate, duration_s, small, wal=wal, send_lag=wal_lag, stats=wal_stats
         )
+    groups, headers = wal.stats["groups"] - groups, wal.stats["headers"] - headers
     await wal.close()
     with _frozen_heap():
         floor = await _paced_latency(
@@ -560,6 +562,10 @@ async def run(ctx: Context) -> list[Result]:
                 # CPU of this process (all threads) per send: WAL run, and the generator alone
                 "cpu_us_per_send": wal_stats["cpu_us_per_send"],
                 "generator_floor_cpu_us_per_send": floor_stats["cpu_us_per_send"],
+                # how the WAL wrote them: group writes (records per group) and header writes (trims)
+                "wal_groups": groups,
+                "wal_records_per_group": rec.count / groups if groups else 0.0,
+                "wal_header_writes": headers,
                 **stalls,
             },
         )

@@ -83,7 +83,7 @@ class PendingAppend:
         await future
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StreamHandle:
     """Engine-side state of one open stream."""
 

@@ -18,7 +18,8 @@
   these rates the generator's own cost on the loop is part of every sample). The same
   generator against a no-op append gives the method's own floor, the send lag of both runs (how late
   each send went out against its slot) tells the generator's share of a latency, and a busy-loop
-  probe counts how often this process was off the CPU (all in ``extra``): on a shared 2-core machine, scheduling
+  probe counts how often this process was off the CPU, and the WAL's device times each write of
+  the paced run (its stalls hold back every later completion; all in ``extra``): on a shared 2-core machine, scheduling
   stalls of 10-100 ms from other processes set the p99 more than the WAL does. Both paced runs start
   on a frozen heap (``gc.collect()`` + ``gc.freeze()``, unfrozen after): a full collection then scans
   only what the run itself allocates, not the harness's modules and earlier sections' leftovers.
@@ -48,7 +49,7 @@ from crc32c import crc32c
 
 from benchmarks.core import Context, Result
 from benchmarks.measure import LatencyRecorder
-from wal import BlockWAL, WalConfig
+from wal import BlockWAL, Device, WalConfig, open_device
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -293,6 +294,35 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
+class _TimedDevice:
+    """A WAL device that records how long each write took (on the WAL's I/O threads).
+
+    In a latency run this shows the device's stalls: a group write that takes 20-100 ms holds back
+    every later completion (they resolve in offset order), so one such stall delays every append of
+    those milliseconds, which at 100k+ appends/s is alone over 1 % of a 3 s run.
+    """
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self.size_bytes = device.size_bytes
+        self.mode = device.mode
+        self.write_s: list[float] = []
+
+    def write(self, pos: int, data: bytes | bytearray | memoryview | mmap.mmap) -> None:
+        started = time.perf_counter()
+        self._device.write(pos, data)
+        self.write_s.append(time.perf_counter() - started)
+
+    def read_into(self, pos: int, buf: memoryview) -> int:
+        return self._device.read_into(pos, buf)
+
+    def sync(self) -> None:
+        self._device.sync()
+
+    def close(self) -> None:
+        self._device.close()
+
+
 class _NoopAppend:
     """An append that completes on the next loop turn: the load generator's own latency floor.
 
@@ -521,17 +551,21 @@ async def run(ctx: Context) -> list[Result]:
     # 4. latency at half of the best 1 KiB rate, paced producers
     ctx.status("wal: latency at half load")
     target_rate = best_rate / 2
-    wal = await BlockWAL.open(path, config)
+    device = _TimedDevice(await asyncio.to_thread(open_device, path, config))
+    wal = await BlockWAL.open(device, config)
     await wal.recover_all()
     wal_lag, floor_lag = LatencyRecorder(), LatencyRecorder()
     wal_stats: dict[str, float] = {}
     floor_stats: dict[str, float] = {}
     groups, headers = wal.stats["groups"], wal.stats["headers"]
+    device.write_s.clear()
     with _frozen_heap():
         rec = await _paced_latency(
             wal, target_rate, duration_s, small, wal=wal, send_lag=wal_lag, stats=wal_stats
         )
     groups, headers = wal.stats["groups"] - groups, wal.stats["headers"] - headers
+    device_writes = LatencyRecorder()
+    device_writes.extend(device.write_s)
     await wal.close()
     with _frozen_heap():
         floor = await _paced_latency(
@@ -566,6 +600,10 @@ async def run(ctx: Context) -> list[Result]:
                 "wal_groups": groups,
                 "wal_records_per_group": rec.count / groups if groups else 0.0,
                 "wal_header_writes": headers,
+                # the device's time per write of that run (groups and headers): its stalls, which
+                # in-order completion passes on to every later append
+                "device_write_ms": device_writes.summary_ms(),
+                "device_writes_over_5ms_count": sum(1 for w in device.write_s if w > 0.005),
                 **stalls,
             },
         )

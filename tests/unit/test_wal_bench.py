@@ -8,7 +8,8 @@ import time
 import pytest
 
 from benchmarks.measure import LatencyRecorder
-from benchmarks.workloads.wal import _NoopAppend, _paced_latency
+from benchmarks.workloads.wal import _NoopAppend, _paced_latency, _TimedDevice
+from wal import BlockWAL, MemoryDevice, WalConfig, WalIOError
 
 
 class _DelayedAppend:
@@ -63,3 +64,17 @@ async def test_a_failed_append_fails_the_run() -> None:
 
     with pytest.raises(OSError, match="disk gone"):
         await _paced_latency(Failing(), 1000, 0.05, b"x")
+
+
+async def test_the_timed_device_records_every_write_of_the_wal() -> None:
+    config = WalConfig(capacity_bytes=256 << 10, record_max_bytes=8 << 10, batch_max_bytes=16 << 10)
+    device = _TimedDevice(MemoryDevice(config.device_bytes))
+    wal = await BlockWAL.open(device, config)
+    assert wal.mode == "memory"
+    writes = len(device.write_s)  # the header written at creation
+    await asyncio.gather(*(wal.append(b"x" * 100) for _ in range(10)))
+    assert len(device.write_s) == writes + wal.stats["groups"]
+    await wal.close()
+    assert all(w >= 0 for w in device.write_s)
+    with pytest.raises(WalIOError):  # closed with the WAL
+        device.write(0, b"x")

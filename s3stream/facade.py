@@ -122,8 +122,8 @@ class SyncStream:
     def next_offset(self) -> int:
         return self._run.call(lambda: self.stream.next_offset)
 
-    def append(self, batch: RecordBatch) -> int:
-        return self._run.run(self.stream.append(batch))
+    def append(self, batch: RecordBatch, expected_offset: int | None = None) -> int:
+        return self._run.run(self.stream.append(batch, expected_offset))
 
     def fetch(self, start_offset: int, end_offset: int, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         return self._run.run(self.stream.fetch(start_offset, end_offset, max_bytes))
@@ -186,9 +186,14 @@ class SyncClient:
         return self._run.loop
 
     def append_atomic(
-        self, appends: Sequence[tuple[SyncStream, RecordBatch]], *, kv: Mapping[str, bytes] | None = None
+        self,
+        appends: Sequence[tuple[SyncStream, RecordBatch] | tuple[SyncStream, RecordBatch, int | None]],
+        *,
+        kv: Mapping[str, bytes] | None = None,
     ) -> list[int]:
-        return self._run.run(self.client.append_atomic([(s.stream, b) for s, b in appends], kv=kv))
+        """Entries ``(stream, batch)`` or ``(stream, batch, expected base offset)``: see the async twin."""
+        entries = [(item[0].stream, *item[1:]) for item in appends]
+        return self._run.run(self.client.append_atomic(entries, kv=kv))
 
     def close(self) -> None:
         """Close the client (every open stream forces its data up), then stop the loop thread."""

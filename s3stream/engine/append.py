@@ -4,8 +4,11 @@ An append (one batch, or an atomic group of batches and KV puts) takes its offse
 without awaiting in between, so offsets follow submission order; it becomes ONE WAL record; once
 durable, the per-stream sequencer (:mod:`s3stream.engine.sequencer`) releases it into the LogCache in
 offset order and acknowledges it (an atomic group in all its streams at once, or, if it fails, in none:
-every stream it touches is fenced). KV changes are WAL records too; :mod:`s3stream.engine.kvlog`
-applies (and acknowledges) them in WAL order, the order recovery replays them in. When the LogCache or the WAL has no room, appends wait up to
+every stream it touches is fenced). A conditional append (expected base offsets) is refused with
+ConflictError, changing nothing, when a stream's next offset differs at the moment offsets are
+assigned; the plain single append (``append_one``) has no such check. KV changes are WAL records
+too; :mod:`s3stream.engine.kvlog` applies (and acknowledges) them in WAL order, the order recovery
+replays them in. When the LogCache or the WAL has no room, appends wait up to
 ``append_backpressure_wait_ms`` for a commit to free some, then fail with CapacityError: never loss.
 """
 
@@ -28,6 +31,7 @@ from s3stream.engine.walport import BodyParts, WriteAheadLog, fast_append
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
     CapacityError,
+    ConflictError,
     FencedError,
     InvalidArgumentError,
     S3StreamError,
@@ -48,6 +52,26 @@ KiB: ~2 us, more than the parts do)."""
 
 WAL_ROOM_FRACTION = 0.9
 """Share of the WAL capacity that records awaiting upload may hold before appends wait."""
+
+
+def check_expected_offsets(
+    appends: Sequence[tuple[StreamHandle, bytes, int]], expected_offsets: Sequence[int | None]
+) -> None:
+    """ConflictError unless every entry would get its expected base offset (None: any); changes nothing.
+
+    Entries of one stream follow each other: the second's base is the first's plus its count.
+    """
+    if len(expected_offsets) != len(appends):
+        raise InvalidArgumentError(f"{len(expected_offsets)} expected offsets for {len(appends)} appends")
+    next_offsets: dict[StreamHandle, int] = {}
+    for (handle, _, count), expected in zip(appends, expected_offsets, strict=True):
+        base = next_offsets.get(handle, handle.next_offset)
+        if expected is not None and expected != base:
+            raise ConflictError(
+                f"stream {handle.stream_id}: append expected at offset {expected}, but the stream's "
+                f"next offset is {base}; nothing was appended"
+            )
+        next_offsets[handle] = base + count
 
 
 class AppendPath:
@@ -92,13 +116,17 @@ class AppendPath:
         self,
         appends: Sequence[tuple[StreamHandle, bytes, int]],
         kv_puts: Sequence[tuple[str, bytes]] = (),
+        expected_offsets: Sequence[int | None] | None = None,
     ) -> list[int]:
         """Append ``(stream, payload, count)`` entries (and KV puts) as ONE WAL record.
 
         Returns the base offsets; returns once the record is durable, every earlier append of the same
         streams is acknowledged and the KV puts (after every earlier KV change) are in metadata.
+        ``expected_offsets`` (one per entry, None: any) makes the append conditional: an entry whose
+        base offset would differ fails the whole call with ConflictError before anything is assigned
+        or written (checked with the offsets' assignment, no await in between).
         """
-        if len(appends) == 1 and not kv_puts:
+        if len(appends) == 1 and not kv_puts and expected_offsets is None:
             handle, payload, count = appends[0]
             return [await self.append_one(handle, payload, count)]
         supervisor = self.supervisor
@@ -121,6 +149,8 @@ class AppendPath:
             for handle, _, _ in appends:
                 handle.check_writable()
         # No await from here until the WAL write: offsets are assigned in submission order.
+        if expected_offsets is not None:
+            check_expected_offsets(appends, expected_offsets)
         by_stream: dict[StreamHandle, list[CachedBatch]] = {}
         bases = []
         for handle, payload, count in appends:

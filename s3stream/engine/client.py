@@ -27,6 +27,14 @@ def _check_batch(batch: RecordBatch) -> RecordBatch:
     return batch
 
 
+def _check_expected_offset(offset: object) -> int | None:
+    if offset is None:
+        return None
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidArgumentError(f"expected offset must be a non-negative int or None, got {offset!r}")
+    return offset
+
+
 async def _raise(exc: BaseException) -> NoReturn:
     raise exc
 
@@ -85,13 +93,19 @@ class Stream:
     def engine(self) -> Engine:
         return self._engine
 
-    def append(self, batch: RecordBatch) -> Coroutine[Any, Any, int]:
+    def append(self, batch: RecordBatch, expected_offset: int | None = None) -> Coroutine[Any, Any, int]:
         """Append a batch; awaiting the result returns its base offset once it is durable in the WAL.
 
         Used as ``await stream.append(batch)``, exactly like a coroutine function: it returns the
         engine's append coroutine itself (one coroutine frame less per append) and raises nothing
         before the await (an invalid batch's error comes from awaiting, as it would from an ``async def``).
+
+        ``expected_offset``: append only if the batch gets this base offset, i.e. the stream's next
+        offset is this one when the engine assigns offsets; otherwise ConflictError and nothing is
+        appended (no offset taken, nothing in the WAL, the stream stays open).
         """
+        if expected_offset is not None:
+            return self._append_expected(batch, expected_offset)
         if type(batch) is not RecordBatch or not batch.payload:
             try:
                 batch = _check_batch(batch)
@@ -101,6 +115,15 @@ class Stream:
         if type(payload) is not bytes:
             payload = bytes(payload)  # the caller may reuse its buffer once the append returns
         return self._append_one(self._handle, payload, batch.count)
+
+    async def _append_expected(self, batch: RecordBatch, expected_offset: int) -> int:
+        """A conditional append: the engine's group path (``append_one`` has no offset check)."""
+        batch = _check_batch(batch)
+        expected = _check_expected_offset(expected_offset)
+        (base,) = await self._engine.append(
+            [(self._handle, bytes(batch.payload), batch.count)], (), [expected]
+        )
+        return base
 
     async def fetch(self, start_offset: int, end_offset: int, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         """Batches covering ``[start_offset, end_offset)`` in order (whole batches; at least one)."""
@@ -209,27 +232,41 @@ class Client:
             raise ClosedError("client is closed")
 
     async def append_atomic(
-        self, appends: Sequence[tuple[Stream, RecordBatch]], *, kv: Mapping[str, bytes] | None = None
+        self,
+        appends: Sequence[tuple[Stream, RecordBatch] | tuple[Stream, RecordBatch, int | None]],
+        *,
+        kv: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """All-or-nothing across streams and KV puts: ONE WAL record. Returns the base offsets.
 
         The batches become readable in every stream at once, when the group is acknowledged. A group
         that fails (its WAL write, or one of its streams failing while it is in flight) is readable
-        in none and fences every stream it touches (see :mod:`s3stream.engine.sequencer`)."""
+        in none and fences every stream it touches (see :mod:`s3stream.engine.sequencer`).
+
+        An entry ``(stream, batch, expected_base_offset)`` makes the group conditional: if any such
+        batch would get another base offset (its stream's next offset, plus the counts of the
+        group's earlier batches of that stream, when the engine assigns offsets), the whole group
+        fails with ConflictError and nothing of it is appended (no offset taken, nothing in the WAL,
+        no KV put, no stream fenced). ``None`` or a pair: no condition on that batch."""
         self._check_open()
         entries = []
+        expected: list[int | None] = []
         for item in appends:
-            if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], Stream):
-                raise InvalidArgumentError("appends must be (Stream, RecordBatch) pairs")
-            stream, batch = item
+            if not isinstance(item, tuple) or len(item) not in (2, 3) or not isinstance(item[0], Stream):
+                raise InvalidArgumentError(
+                    "appends must be (Stream, RecordBatch) or (Stream, RecordBatch, expected offset) tuples"
+                )
+            stream, batch = item[0], item[1]
             if stream.engine is not self.engine:
                 raise InvalidArgumentError(f"stream {stream.stream_id} belongs to another client")
             batch = _check_batch(batch)
             entries.append((stream.handle, bytes(batch.payload), batch.count))
+            expected.append(_check_expected_offset(item[2]) if len(item) == 3 else None)
         puts = [(_check_key(k), _check_value(v)) for k, v in (kv or {}).items()]
         if not entries and not puts:
             raise InvalidArgumentError("append_atomic needs at least one append or KV put")
-        return await self.engine.append(entries, puts)
+        conditional = any(e is not None for e in expected)
+        return await self.engine.append(entries, puts, expected if conditional else None)
 
     async def close(self) -> None:
         """Close every open stream (forcing its data up), then the engine and its components."""

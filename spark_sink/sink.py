@@ -14,7 +14,8 @@ Per micro-batch (all on the driver except step 2):
    (:func:`~spark_sink.protocol.chunk_payloads`) and plan the replay
    (:func:`~spark_sink.protocol.plan_batch`) from the progress record in the engine's KV;
 4. check that every partition ends where the protocol says (committed end plus this batch's
-   committed chunks), then append each remaining chunk with ``append_atomic``, the progress record
+   committed chunks), then append each remaining chunk with a conditional ``append_atomic`` (each
+   batch at the offset written into its Kafka header, else nothing of the chunk), the progress record
    in the same WAL record, with chunk 0 of a multi-chunk batch the topic's writer record, and with
    the last chunk the topic's committed end offsets (read-committed visibility:
    :mod:`spark_sink.reader` stops there).
@@ -163,8 +164,6 @@ class S3StreamSink:
         self._streams: list[SyncStream] = []
         self._lock = threading.Lock()
         self._columns: ColumnCache = {}
-        self._broken: ConflictError | None = None
-        """Set when the engine committed a chunk at offsets other than the sink wrote into it."""
         self._kv_bytes_max = KV_OVERHEAD_BYTES + committed_bytes_max(partitions)
         self.history: deque[BatchStats] = deque(maxlen=HISTORY_MAX)
         """What the last micro-batches did, newest last."""
@@ -243,6 +242,26 @@ class S3StreamSink:
                     "unfinished; nothing of this micro-batch was written"
                 )
 
+    def _refused_chunk(self, batch_id: int, index: int, exc: ConflictError) -> ConflictError:
+        """The engine refused a chunk (a stream no longer ends where the sink predicted): what that left."""
+        if index == 0:
+            left = (
+                "nothing of this micro-batch was written; the foreign records lie past the committed "
+                "ends (invisible), and the offset check refuses every micro-batch until "
+                "`python -m spark_sink abandon` discards them"
+            )
+        else:
+            left = (
+                f"chunks 0-{index - 1} of this micro-batch are in the streams, past the committed ends "
+                "(invisible), before the foreign records: its replay fails the offset check; "
+                "`python -m spark_sink abandon` discards both"
+            )
+        return ConflictError(
+            f"micro-batch {batch_id}: chunk {index} was refused ({exc}): something appended to topic "
+            f"{self.topic_name!r} through this sink's client during the call; nothing of the chunk "
+            f"was written and nothing foreign became visible; {left}"
+        )
+
     def close(self) -> None:
         """Close the streams (forcing their data up) and, if the sink opened it, the engine."""
         with self._lock:
@@ -264,8 +283,6 @@ class S3StreamSink:
     # -- foreachBatch ----------------------------------------------------------------------------
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self._lock:
-            if self._broken is not None:
-                raise self._broken
             self.history.append(self._write_batch(df, batch_id))
 
     def _query_id_of(self, df: DataFrame) -> str:
@@ -352,17 +369,17 @@ class S3StreamSink:
         written = 0
         for index in range(plan.first_chunk, plan.chunk_count):
             chunk = chunks[index]
-            appends: list[tuple[SyncStream, RecordBatch]] = []
-            predicted: list[int] = []
+            appends: list[tuple[SyncStream, RecordBatch, int]] = []
             for ref in chunk.payloads:
                 payload = payloads.view(ref.index)
-                kafka_codec.set_base_offset(payload, 0, next_offsets[ref.partition])
-                predicted.append(next_offsets[ref.partition])
-                next_offsets[ref.partition] += ref.record_count
+                base = next_offsets[ref.partition]
+                kafka_codec.set_base_offset(payload, 0, base)
+                next_offsets[ref.partition] = base + ref.record_count
                 # RecordBatch accepts a memoryview (it checks bytes | bytearray | memoryview); the
                 # engine copies it, so the collected buffer is not copied a second time here.
                 batch = RecordBatch(cast(bytes, payload), ref.record_count)
-                appends.append((streams[ref.partition], batch))
+                # conditional: the engine appends the chunk only at the offsets written into it
+                appends.append((streams[ref.partition], batch, base))
                 written += len(payload)
             kv = {key: progress_after(plan, chunks, index).encode()}
             if index == 0 and plan.chunk_count > 1:
@@ -371,15 +388,11 @@ class S3StreamSink:
                 kv[committed_key(self.topic_name)] = committed_after(
                     committed, chunks, plan, query_id=query_id
                 ).encode()
-            bases = self.client.append_atomic(appends, kv=kv)
-            if bases != predicted:
-                self._broken = ConflictError(
-                    f"micro-batch {batch_id}: chunk {index} was committed at offsets {bases[:3]}..., the "
-                    f"sink expected {predicted[:3]}...: something appended to topic {self.topic_name!r} "
-                    "through this sink's client during the call; the topic's records and its committed "
-                    "offsets no longer agree, so this sink refuses further micro-batches"
-                )
-                raise self._broken
+            try:
+                bases = self.client.append_atomic(appends, kv=kv)
+            except ConflictError as exc:
+                raise self._refused_chunk(batch_id, index, exc) from exc
+            assert bases == [a[2] for a in appends], "a conditional chunk is appended where expected only"
             _kill_hook(f"after_chunk:{batch_id}:{index}")
         _kill_hook(f"after_batch:{batch_id}")
         return BatchStats(

@@ -55,7 +55,7 @@ from spark_sink.sink import S3StreamSink
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 400
-Appends = Sequence[tuple[SyncStream, RecordBatch]]
+Appends = Sequence[tuple[SyncStream, RecordBatch] | tuple[SyncStream, RecordBatch, int | None]]
 
 
 def _sink(data_dir: Path, query_id: str) -> S3StreamSink:
@@ -97,8 +97,6 @@ def _write(sink: S3StreamSink, batch_id: int, first: int, *, fill: bytes = b"v")
     try:
         assert sink._query_id is not None
         with sink._lock:
-            if sink._broken is not None:
-                raise sink._broken
             sink.history.append(
                 sink._append_payloads(batch_id, sink._query_id, payloads, time.perf_counter(), 0.0)
             )
@@ -317,14 +315,17 @@ def test_offsets_moved_during_a_call_are_discarded_with_the_batch(tmp_path: Path
         _write(sink, 0, 0)
         stream = sink._ensure_streams()[0]
         real = sink.client.append_atomic
+        calls = [0]
 
-        def foreign_append_first(appends: Appends, *, kv: Mapping[str, bytes] | None = None) -> list[int]:
-            stream.append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
-            sink.client.append_atomic = real  # type: ignore[method-assign]
+        def foreign_append_second(appends: Appends, *, kv: Mapping[str, bytes] | None = None) -> list[int]:
+            calls[0] += 1
+            if calls[0] == 2:  # after chunk 0 of batch 1, before chunk 1
+                stream.append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
+                sink.client.append_atomic = real  # type: ignore[method-assign]
             return real(appends, kv=kv)
 
-        sink.client.append_atomic = foreign_append_first  # type: ignore[method-assign]
-        with pytest.raises(ConflictError, match="chunk 0 was committed at offsets"):
+        sink.client.append_atomic = foreign_append_second  # type: ignore[method-assign]
+        with pytest.raises(ConflictError, match="chunk 1 was refused"):
             _write(sink, 1, ROWS)
         ends = _stream_ends(sink)
     plan = abandon_unfinished(data_dir, "t")

@@ -16,15 +16,16 @@ import pytest
 from s3stream.errors import ConflictError, OffsetOutOfRangeError, UnavailableError
 from s3stream.facade import SyncStream
 from s3stream.model import RecordBatch
+from spark_sink.abandon import abandon_unfinished
 from spark_sink.kafka_codec import encode_batch
-from spark_sink.protocol import Progress, progress_key
+from spark_sink.protocol import committed_key, progress_key
 from spark_sink.reader import read_records
 from spark_sink.sink import S3StreamSink
 
 pytestmark = pytest.mark.spark
 
 ROWS = 400
-Appends = Sequence[tuple[SyncStream, RecordBatch]]
+Appends = Sequence[tuple[SyncStream, RecordBatch] | tuple[SyncStream, RecordBatch, int | None]]
 
 
 def _sink(tmp_path: Path, query_id: str) -> S3StreamSink:
@@ -126,25 +127,63 @@ def test_a_foreign_append_is_refused_before_anything_is_written(spark: Any, tmp_
         assert _keys(sink) == list(range(ROWS)), "the foreign record is past the committed end"
 
 
-def test_offsets_moved_under_the_sink_during_a_call_stop_the_sink(spark: Any, tmp_path: Path) -> None:
+def test_a_foreign_append_racing_a_call_is_refused_before_the_chunk_is_written(
+    spark: Any, tmp_path: Path
+) -> None:
     with _sink(tmp_path, "q") as sink:
         sink(_rows(spark, 0), 0)
+        progress = sink.client.kv.get(progress_key("q"))
         stream = sink._ensure_streams()[0]
 
         def foreign_append_first(call: int) -> None:
-            if call == 0:
+            if call == 0:  # after the sink's offset check, before chunk 0
                 stream.append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
 
         real = _wrap_append_atomic(sink, foreign_append_first)
-        with pytest.raises(ConflictError, match="chunk 0 was committed at offsets"):
+        with pytest.raises(ConflictError, match="chunk 0 was refused"):
             sink(_rows(spark, ROWS), 1)
-        # committed with the chunk: the progress record says chunk 0 of batch 1 is done
-        raw = sink.client.kv.get(progress_key("q"))
-        assert raw is not None
-        assert Progress.decode(raw, key="k").batch_id == 1
+        assert _raw_count(sink) == ROWS + 1, "nothing of batch 1 was written"
+        assert sink.client.kv.get(progress_key("q")) == progress, "nor its progress record"
         sink.client.append_atomic = real  # type: ignore[method-assign]
-        with pytest.raises(ConflictError, match="refuses further micro-batches"):
-            sink(_rows(spark, ROWS), 1)
+        with pytest.raises(ConflictError, match="ends at offset"):
+            sink(_rows(spark, ROWS), 1)  # the streams hold a record outside the protocol
         assert _keys(sink) == list(range(ROWS)), "batch 1 never became visible"
     with _sink(tmp_path, "q") as sink, pytest.raises(ConflictError, match="ends at offset"):
         sink(_rows(spark, ROWS), 1)  # a new sink finds the streams off the protocol before writing
+
+
+def test_a_foreign_append_racing_the_last_chunk_never_becomes_visible(spark: Any, tmp_path: Path) -> None:
+    """The last chunk carries the committed record: committed at moved offsets, its ends would
+    expose the foreign record and hide the micro-batch's tail."""
+    with _sink(tmp_path, "q") as sink:
+        sink(_rows(spark, 0), 0)
+        committed = sink.client.kv.get(committed_key("t"))
+        stream = sink._ensure_streams()[1]
+        real = sink.client.append_atomic
+        chunks = [0]
+
+        def foreign_before_last_chunk(
+            appends: Appends, *, kv: Mapping[str, bytes] | None = None
+        ) -> list[int]:
+            chunks[0] += 1
+            if kv is not None and committed_key("t") in kv:  # the last chunk
+                stream.append(RecordBatch(bytes(encode_batch([b"999999"], [b"foreign"], [0])), 1))
+            return real(appends, kv=kv)
+
+        sink.client.append_atomic = foreign_before_last_chunk  # type: ignore[method-assign]
+        with pytest.raises(ConflictError) as refused:
+            sink(_rows(spark, ROWS), 1)
+        assert chunks[0] >= 3, "a multi-chunk micro-batch"
+        assert sink.client.kv.get(committed_key("t")) == committed, "the committed ends did not move"
+        assert _keys(sink) == list(range(ROWS)), "neither the foreign record nor batch 1 is visible"
+        assert f"chunk {chunks[0] - 1} was refused" in str(refused.value)
+        assert "nothing foreign became visible" in str(refused.value)
+        sink.client.append_atomic = real  # type: ignore[method-assign]
+        with pytest.raises(ConflictError, match="ends at offset"):
+            sink(_rows(spark, ROWS), 1)  # its replay: the foreign record lies after its chunks
+        raw = _raw_count(sink)
+    plan = abandon_unfinished(tmp_path / "engine", "t")  # the operator discards batch 1 and the record
+    assert (plan.query_id, plan.discard_count) == ("q", raw - ROWS)
+    with _sink(tmp_path, "q2") as sink:
+        sink(_rows(spark, 10 * ROWS), 0)
+        assert _keys(sink) == [*range(ROWS), *range(10 * ROWS, 11 * ROWS)]

@@ -61,7 +61,12 @@ class ObjectStreamReaderLike(Protocol):
 
     async def read(
         self, stream_id: StreamId, start_offset: int, end_offset: int, max_bytes: int
-    ) -> list[StreamRecordBatch]: ...
+    ) -> list[StreamRecordBatch]:
+        """A new list of the batches from the one holding ``start_offset``, contiguous, stopping
+        before ``end_offset`` and once ``max_bytes`` payload bytes are reached (at least one batch),
+        or where the stream's objects end; a gap or overlap raises CorruptionError. A fetch that the
+        LogCache has no part of returns it as it is (it is what ``merge_fetch`` would make of it)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -330,14 +335,20 @@ class Engine:
         else:
             head_end = cached[0].base_offset if cached else end_offset
             head = await self._read_objects(handle.stream_id, start_offset, head_end, max_bytes)
-            records = merge_fetch(
-                cached,
-                head,
-                start_offset=start_offset,
-                end_offset=end_offset,
-                max_bytes=max_bytes,
-                source=f"stream {handle.stream_id}",
-            )
+            if cached:
+                records = merge_fetch(
+                    cached,
+                    head,
+                    start_offset=start_offset,
+                    end_offset=end_offset,
+                    max_bytes=max_bytes,
+                    source=f"stream {handle.stream_id}",
+                )
+            else:
+                # Objects only: the reader's result already is the fetch (it starts with the batch
+                # holding start_offset, is contiguous, stops before end_offset and after max_bytes
+                # by the same rule), which merge_fetch would return unchanged.
+                records = head
         handle.check_readable()
         # A StreamRecordBatch is a FetchedBatch: the records go out as they are (the list is this
         # call's own, so the caller may change it).

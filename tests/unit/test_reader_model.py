@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from s3stream._loop import run
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings
+from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings, merge_fetch
 from s3stream.ids import NodeId
 from s3stream.metadata.base import CommitStreamObjectRequest, CommitStreamSetObjectRequest, StreamOffsetRange
 from s3stream.metadata.memory import MemoryMetadataStore
@@ -50,6 +50,11 @@ def layouts(draw: st.DrawFn) -> Layout:
         scan_max_bytes=draw(st.integers(1, 1500)),
         reads=reads,
     )
+
+
+def assert_merge_keeps(got: list[StreamRecordBatch], start: int, end: int, max_bytes: int) -> None:
+    """Engine.fetch returns a read without LogCache part as it is: merge_fetch would not change it."""
+    assert merge_fetch([], got, start_offset=start, end_offset=end, max_bytes=max_bytes) == got
 
 
 async def check(layout: Layout) -> None:
@@ -94,6 +99,7 @@ async def check(layout: Layout) -> None:
         while offset < total:
             got = await reader.read(s, offset, total, layout.scan_max_bytes)
             assert got == reference(batches, offset, total, layout.scan_max_bytes)
+            assert_merge_keeps(got, offset, total, layout.scan_max_bytes)
             scanned.extend(got)
             offset = got[-1].end_offset
             await asyncio.sleep(0)
@@ -101,7 +107,9 @@ async def check(layout: Layout) -> None:
         for start_frac, end_frac, max_bytes in layout.reads:
             start = min(total - 1, int(start_frac * total))
             end = start + 1 + int(end_frac * (total - start - 1))
-            assert await reader.read(s, start, end, max_bytes) == reference(batches, start, end, max_bytes)
+            got = await reader.read(s, start, end, max_bytes)
+            assert got == reference(batches, start, end, max_bytes)
+            assert_merge_keeps(got, start, end, max_bytes)
         assert reader._cache.used_bytes <= reader._cache.capacity_bytes
     finally:
         await reader.close()

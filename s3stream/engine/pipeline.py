@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from s3stream.config import Config
-from s3stream.engine.logcache import CachedBatch, LogCache, LogCacheBlock, StreamCache
+from s3stream.engine.logcache import CachedBatch, LogCache, LogCacheBlock
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.upload import ObjectUploader, StreamGroup, UploadPlan, plan_upload
@@ -47,6 +47,9 @@ COMMITTED_SEQS_PER_TURN = 2048
 RELEASED_STREAMS_PER_TURN = 128
 """Stream caches of blocks the LogCache released that are freed per event-loop turn (~0.15 ms: a
 1,000-stream block of 1 KiB records freed at once held the loop 1.3 ms, up to 5 ms)."""
+FROZEN_STREAMS_PER_TURN = 256
+"""Stream caches of a committed block turned into rows per event-loop turn (~0.2 ms: a 1,000-stream
+block of 8 records each takes ~0.75 ms; see ``LogCache.freeze_steps``)."""
 COMMIT_REVALIDATE_MAX = 8
 """Commit rejections in a row without a stream to drop before the engine gives up (data stays in the WAL)."""
 _NODE_LEVEL_CODES = (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST)
@@ -240,17 +243,20 @@ class UploadPipeline:
         self.live.released(task.block.wal_bytes)
         blocks = list(self.cache.blocks)
         self.cache.mark_free(task.block)  # may release free blocks, from the head only
-        caches = [
-            cache
+        holders = [
+            holder
             for block in blocks[: len(blocks) - len(self.cache.blocks)]
-            for cache in block.streams.values()
+            for holder in block.take_holders()
         ]
-        del blocks  # released blocks go now, their stream caches (and records) in turns below
+        del blocks  # released blocks go now, their stream caches or rows (and records) in turns below
         self.inflight.remove(task)
         task.done.set()
         self.room.set()
         self.trim_wal()
-        await _free_in_turns(caches)
+        await _free_in_turns(holders)
+        # Kept for reads until released: frozen (no tracked object per stream) in turns.
+        for _ in self.cache.freeze_steps(task.block, FROZEN_STREAMS_PER_TURN):
+            await asyncio.sleep(0)
 
     def trim_wal(self) -> None:
         """Trim the WAL below its oldest live record (after a commit, and when the WAL is full)."""
@@ -338,12 +344,12 @@ class UploadPipeline:
                 delay_s = min(delay_s * 2, delay_max_s)
 
 
-async def _free_in_turns(caches: list[StreamCache]) -> None:
-    """Drop the last references to released stream caches a few at a time (their records go with
-    them), so freeing a released block is spread over event-loop turns."""
-    while caches:
+async def _free_in_turns(holders: list[object]) -> None:
+    """Drop the last references to released stream caches (or frozen rows) a few at a time (their
+    records go with them), so freeing a released block is spread over event-loop turns."""
+    while holders:
         await asyncio.sleep(0)
-        del caches[-RELEASED_STREAMS_PER_TURN:]
+        del holders[-RELEASED_STREAMS_PER_TURN:]
 
 
 def _streams_of(block: LogCacheBlock) -> StreamGroup:

@@ -13,12 +13,11 @@ import asyncio
 import dataclasses
 import gc
 import weakref
-from typing import cast
 
 import pytest
 
 from s3stream.engine import pipeline
-from s3stream.engine.logcache import StreamCache
+from s3stream.engine.logcache import FrozenStreams
 from s3stream.model import RecordBatch
 from tests.unit.test_engine import SMALL, Node
 
@@ -53,9 +52,9 @@ async def test_blocks_the_cache_releases_are_freed_in_turns(monkeypatch: pytest.
     handed: list[list[int]] = []
     original = pipeline._free_in_turns
 
-    async def recording(caches: list[StreamCache]) -> None:
-        handed.append([id(cache) for cache in caches])
-        await original(caches)
+    async def recording(holders: list[object]) -> None:
+        handed.append([id(holder) for holder in holders])
+        await original(holders)
 
     monkeypatch.setattr(pipeline, "_free_in_turns", recording)
     # blocks below 10 % of the cache: a commit's mark_free (not an append's room check) releases
@@ -63,13 +62,49 @@ async def test_blocks_the_cache_releases_are_freed_in_turns(monkeypatch: pytest.
     streams = [await client.streams.create_and_open_stream() for _ in range(4)]
     cache = client.engine.cache
     first = cache.active
-    first_caches = [id(c) for c in first.streams.values()]
-    while first in cache.blocks or not first_caches:
+    holders: list[object] = []  # the first block's per-stream record holders (frozen rows by then)
+    while first in cache.blocks:
         for i in range(16):
             await streams[i % len(streams)].append(RecordBatch(bytes(16 * KiB)))
-        first_caches = first_caches or [id(c) for c in first.streams.values()]
         await client.engine.force_upload(None)
-    assert first_caches in handed
+        for _ in range(8):
+            await asyncio.sleep(0)
+        if first in cache.blocks:
+            assert isinstance(first.streams, FrozenStreams)
+            holders = list(first.streams.rows.values())
+    assert [id(h) for h in holders] in handed
+    assert first.is_empty()  # the released block keeps none of them
+    await client.close()
+
+
+async def test_a_committed_block_kept_for_reads_is_frozen_in_turns_and_still_serves_fetches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pipeline, "FROZEN_STREAMS_PER_TURN", 1)
+    client = await Node(dataclasses.replace(SMALL, wal_cache_size_bytes=4 * 1024 * KiB)).open()
+    streams = [await client.streams.create_and_open_stream() for _ in range(16)]
+    for n in range(32):
+        await streams[n % 16].append(RecordBatch(bytes([n]) * KiB))
+    cache = client.engine.cache
+    block = cache.active
+    await client.engine.force_upload(None)
+    assert block.free
+    frozen = []
+    for _ in range(24):  # one stream per turn: unfrozen until the last one is done, readable throughout
+        frozen.append(isinstance(block.streams, FrozenStreams))
+        assert [r.payload for r in cache.get(15, 0, 2, max_bytes=1 << 20)] == [
+            bytes([15]) * KiB,
+            bytes([31]) * KiB,
+        ]
+        await asyncio.sleep(0)
+    assert frozen[0] is False
+    assert frozen[-1] is True
+    assert block in cache.blocks
+    reads = client.engine.stats.object_reads
+    for n, stream in enumerate(streams):
+        fetched = await stream.fetch(0, 2)
+        assert [r.payload for r in fetched] == [bytes([n]) * KiB, bytes([n + 16]) * KiB]
+    assert client.engine.stats.object_reads == reads  # served from the frozen block
     await client.close()
 
 
@@ -79,10 +114,10 @@ async def test_free_in_turns_drops_a_few_caches_per_turn(monkeypatch: pytest.Mon
     class Tracked:  # a stand-in: StreamCache has slots and no weak references
         pass
 
-    caches = [Tracked() for _ in range(5)]
-    refs = [weakref.ref(c) for c in caches]
-    task = asyncio.ensure_future(pipeline._free_in_turns(cast("list[StreamCache]", caches)))
-    del caches
+    holders: list[object] = [Tracked() for _ in range(5)]
+    refs = [weakref.ref(c) for c in holders]
+    task = asyncio.ensure_future(pipeline._free_in_turns(holders))
+    del holders
     alive = []
     for _ in range(4):
         await asyncio.sleep(0)

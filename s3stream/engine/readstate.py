@@ -31,15 +31,33 @@ STATE_IDLE_S = 60.0
 """Reader states unused this long are dropped (AutoMQ: 1 min)."""
 
 
+FREE_GUARD_BYTES_MAX = 32 * MiB
+"""AutoMQ's free-space guard: readahead leaves this much of the block cache free."""
+FREE_GUARD_CACHE_DIVISOR = 4
+"""The default guard is at most this fraction (1/4) of the block cache."""
+
+
+def default_free_guard_bytes(cache_capacity_bytes: int) -> int:
+    """AutoMQ's 32 MiB guard, at most a quarter of the block cache: 16 MiB of a 64 MiB cache (the
+    32 MiB guard left readahead half of it, 3 GETs in flight on average; the read benchmark's raw
+    baseline has 16 GETs of 4 MiB in flight)."""
+    return min(FREE_GUARD_BYTES_MAX, cache_capacity_bytes // FREE_GUARD_CACHE_DIVISOR)
+
+
 @dataclass(frozen=True, slots=True)
 class ReadaheadSettings:
-    """AutoMQ's readahead sizes: 512 KiB, growing on misses (see :func:`readahead_size`) to 32 MiB,
-    32 MiB free guard, 1 min pause."""
+    """AutoMQ's readahead sizes: 512 KiB, growing on misses (see :func:`readahead_size`), 1 min
+    pause; the window grows to 48 MiB (AutoMQ's 32 MiB) and the free guard is AutoMQ's 32 MiB at
+    most a quarter of the block cache."""
 
     initial_bytes: int = 512 * KiB
     step_bytes: int = 512 * KiB
-    max_bytes: int = 32 * MiB
-    free_guard_bytes: int = 32 * MiB
+    max_bytes: int = 48 * MiB
+    """Largest readahead window: loaded-unread blocks plus loads in flight ahead of the consumer.
+    48 MiB: with the 16 MiB guard of a 64 MiB cache, readahead may fill three quarters of it."""
+    free_guard_bytes: int | None = None
+    """Cache bytes readahead leaves free; None: :func:`default_free_guard_bytes` of the cache it
+    reads through (AutoMQ's 32 MiB when the reader does not say)."""
     pause_s: float = 60.0
     enabled: bool = True
     growth_factor: int = 2
@@ -48,13 +66,13 @@ class ReadaheadSettings:
     load_max_bytes: int = 8 * MiB
     """Largest single load (one merged GET of the reader): loads form a sliding window of at most
     :data:`READAHEAD_TASKS_MAX` GETs that complete in offset order, instead of bursts of big loads
-    whose GETs share the bandwidth and all complete late. 8 MiB: four loads fill the 32 MiB the
-    default cache leaves to readahead; 4 MiB loads took ~1.5x the GETs and their client CPU."""
+    whose GETs share the bandwidth and all complete late. 8 MiB: four loads in flight are 32 MiB
+    of the 48 MiB window; 4 MiB loads took ~1.5x the GETs and their client CPU."""
 
     def __post_init__(self) -> None:
         if not 0 < self.initial_bytes <= self.max_bytes:
             raise InvalidArgumentError("readahead initial size must be in (0, max]")
-        if self.step_bytes < 0 or self.free_guard_bytes < 0 or self.pause_s < 0:
+        if self.step_bytes < 0 or (self.free_guard_bytes or 0) < 0 or self.pause_s < 0:
             raise InvalidArgumentError("readahead step, guard and pause must not be negative")
         if self.growth_factor < 1:
             raise InvalidArgumentError("readahead growth factor must be at least 1")
@@ -123,9 +141,12 @@ def readahead_size(
     if that is more, up to ``max_bytes``. AutoMQ grows by the step only; for a catch-up read of
     1 KiB records that took some 60 misses, about 100 MiB read with one or two GETs in flight, to
     reach 32 MiB.
-    A load is at most ``load_max_bytes``; loads refill the window in chunks of at least a quarter
-    window or a whole load, whichever is less, at most :data:`READAHEAD_TASKS_MAX` at once, and never
-    into the cache's last ``free_guard_bytes``.
+    A load is at most ``load_max_bytes``; loads refill the window in chunks of at least half the
+    window or a whole load, whichever is less, at most :data:`READAHEAD_TASKS_MAX` at once, and
+    never into the cache's last ``free_guard_bytes`` (None here: AutoMQ's 32 MiB; the reader
+    resolves None to :func:`default_free_guard_bytes` of its cache). Quarter-window chunks made
+    3 MiB loads where a fast store keeps the consumer fed from a ~12 MiB window (28 GETs for 64 MiB
+    of 64 KiB records in memory, 17 with half-window chunks).
     """
     if evicted_unread_count > state.evicted_seen:
         state.evicted_seen = evicted_unread_count
@@ -147,11 +168,12 @@ def readahead_size(
         if r.entry.start_offset >= consumer_at and r.entry.end_offset <= state.readahead_end_offset
     )
     missing = state.readahead_bytes - ahead
-    if missing < min(state.readahead_bytes // 4, settings.load_max_bytes):  # refill in big enough chunks
+    if missing < min(state.readahead_bytes // 2, settings.load_max_bytes):  # refill in big enough chunks
         return 0
     size_bytes = min(missing, settings.load_max_bytes)
     # what the free-space guard allows: the cache keeps free_guard_bytes free of readahead
-    room_bytes = cache_free_bytes - settings.free_guard_bytes
+    guard_bytes = FREE_GUARD_BYTES_MAX if settings.free_guard_bytes is None else settings.free_guard_bytes
+    room_bytes = cache_free_bytes - guard_bytes
     if room_bytes < min(settings.initial_bytes, size_bytes):
         return 0
     return min(size_bytes, room_bytes)

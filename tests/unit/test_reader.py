@@ -448,3 +448,35 @@ def test_a_load_is_cut_to_whole_blocks_within_its_size_and_merged_gets_stay_in_o
     big = MERGED_GET_MAX_BYTES // 3
     mixed = [ref(1, 0, big), ref(1, 1, big), ref(1, 2, big), ref(1, 3, big), ref(2, 4, 10)]
     assert _merged_runs(mixed) == [[0, 1, 2], [3], [4]]  # <= MERGED_GET_MAX_BYTES, one object each
+
+
+async def test_a_read_that_starts_a_readahead_load_lets_it_plan_before_returning(env: Env) -> None:
+    """A consumer reading loaded blocks never suspends on its own: the read gives the new load a
+    loop turn, so its blocks are planned (and its GET goes out) while the consumer works."""
+    s, _ = await three_objects(env)
+    reader = env.reader(readahead=ReadaheadSettings(initial_bytes=1024, step_bytes=1024, free_guard_bytes=0))
+    got = await reader.read(s, 0, 180, 100)
+    await asyncio.sleep(0.01)  # the first readahead loads are in
+    env.gate.clear()  # GETs hang from now on: a load once started stays in flight
+    offset = got[-1].end_offset
+    for _ in range(20):
+        count = reader.stats().readahead_count
+        state = reader._states[(s, offset)]
+        planned_to = state.readahead_end_offset
+        got = await reader.read(s, offset, 180, 100)  # served from loaded blocks
+        offset = got[-1].end_offset
+        if reader.stats().readahead_count > count:
+            assert state.readahead_end_offset > planned_to  # the new load has run and planned
+            break
+    else:
+        raise AssertionError("no read started a readahead load")
+    env.gate.set()
+
+
+async def test_the_default_readahead_guard_is_sized_to_the_block_cache(env: Env) -> None:
+    small = env.reader(cache_bytes=64 << 20, readahead=ReadaheadSettings())
+    large = env.reader(cache_bytes=1 << 30, readahead=ReadaheadSettings())
+    explicit = env.reader(cache_bytes=64 << 20, readahead=ReadaheadSettings(free_guard_bytes=40 << 20))
+    assert small._readahead.free_guard_bytes == 16 << 20  # a quarter of the cache
+    assert large._readahead.free_guard_bytes == 32 << 20  # AutoMQ's
+    assert explicit._readahead.free_guard_bytes == 40 << 20

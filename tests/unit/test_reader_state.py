@@ -15,6 +15,7 @@ from s3stream.engine.readstate import (
     ReadaheadSettings,
     ReadState,
     ReadStates,
+    default_free_guard_bytes,
     readahead_size,
 )
 from s3stream.errors import InvalidArgumentError
@@ -115,7 +116,7 @@ def test_blocks_a_read_loads_itself_are_not_counted_as_readahead() -> None:
         BlockRef(ObjectId(1), "k", 10_000, IndexEntry(1, i * 10, i * 10 + 10, 1, i * 100, 100))
         for i in range(5)
     ]
-    state.readahead_end_offset = 20  # the read at offset 0 loads [0, 20) itself
+    state.readahead_end_offset = 10  # the read at offset 0 loads [0, 10) itself
 
     def size(consumer_offset: int | None) -> int:
         return readahead_size(
@@ -128,5 +129,48 @@ def test_blocks_a_read_loads_itself_are_not_counted_as_readahead() -> None:
             consumer_offset=consumer_offset,
         )
 
-    assert size(None) == 100  # from the consumer's position: 200 of 300 bytes are ahead already
-    assert size(20) == 300  # from the end of the read's own blocks: the whole window
+    assert size(None) == 200  # from the consumer's position: 100 of 300 bytes are ahead already
+    assert size(10) == 300  # from the end of the read's own blocks: the whole window
+
+
+def test_loads_refill_the_window_in_chunks_of_half_of_it() -> None:
+    settings = ReadaheadSettings(initial_bytes=1000, max_bytes=1000, load_max_bytes=1000, free_guard_bytes=0)
+    state = ReadState(StreamId(1), 0, 1000)
+    state.window = [
+        BlockRef(ObjectId(1), "k", 10_000, IndexEntry(1, i * 10, i * 10 + 10, 1, i * 100, 100))
+        for i in range(10)
+    ]
+
+    def size(loaded_to: int) -> int:
+        state.readahead_end_offset = loaded_to
+        return readahead_size(
+            state, settings, miss_count=0, evicted_unread_count=0, cache_free_bytes=10**6, now_s=0.0
+        )
+
+    assert size(60) == 0  # 400 of 1000 missing: less than half the window, no load yet
+    assert size(50) == 500  # half: one load of it (few large GETs, not one per quarter)
+
+
+def test_the_default_free_guard_is_automqs_32_mib_at_most_a_quarter_of_the_cache() -> None:
+    MiB = 1 << 20
+    assert default_free_guard_bytes(64 * MiB) == 16 * MiB
+    assert default_free_guard_bytes(1024 * MiB) == 32 * MiB
+    assert ReadaheadSettings().free_guard_bytes is None  # the reader sizes it to its cache
+    assert ReadaheadSettings().max_bytes == 48 * MiB  # three quarters of the default 64 MiB cache
+    state = ReadState(StreamId(1), 0, 8 * MiB)
+    no_cache = readahead_size(
+        state, ReadaheadSettings(), miss_count=0, evicted_unread_count=0, cache_free_bytes=40 * MiB, now_s=0.0
+    )
+    assert no_cache == 8 * MiB  # without a cache to size it to: AutoMQ's 32 MiB guard
+    state.readahead_tasks.clear()
+    assert (
+        readahead_size(
+            state,
+            ReadaheadSettings(),
+            miss_count=0,
+            evicted_unread_count=0,
+            cache_free_bytes=36 * MiB,
+            now_s=0.0,
+        )
+        == 4 * MiB
+    )

@@ -25,7 +25,9 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   Python's garbage collector", tells a long-running application to do once it has started): the
   harness, the WAL or the engine with its S3 client (created at open), streams and first uploads
   are out of the collector's scans; everything the recorded run allocates is collected as usual.
-  The extras give the generator's send lag, the method's floor (a no-op target at the same rate),
+  Open loop without coordinated omission: every latency runs from the earlier of its send slot's
+  due time and the actual call, so a loop that falls behind shows in the figure (as in the ``wal``
+  workload). The extras give the generator's send lag, the method's floor (a no-op target at the same rate),
   the full garbage collections of the recorded engine run and the objects frozen.
   ``--param latency_rate=N`` runs this section alone at N appends/s (``latency_s=S``: its duration).
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -129,11 +132,11 @@ async def _wal_alone(
     latency = LatencyRecorder()
     trimmed = 0
 
-    async def one() -> None:
+    async def one(due: float = math.inf) -> None:
         nonlocal trimmed
-        t0 = time.perf_counter()
+        start = min(due, time.perf_counter())
         offset = await wal.append(body)
-        latency.record(time.perf_counter() - t0)
+        latency.record(time.perf_counter() - start)
         if offset - trimmed > config.wal_capacity_bytes // 2:
             trimmed = offset
             await wal.trim(offset)
@@ -170,10 +173,10 @@ async def _paced(one: object, count: int, rate_per_s: float, send_lag: LatencyRe
     """``count`` calls of ``one()`` at ``rate_per_s``: ``PACED_PRODUCERS`` coroutines take the next send
     slot, wait for its time, and call (no task per call; a producer that is late sends at once).
 
-    ``send_lag`` records how late each call started against its slot: the generator's own lateness
-    (when every producer is busy or the loop is held, sends slip, and the latency of the calls that
-    should have gone out meanwhile is not seen; a p99 send lag well below the latency p99 says the
-    figure is not hiding waiting time)."""
+    ``one(due)`` gets its slot's due time and measures its latency from the earlier of that and the
+    call (no coordinated omission: when every producer is busy or the loop is held, sends slip, and
+    the lateness is part of the latency of the calls that slipped). ``send_lag`` records how late
+    each call started against its slot: the generator's own share of those latencies."""
     assert callable(one)
     slots = iter(range(count))
     started = time.perf_counter()
@@ -186,7 +189,7 @@ async def _paced(one: object, count: int, rate_per_s: float, send_lag: LatencyRe
                 await asyncio.sleep(delay)
             if send_lag is not None:
                 send_lag.record(max(0.0, time.perf_counter() - due))
-            await one()
+            await one(due)
 
     await asyncio.gather(*(producer() for _ in range(PACED_PRODUCERS)))
 
@@ -196,10 +199,10 @@ async def _paced_floor(rate_per_s: float, duration_s: float) -> LatencyRecorder:
     give the loop one turn (``await asyncio.sleep(0)``), at the same rate."""
     latency = LatencyRecorder()
 
-    async def one() -> None:
-        t0 = time.perf_counter()
+    async def one(due: float) -> None:
+        start = min(due, time.perf_counter())
         await asyncio.sleep(0)
-        latency.record(time.perf_counter() - t0)
+        latency.record(time.perf_counter() - start)
 
     await _paced(one, int(rate_per_s * duration_s), rate_per_s)
     return latency
@@ -279,11 +282,11 @@ async def _engine_latency(
         payload = os.urandom(record_bytes)
         counter = iter(range(1 << 62))
 
-        async def one() -> None:
+        async def one(due: float) -> None:
             stream = streams[next(counter) % stream_count]
-            t0 = time.perf_counter()
+            start = min(due, time.perf_counter())
             await stream.append(RecordBatch(payload))
-            latency.record(time.perf_counter() - t0)
+            latency.record(time.perf_counter() - start)
 
         await _paced(one, int(rate_per_s * WARMUP_S), rate_per_s)
         frozen = freeze_startup_heap()  # start-up is over: what the application is told to do

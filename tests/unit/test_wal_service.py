@@ -86,16 +86,17 @@ async def test_a_large_queue_with_nothing_in_flight_is_written_as_two_groups_at_
     )
     dev = MemoryDevice(config.device_bytes)
     wal = await BlockWAL.open(dev, config)
-    offsets = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(100)))  # ~100 KiB queued
+    offsets = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(300)))  # ~300 KiB queued
     assert offsets == sorted(offsets)
     assert wal.stats["groups"] == 2  # halves, both in flight at once (K = 2)
-    small = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(20)))  # below the split size
+    # ~200 KiB (a burst of 1 KiB appends at half load): below the split size, one write
+    small = await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(200)))
     assert small[0] > offsets[-1]
     assert wal.stats["groups"] == 3
     await wal.close()
     single = WalConfig(**{**config.__dict__, "io_threads": 1})
     wal = await BlockWAL.open(MemoryDevice(single.device_bytes), single)
-    await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(100)))
+    await asyncio.gather(*(wal.append(body(i, 1000)) for i in range(300)))
     assert wal.stats["groups"] == 1  # K = 1: nothing to split into
     await wal.close()
     wal, recs = await reopen(dev, config)

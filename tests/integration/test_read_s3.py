@@ -17,12 +17,13 @@ from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings
 from s3stream.errors import CorruptionError
 from s3stream.ids import NodeId, ObjectId, StreamId
-from s3stream.metadata.base import CommitStreamObjectRequest, CommitStreamSetObjectRequest
+from s3stream.metadata.base import CommitStreamObjectRequest
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.s3 import S3Config, S3ObjectStorage
 from tests.conftest import S3TestServer
+from tests.objects import commit_stream_set_object
 
 pytestmark = pytest.mark.integration
 
@@ -43,25 +44,16 @@ class World:
         return stream_id
 
     async def write(self, batches: list[StreamRecordBatch], *, block_size: int = 64 * KiB) -> ObjectId:
-        object_id = await self.metadata.prepare_objects(count=1, ttl_ms=600_000)
-        writer = ObjectWriter(
-            self.storage.upload(object_key(object_id, NS)),
+        return await commit_stream_set_object(
+            self.metadata,
+            self.storage,
+            sorted(batches, key=lambda b: (b.stream_id, b.base_offset)),
+            namespace=NS,
+            node_id=NODE,
             block_size_bytes=block_size,
             part_size_bytes=5 * MiB,
+            ttl_ms=600_000,
         )
-        await writer.write(sorted(batches, key=lambda b: (b.stream_id, b.base_offset)))
-        written = await writer.close()
-        await self.metadata.commit_stream_set_object(
-            CommitStreamSetObjectRequest(
-                node_id=NODE,
-                node_epoch=1,
-                object_id=object_id,
-                order_id=object_id,
-                object_size_bytes=written.size_bytes,
-                stream_ranges=written.stream_ranges,
-            )
-        )
-        return object_id
 
     def reader(self, *, readahead: bool = True) -> ObjectStreamReader:
         return ObjectStreamReader(

@@ -18,11 +18,12 @@ from s3stream.engine.reader import (
 from s3stream.engine.readstate import BlockRef
 from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError, OffsetOutOfRangeError
 from s3stream.ids import NodeId, ObjectId, StreamId
-from s3stream.metadata.base import CommitStreamObjectRequest, CommitStreamSetObjectRequest
+from s3stream.metadata.base import CommitStreamObjectRequest
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import DataBlock, IndexEntry, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.objects import commit_stream_set_object
 
 NS = "test"
 NODE = NodeId(0)
@@ -53,19 +54,14 @@ class Env:
         self, batches: Sequence[StreamRecordBatch], *, stream_object: bool = False
     ) -> ObjectId:
         """One object holding ``batches`` (sorted by stream, offset), committed as a StreamSet object."""
-        object_id = await self.metadata.prepare_objects(count=1, ttl_ms=60_000)
-        writer = ObjectWriter(self.storage.upload(object_key(object_id, NS)), block_size_bytes=BLOCK_SIZE)
-        await writer.write(sorted(batches, key=lambda b: (b.stream_id, b.base_offset)))
-        written = await writer.close()
-        await self.metadata.commit_stream_set_object(
-            CommitStreamSetObjectRequest(
-                node_id=NODE,
-                node_epoch=NODE_EPOCH,
-                object_id=object_id,
-                order_id=object_id,
-                object_size_bytes=written.size_bytes,
-                stream_ranges=written.stream_ranges,
-            )
+        object_id = await commit_stream_set_object(
+            self.metadata,
+            self.storage,
+            sorted(batches, key=lambda b: (b.stream_id, b.base_offset)),
+            namespace=NS,
+            node_id=NODE,
+            node_epoch=NODE_EPOCH,
+            block_size_bytes=BLOCK_SIZE,
         )
         return object_id
 

@@ -7,11 +7,11 @@ from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.reader import MERGED_GET_MAX_BYTES, ObjectStreamReader, ReadaheadSettings
 from s3stream.ids import NodeId
-from s3stream.metadata.base import CommitStreamSetObjectRequest
 from s3stream.metadata.memory import MemoryMetadataStore
-from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
+from s3stream.objectformat import DataBlock, ObjectReaderCache
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.objects import commit_stream_set_object
 
 MiB = 1 << 20
 NS = "gets"
@@ -39,22 +39,14 @@ async def test_a_catch_up_read_of_16_mib_objects_takes_few_large_gets() -> None:
     payload = bytes(range(256)) * 256  # 64 KiB records
     object_count, per_object = 4, 256  # 16 MiB objects
     for o in range(object_count):
-        object_id = await metadata.prepare_objects(count=1, ttl_ms=60_000)
-        writer = ObjectWriter(
-            storage.upload(object_key(object_id, NS)), block_size_bytes=config.object_block_size_bytes
-        )
         base = o * per_object
-        await writer.write([StreamRecordBatch(stream_id, 0, base + i, 1, payload) for i in range(per_object)])
-        written = await writer.close()
-        await metadata.commit_stream_set_object(
-            CommitStreamSetObjectRequest(
-                node_id=NODE,
-                node_epoch=1,
-                object_id=object_id,
-                order_id=object_id,
-                object_size_bytes=written.size_bytes,
-                stream_ranges=written.stream_ranges,
-            )
+        await commit_stream_set_object(
+            metadata,
+            storage,
+            [StreamRecordBatch(stream_id, 0, base + i, 1, payload) for i in range(per_object)],
+            namespace=NS,
+            node_id=NODE,
+            block_size_bytes=config.object_block_size_bytes,
         )
     reader = ObjectStreamReader(
         metadata,

@@ -18,6 +18,7 @@ from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.objects import commit_stream_set_object
 from tests.unit.test_reader_merge import reference
 
 NS = "model"
@@ -70,19 +71,13 @@ async def check(layout: Layout) -> None:
         base += count
     bounds = [0, *layout.cuts, len(batches)]
     for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-        object_id = await metadata.prepare_objects(count=1, ttl_ms=60_000)
-        writer = ObjectWriter(storage.upload(object_key(object_id, NS)), block_size_bytes=layout.block_size)  # type: ignore[arg-type]
-        await writer.write([*batches[lo:hi], StreamRecordBatch(other, 0, i, 1, b"o" * 30)])
-        written = await writer.close()
-        await metadata.commit_stream_set_object(
-            CommitStreamSetObjectRequest(
-                node_id=NODE,
-                node_epoch=1,
-                object_id=object_id,
-                order_id=object_id,
-                object_size_bytes=written.size_bytes,
-                stream_ranges=written.stream_ranges,
-            )
+        await commit_stream_set_object(
+            metadata,
+            storage,  # type: ignore[arg-type]
+            [*batches[lo:hi], StreamRecordBatch(other, 0, i, 1, b"o" * 30)],
+            namespace=NS,
+            node_id=NODE,
+            block_size_bytes=layout.block_size,
         )
     reader = ObjectStreamReader(
         metadata,

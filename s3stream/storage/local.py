@@ -126,13 +126,17 @@ class LocalObjectStorage:
                 try:
                     os.mkdir(current)
                 except FileExistsError:
-                    if current.is_dir():
+                    # One lstat, not two checks: a concurrent delete may prune the directory and a
+                    # concurrent put make it again between any two looks at it.
+                    try:
+                        mode = os.lstat(current).st_mode
+                    except FileNotFoundError:
+                        continue  # pruned by a concurrent delete between mkdir and the check: make it again
+                    if stat.S_ISDIR(mode):
                         break
-                    if os.path.lexists(current):
-                        raise ConflictError(
-                            f"object {key!r} needs directory {part!r}, which is an object here"
-                        ) from None
-                    continue  # a concurrent delete pruned it between mkdir and the check: make it again
+                    raise ConflictError(
+                        f"object {key!r} needs directory {part!r}, which is an object here"
+                    ) from None
                 _fsync_dir(parent)
                 break
 

@@ -272,3 +272,36 @@ async def test_a_directory_pruned_between_mkdir_and_the_check_is_made_again(
     await storage.put("racy/key", b"v")
     assert raced
     assert await storage.get("racy/key") == b"v"
+
+
+async def test_a_directory_pruned_and_made_again_between_two_looks_is_not_an_object(
+    storage: LocalObjectStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race seen in CI: put's mkdir finds the directory, a concurrent delete prunes it and a
+    # concurrent put makes it again while put looks at what is there. Looking twice (is it a
+    # directory? does anything exist?) saw "not a directory" and then "something", and reported an
+    # object in the way. A directory is there: the put goes on.
+    import s3stream.storage.local as local_module
+
+    real_mkdir = os.mkdir
+    real_is_dir = Path.is_dir
+    raced: list[str] = []
+
+    def mkdir_after_a_racer(path: str | os.PathLike[str], *args: object) -> None:
+        if str(path).endswith("/twice") and not raced:
+            raced.append(str(path))
+            real_mkdir(path, *args)  # type: ignore[arg-type]  # the concurrent put made it first
+            raise FileExistsError(path)
+        real_mkdir(path, *args)  # type: ignore[arg-type]
+
+    def is_dir_missing_it_once(self: Path) -> bool:
+        if str(self).endswith("/twice") and len(raced) == 1:
+            raced.append("looked")
+            return False  # pruned at this look, made again before the next one
+        return real_is_dir(self)
+
+    monkeypatch.setattr(local_module.os, "mkdir", mkdir_after_a_racer)
+    monkeypatch.setattr(Path, "is_dir", is_dir_missing_it_once)
+    await storage.put("twice/key", b"v")
+    assert raced[:1] == [str(storage.root / "twice")]
+    assert await storage.get("twice/key") == b"v"

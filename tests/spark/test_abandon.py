@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from s3stream.errors import (
     OffsetOutOfRangeError,
     UnavailableError,
 )
-from s3stream.facade import SyncClient, SyncStream
+from s3stream.facade import SyncClient
 from s3stream.model import RecordBatch
 from spark_sink import cli
 from spark_sink.abandon import NothingToDiscardError, abandon_unfinished
@@ -52,24 +52,9 @@ from spark_sink.protocol import (
 )
 from spark_sink.reader import fetch_payloads, read_records, read_topic
 from spark_sink.sink import S3StreamSink
+from tests.spark.sinks import ROWS, Appends, small_chunk_sink
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = 400
-Appends = Sequence[tuple[SyncStream, RecordBatch] | tuple[SyncStream, RecordBatch, int | None]]
-
-
-def _sink(data_dir: Path, query_id: str) -> S3StreamSink:
-    # 400 rows of ~300 bytes in 2 partitions, Kafka batches cut at 8 KiB, chunks of 20 kB: 7-8 chunks
-    return S3StreamSink(
-        data_dir,
-        topic="t",
-        partitions=2,
-        stream_column="p",
-        query_id=query_id,
-        batch_bytes_target=8192,
-        record_bytes_max=4096,
-        chunk_bytes_max=20_000,
-    )
 
 
 def _write(sink: S3StreamSink, batch_id: int, first: int, *, fill: bytes = b"v") -> None:
@@ -137,7 +122,7 @@ def _leave_batch_unfinished(data_dir: Path, *, chunks_done: int = 3) -> list[int
 
     Returns the streams' ends (the committed ends are those after batch 0).
     """
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         _write(sink, 0, 0)
         assert sink.history[-1].chunks > chunks_done
         real = _fail_after(sink, chunks_done)
@@ -172,7 +157,7 @@ def test_an_unreplayable_micro_batch_is_discarded_and_the_topic_takes_writes_aga
         DiscardedRange(1, half, ends[1]),
     )
 
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         assert _keys(sink) == list(range(ROWS)), "the old committed data only"
         table, wanted = fetch_payloads(sink, "t")
         assert all(o < half for o in table.column("base_offset").to_pylist())
@@ -182,7 +167,7 @@ def test_an_unreplayable_micro_batch_is_discarded_and_the_topic_takes_writes_aga
             _write(sink, 1, ROWS)
         assert _stream_ends(sink) == ends
 
-    with _sink(data_dir, "q2") as sink:
+    with small_chunk_sink(data_dir, "q2") as sink:
         _write(sink, 0, 1000)
         records = read_records(sink, "t")
         keys = sorted(int(r.key or b"") for recs in records.values() for r in recs)
@@ -204,9 +189,9 @@ def test_an_unreplayable_micro_batch_is_discarded_and_the_topic_takes_writes_aga
 
 def test_the_unfinished_batch_of_a_new_query_is_found_through_the_writer_record(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         _write(sink, 0, 0)  # the committed record names query q
-    with _sink(data_dir, "q-new-checkpoint") as sink:
+    with small_chunk_sink(data_dir, "q-new-checkpoint") as sink:
         real = _fail_after(sink, 2)
         with pytest.raises(UnavailableError, match="injected"):
             _write(sink, 0, ROWS)
@@ -214,14 +199,14 @@ def test_the_unfinished_batch_of_a_new_query_is_found_through_the_writer_record(
     plan = abandon_unfinished(data_dir, "t")
     assert plan.query_id == "q-new-checkpoint"
     assert plan.committed.query_id == "q"
-    with _sink(data_dir, "q-new-checkpoint") as sink:
+    with small_chunk_sink(data_dir, "q-new-checkpoint") as sink:
         with pytest.raises(ConflictError, match="micro-batch 0 was abandoned"):
             _write(sink, 0, ROWS)
         assert _keys(sink) == list(range(ROWS))
 
 
 def test_chunks_budget_the_discarded_ranges_and_a_too_small_chunk_is_refused(tmp_path: Path) -> None:
-    with _sink(tmp_path / "engine", "q") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q") as sink:
         _write(sink, 0, 0)
         # 20,000-byte chunks keep ~4 kB beside one payload (13.3 kB) and the KV records (1.6 kB)
         payload_max = sink.batch_bytes_target + sink.record_bytes_max + 1024
@@ -240,7 +225,10 @@ def test_a_dry_run_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
         plan = abandon_unfinished(client, "t", dry_run=True)
         assert plan.discard_count == sum(ends) - ROWS
         assert _kv_state(client, "q") == before
-    with _sink(data_dir, "q2") as sink, pytest.raises(ConflictError, match="left a micro-batch unfinished"):
+    with (
+        small_chunk_sink(data_dir, "q2") as sink,
+        pytest.raises(ConflictError, match="left a micro-batch unfinished"),
+    ):
         _write(sink, 0, 1000)
 
 
@@ -261,7 +249,7 @@ def test_running_it_twice_refuses_the_second_time_and_changes_nothing(tmp_path: 
 
 def test_a_fresh_topic_has_nothing_to_discard(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         _write(sink, 0, 0)
     with pytest.raises(NothingToDiscardError):
         abandon_unfinished(data_dir, "t")
@@ -271,7 +259,7 @@ def test_a_missing_data_dir_or_topic_is_not_found_and_not_created(tmp_path: Path
     with pytest.raises(NotFoundError, match="does not exist"):
         abandon_unfinished(tmp_path / "nowhere", "t")
     assert not (tmp_path / "nowhere").exists()
-    with _sink(tmp_path / "engine", "q") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q") as sink:
         _write(sink, 0, 0)
     with pytest.raises(NotFoundError, match="topic 'other' does not exist"):
         abandon_unfinished(tmp_path / "engine", "other")
@@ -301,7 +289,7 @@ def test_the_tool_writes_both_records_in_one_append_atomic(tmp_path: Path) -> No
 def test_a_live_sink_is_refused(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
     _leave_batch_unfinished(data_dir)
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         sink._ensure_streams()
         with pytest.raises(ConflictError, match="data dir in use"):
             abandon_unfinished(data_dir, "t")
@@ -311,7 +299,7 @@ def test_a_live_sink_is_refused(tmp_path: Path) -> None:
 
 def test_offsets_moved_during_a_call_are_discarded_with_the_batch(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         _write(sink, 0, 0)
         stream = sink._ensure_streams()[0]
         real = sink.client.append_atomic
@@ -331,7 +319,7 @@ def test_offsets_moved_during_a_call_are_discarded_with_the_batch(tmp_path: Path
     plan = abandon_unfinished(data_dir, "t")
     assert plan.query_id == "q"
     assert plan.partitions[0].discard_count > 1, "the foreign record and chunk 0 of batch 1"
-    with _sink(data_dir, "q2") as sink:
+    with small_chunk_sink(data_dir, "q2") as sink:
         _write(sink, 0, 1000)
         assert _keys(sink) == [*range(ROWS), *range(1000, 1000 + ROWS)]
         assert all(
@@ -342,14 +330,14 @@ def test_offsets_moved_during_a_call_are_discarded_with_the_batch(tmp_path: Path
 
 def test_foreign_records_alone_are_discarded_without_touching_any_query(tmp_path: Path) -> None:
     data_dir = tmp_path / "engine"
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         _write(sink, 0, 0)
         sink._ensure_streams()[1].append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
         progress = sink.client.kv.get(progress_key("q"))
     plan = abandon_unfinished(data_dir, "t")
     assert (plan.query_id, plan.discard_count) == (None, 1)
     assert plan.new_committed.discarded == (DiscardedRange(1, ROWS // 2, ROWS // 2 + 1),)
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         assert sink.client.kv.get(progress_key("q")) == progress
         _write(sink, 1, ROWS)
         assert _keys(sink) == list(range(2 * ROWS))
@@ -419,7 +407,7 @@ def test_the_cli_shows_then_discards(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert [p["discard_range"] for p in shown["partitions"]] == [[200, ends[0]], [200, ends[1]]]
     assert cli.main(base, out=StringIO()) == 1
     assert "nothing to discard" in capsys.readouterr().err
-    with _sink(data_dir, "q") as sink:
+    with small_chunk_sink(data_dir, "q") as sink:
         sink._ensure_streams()
         assert cli.main(base, out=StringIO()) == 2
         assert "data dir in use" in capsys.readouterr().err
@@ -430,7 +418,7 @@ def test_read_topic_skips_the_discarded_ranges(spark: Any, tmp_path: Path) -> No
     data_dir = tmp_path / "engine"
     ends = _leave_batch_unfinished(data_dir)
     abandon_unfinished(data_dir, "t")
-    with _sink(data_dir, "q2") as sink:
+    with small_chunk_sink(data_dir, "q2") as sink:
         _write(sink, 0, 1000)
         rows = read_topic(spark, sink, "t").select("partition", "offset", "key").collect()
         assert sorted(int(r["key"]) for r in rows) == [*range(ROWS), *range(1000, 1000 + ROWS)]

@@ -7,39 +7,22 @@ a failure after chunk 0 of a multi-chunk micro-batch (the in-process twin of the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from s3stream.errors import ConflictError, OffsetOutOfRangeError, UnavailableError
-from s3stream.facade import SyncStream
 from s3stream.model import RecordBatch
 from spark_sink.abandon import abandon_unfinished
 from spark_sink.kafka_codec import encode_batch
 from spark_sink.protocol import committed_key, progress_key
 from spark_sink.reader import read_records
 from spark_sink.sink import S3StreamSink
+from tests.spark.sinks import ROWS, Appends, small_chunk_sink
 
 pytestmark = pytest.mark.spark
-
-ROWS = 400
-Appends = Sequence[tuple[SyncStream, RecordBatch] | tuple[SyncStream, RecordBatch, int | None]]
-
-
-def _sink(tmp_path: Path, query_id: str) -> S3StreamSink:
-    # 400 rows of ~300 bytes in 2 partitions, Kafka batches cut at 8 KiB, chunks of 20 kB: 7-8 chunks
-    return S3StreamSink(
-        tmp_path / "engine",
-        topic="t",
-        partitions=2,
-        stream_column="p",
-        query_id=query_id,
-        batch_bytes_target=8192,
-        record_bytes_max=4096,
-        chunk_bytes_max=20_000,
-    )
 
 
 def _rows(spark: Any, first: int) -> Any:
@@ -77,7 +60,7 @@ def _wrap_append_atomic(sink: S3StreamSink, before: Callable[[int], None]) -> An
 def test_an_unfinished_micro_batch_is_invisible_until_its_replay_completes_it(
     spark: Any, tmp_path: Path
 ) -> None:
-    with _sink(tmp_path, "q") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q") as sink:
         sink(_rows(spark, 0), 0)
         assert sink.history[-1].chunks >= 3
         assert _keys(sink) == list(range(ROWS))
@@ -113,7 +96,7 @@ def test_an_unfinished_micro_batch_is_invisible_until_its_replay_completes_it(
 
 
 def test_a_foreign_append_is_refused_before_anything_is_written(spark: Any, tmp_path: Path) -> None:
-    with _sink(tmp_path, "q") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q") as sink:
         sink(_rows(spark, 0), 0)
         progress = sink.client.kv.get(progress_key("q"))
         stream = sink._ensure_streams()[1]
@@ -130,7 +113,7 @@ def test_a_foreign_append_is_refused_before_anything_is_written(spark: Any, tmp_
 def test_a_foreign_append_racing_a_call_is_refused_before_the_chunk_is_written(
     spark: Any, tmp_path: Path
 ) -> None:
-    with _sink(tmp_path, "q") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q") as sink:
         sink(_rows(spark, 0), 0)
         progress = sink.client.kv.get(progress_key("q"))
         stream = sink._ensure_streams()[0]
@@ -148,14 +131,17 @@ def test_a_foreign_append_racing_a_call_is_refused_before_the_chunk_is_written(
         with pytest.raises(ConflictError, match="ends at offset"):
             sink(_rows(spark, ROWS), 1)  # the streams hold a record outside the protocol
         assert _keys(sink) == list(range(ROWS)), "batch 1 never became visible"
-    with _sink(tmp_path, "q") as sink, pytest.raises(ConflictError, match="ends at offset"):
+    with (
+        small_chunk_sink(tmp_path / "engine", "q") as sink,
+        pytest.raises(ConflictError, match="ends at offset"),
+    ):
         sink(_rows(spark, ROWS), 1)  # a new sink finds the streams off the protocol before writing
 
 
 def test_a_foreign_append_racing_the_last_chunk_never_becomes_visible(spark: Any, tmp_path: Path) -> None:
     """The last chunk carries the committed record: committed at moved offsets, its ends would
     expose the foreign record and hide the micro-batch's tail."""
-    with _sink(tmp_path, "q") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q") as sink:
         sink(_rows(spark, 0), 0)
         committed = sink.client.kv.get(committed_key("t"))
         stream = sink._ensure_streams()[1]
@@ -184,6 +170,6 @@ def test_a_foreign_append_racing_the_last_chunk_never_becomes_visible(spark: Any
         raw = _raw_count(sink)
     plan = abandon_unfinished(tmp_path / "engine", "t")  # the operator discards batch 1 and the record
     assert (plan.query_id, plan.discard_count) == ("q", raw - ROWS)
-    with _sink(tmp_path, "q2") as sink:
+    with small_chunk_sink(tmp_path / "engine", "q2") as sink:
         sink(_rows(spark, 10 * ROWS), 0)
         assert _keys(sink) == [*range(ROWS), *range(10 * ROWS, 11 * ROWS)]

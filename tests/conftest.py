@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from benchmarks.core import S3Target
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,18 @@ class S3TestServer:
             f"0@s3://{self.bucket}?region={self.region}&endpoint={quote(self.endpoint, safe=':/')}"
             f"&pathStyle=true&accessKey={quote(self.access_key)}&secretKey={quote(self.secret_key)}"
             + (f"&prefix={quote(prefix)}" if prefix else "")
+        )
+
+    def bench_target(self) -> S3Target:
+        """This server as a benchmark target (:class:`benchmarks.core.S3Target`)."""
+        from benchmarks.core import S3Target
+
+        return S3Target(
+            endpoint=self.endpoint,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            bucket=self.bucket,
+            region=self.region,
         )
 
 

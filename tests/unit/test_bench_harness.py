@@ -19,7 +19,7 @@ from benchmarks.baselines import (
     raw_s3_put_get,
     slatedb_writer,
 )
-from benchmarks.core import Context, Result, S3Target
+from benchmarks.core import Context, Result
 from benchmarks.measure import MIB, CountingStorage, LatencyRecorder, RequestCounter, ResourceMeter, per_gib
 from benchmarks.report import SCHEMA
 from s3stream.storage.memory import MemoryObjectStorage
@@ -340,13 +340,7 @@ async def test_naive_writer_puts_one_object_per_stream_per_flush() -> None:
 async def test_raw_put_get_and_slatedb_baselines_on_a_real_server(
     s3_server: S3TestServer, s3_prefix: str
 ) -> None:
-    target = S3Target(
-        endpoint=s3_server.endpoint,
-        access_key=s3_server.access_key,
-        secret_key=s3_server.secret_key,
-        bucket=s3_server.bucket,
-        region=s3_server.region,
-    )
+    target = s3_server.bench_target()
     put, got = await raw_s3_put_get(
         target, prefix=s3_prefix, object_count=3, object_bytes=256 * 1024, concurrency=2
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.baselines import PutCeilingSpec, raw_put_ceiling
-from benchmarks.core import S3Target
 from benchmarks.measure import MIB
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.conftest import S3TestServer
@@ -70,13 +69,7 @@ async def test_on_s3_both_shapes_are_measured_and_nothing_is_left(
     from benchmarks.baselines import raw_s3_client
     from s3stream.storage.s3 import S3Config, S3ObjectStorage
 
-    target = S3Target(
-        endpoint=s3_server.endpoint,
-        access_key=s3_server.access_key,
-        secret_key=s3_server.secret_key,
-        bucket=s3_server.bucket,
-        region=s3_server.region,
-    )
+    target = s3_server.bench_target()
     storage = S3ObjectStorage(
         S3Config(
             bucket=target.bucket,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,9 +74,33 @@ def s3_server() -> S3TestServer:
 
 
 @pytest.fixture
-def s3_prefix() -> str:
-    """A fresh key prefix so tests sharing a bucket never see each other's objects."""
-    return f"t-{uuid.uuid4().hex[:12]}/"
+def s3_prefix() -> Iterator[str]:
+    """A fresh key prefix so tests sharing a bucket never see each other's objects; whatever a test
+    leaves under it on the S3 test server (objects of its engine, SlateDB's files, ...) is deleted after."""
+    prefix = f"t-{uuid.uuid4().hex[:12]}/"
+    yield prefix
+    server = _s3_from_env()
+    if server is not None:
+        _delete_prefix(server, prefix)
+
+
+def _delete_prefix(server: S3TestServer, prefix: str) -> None:
+    """In a thread of its own: the test's event loop (pytest-asyncio's) must not be touched."""
+    from benchmarks.baselines import delete_prefix
+
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(delete_prefix(server.bench_target(), prefix))
+        except BaseException as exc:  # reported below, on the test's thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, name="s3-prefix-cleanup")
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
 
 
 @pytest.fixture

@@ -15,6 +15,12 @@ Then, for 1 KiB and 64 KiB records:
   flight beat 4 in each of 6 alternating rounds, best 519 vs 342 MB/s: 4 alone is not the store's
   ceiling, and the engine's readahead, 4 loads plus the read itself, could pass it.)
 
+Each round of either side starts on a collected heap (``gc.collect()`` right before it, untimed), so
+a side pays for the collections of its own garbage only: the baseline opens a new S3 client per round
+(tens of thousands of objects, garbage once it closes) and a full collection that the engine's
+allocations triggered right after it cost the engine's round 75-90 ms of CPU (0.6 ms per MB of 1 KiB
+records; on a quiet machine that alone moves the ratio by ~0.1).
+
 An unmeasured raw pass warms the server first; then the start-up heap is frozen
 (:func:`s3stream.assembly.freeze_startup_heap`, as the ``ingest`` and ``wal`` workloads do and as an
 application is told to once started: a full collection then skips the modules and the S3 client's
@@ -236,13 +242,16 @@ async def run(ctx: Context) -> list[Result]:
                     sides = ["engine", "baseline"] if i % 2 == 0 else ["baseline", "engine"]
                     for side in sides:
                         if side == "engine":
+                            gc.collect()  # each side pays for collecting its own garbage only
                             elapsed, _, extra = await _engine_round(storage, metadata, config, stream_id, end)
                             if elapsed < engine_best:
                                 engine_best, engine_extra = elapsed, extra
                         else:
                             for n in baseline_best_s:
+                                gc.collect()
                                 elapsed = await _baseline_round(ctx, storage, spans, n)
                                 baseline_best_s[n] = min(baseline_best_s[n], elapsed)
+                    gc.collect()
                     seq_best = min(seq_best, await _baseline_round(ctx, storage, spans, 1))
             finally:
                 gc.unfreeze()

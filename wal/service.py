@@ -16,8 +16,9 @@ the appenders a completion woke, so what they append next joins the next group. 
 flight and a large queue (256 KiB) waits, it is sealed as two groups written at once
 (:data:`_SPLIT_MIN_BYTES`).
 
-The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them once it
-is unreachable (``weakref.finalize``), as ``close()`` does.
+The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them and
+closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``
+does.
 
 Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
 Space freed by a trim is reused only once that header write is durable.
@@ -214,6 +215,12 @@ class BlockWAL:
         self._zeros = bytes(config.block_size_bytes)
         self.mode = device.mode
         self.stats = {"groups": 0, "records": 0, "bytes_written": 0, "headers": 0}
+        # A WAL dropped without close() closes its device (a file's descriptor and lock) once it is
+        # unreachable: no job is queued or running then (every job holds the WAL), so nothing can
+        # still use the descriptor. Not at interpreter exit (the process releases it anyway, and a
+        # WAL still alive then may be mid-write on a daemon I/O thread).
+        self._close_device = weakref.finalize(self, device.close)
+        self._close_device.atexit = False
 
     # ------------------------------------------------------------------ open / recover / close
     @classmethod
@@ -373,7 +380,7 @@ class BlockWAL:
             if self._threads:
                 self._stop_threads()
                 await self._loop.run_in_executor(self._pool, self._join_threads)
-            await self._loop.run_in_executor(self._pool, self._device.close)
+            await self._loop.run_in_executor(self._pool, self._close_device)  # (once: a finalizer)
         finally:
             self._pool.shutdown(wait=True)
             for view in self._wviews:

@@ -556,3 +556,49 @@ async def test_close_stops_and_joins_the_io_threads() -> None:
     threads = list(wal._threads)
     await wal.close()
     assert not any(t.is_alive() for t in threads)
+
+
+async def test_a_wal_never_closed_releases_its_file_and_lock_once_unreachable(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    fds = set(os.listdir("/proc/self/fd"))
+    wal = await BlockWAL.open(path, CONFIG)
+    offset = await wal.append(body(1))
+    threads = list(wal._threads)
+    del wal
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert set(os.listdir("/proc/self/fd")) <= fds  # the descriptor is closed
+    wal = await BlockWAL.open(path, CONFIG)  # and the lock released: no WalLockedError
+    assert [(r.offset, r.data) async for r in wal.recover()] == [(offset, body(1))]
+    await wal.close()
+
+
+async def test_a_wal_dropped_before_recovery_releases_its_lock(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    wal = await BlockWAL.open(path, CONFIG)
+    offset = await wal.append(body(2))
+    await wal.close()
+    wal = await BlockWAL.open(path, CONFIG)  # not recovered: no I/O threads yet
+    del wal
+    gc.collect()
+    wal = await BlockWAL.open(path, CONFIG)
+    assert [(r.offset, r.data) async for r in wal.recover()] == [(offset, body(2))]
+    await wal.close()
+
+
+async def test_close_closes_the_device_once() -> None:
+    closes: list[int] = []
+
+    class Counting(MemoryDevice):
+        def close(self) -> None:
+            closes.append(1)
+            super().close()
+
+    wal = await BlockWAL.open(Counting(CONFIG.device_bytes), CONFIG)
+    await wal.append(body(1))
+    await wal.close()
+    await wal.close()
+    del wal
+    gc.collect()
+    assert closes == [1]

@@ -78,3 +78,29 @@ async def test_the_timed_device_records_every_write_of_the_wal() -> None:
     assert all(w >= 0 for w in device.write_s)
     with pytest.raises(WalIOError):  # closed with the WAL
         device.write(0, b"x")
+
+
+async def test_the_pacer_wakes_every_tick_not_every_millisecond() -> None:
+    """The timerfd pacer sends the slots due within each tick (uvloop's timers can only wake it every
+    1-2 ms, which sent ~2 ms of slots in one burst). 0.2 ms ticks: 2,500 in 0.5 s; a pacer woken by
+    a 1 ms timer has at most 500 wakes."""
+    stats: dict[str, float] = {}
+    rec = await _paced_latency(_NoopAppend(), 10_000, 0.5, b"x", stats=stats, tick_s=0.0002)
+    assert rec.count == 5000
+    assert stats["pacer_wakes"] > 750
+
+
+async def test_the_sleeping_pacer_is_still_there_without_a_timerfd() -> None:
+    stats: dict[str, float] = {}
+    rec = await _paced_latency(_NoopAppend(), 10_000, 0.2, b"x", stats=stats, timerfd=False, tick_s=0.001)
+    assert rec.count == 2000
+    assert stats["pacer_wakes"] <= 200
+
+
+async def test_a_failed_send_fails_the_run() -> None:
+    class Refusing:
+        def append(self, data: bytes) -> asyncio.Future[int]:
+            raise OSError("refused")
+
+    with pytest.raises(OSError, match="refused"):
+        await _paced_latency(Refusing(), 1000, 0.05, b"x")

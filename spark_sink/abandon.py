@@ -36,6 +36,7 @@ from spark_sink.protocol import (
     Progress,
     Writer,
     committed_key,
+    load_progress,
     progress_key,
     writer_key,
 )
@@ -84,7 +85,7 @@ class AbandonPlan:
         """The KV records the tool writes, all in one ``append_atomic``."""
         out = {committed_key(self.topic): self.new_committed.encode()}
         if self.query_id is not None and self.new_progress is not None:
-            out[progress_key(self.query_id)] = self.new_progress.encode()
+            out[progress_key(self.query_id, self.topic)] = self.new_progress.encode()
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,12 +231,6 @@ def _plan(client: SyncClient, topic: Topic, streams: list[SyncStream], query_id:
     return plan_abandon(topic.name, committed, partitions, query_id=found, progress=progress)
 
 
-def _progress(client: SyncClient, query_id: str) -> Progress | None:
-    key = progress_key(query_id)
-    raw = client.kv.get(key)
-    return None if raw is None else Progress.decode(raw, key=key)
-
-
 def _find_unfinished(
     client: SyncClient, topic: str, committed: Committed, query_id: str | None
 ) -> tuple[str | None, Progress | None]:
@@ -246,7 +241,7 @@ def _find_unfinished(
     before writer records existed).
     """
     if query_id is not None:
-        progress = _progress(client, query_id)
+        progress = load_progress(client.kv.get, query_id, topic, committed)
         if progress is None:
             raise InvalidArgumentError(f"query {query_id!r} has no progress record")
         if not progress.unfinished:
@@ -262,7 +257,7 @@ def _find_unfinished(
     if committed.query_id and committed.query_id not in candidates:
         candidates.append(committed.query_id)
     for candidate in candidates:
-        progress = _progress(client, candidate)
+        progress = load_progress(client.kv.get, candidate, topic, committed)
         if progress is not None and progress.unfinished:
             return candidate, progress
     return None, None

@@ -2,7 +2,7 @@
 
 Spark writes ``offsets/N`` before micro-batch N runs and ``commits/N`` after the sink returns; any
 failure in between re-runs batch N with the same source range. The sink therefore commits its own
-progress record -- (query id) -> (batch id, chunks committed, chunk digests) -- in the same
+progress record -- (query id, topic) -> (batch id, chunks committed, chunk digests) -- in the same
 ``append_atomic`` call (one WAL record) as each chunk's data. A replay reads the progress record and
 :func:`plan_batch` says which chunks are still to be written. The LAST chunk of a micro-batch also
 carries the topic's :class:`Committed` record (every partition's committed end offset): readers stop
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -34,7 +34,10 @@ DISCARDED_RANGES_MAX = 1000
 APPEND_OVERHEAD_BYTES = 128
 """Bytes a chunk budgets per appended batch besides its payload (WAL and batch headers)."""
 KV_OVERHEAD_BYTES = 1024
-"""Bytes a chunk budgets for the progress record."""
+"""Bytes a chunk budgets for the progress and writer records (keys included)."""
+QUERY_ID_BYTES_MAX = 128
+"""Longest query id (UTF-8) the sink takes: keeps the progress and writer records within
+``KV_OVERHEAD_BYTES`` next to the longest topic name (Spark's query ids are 36-character UUIDs)."""
 
 _DIGEST_ENTRY = struct.Struct(
     ">"
@@ -69,8 +72,14 @@ def writer_key(topic: str) -> str:
     return f"spark_sink/topic/{topic}/writer"
 
 
-def progress_key(query_id: str) -> str:
-    """The KV key of a streaming query's progress record."""
+def progress_key(query_id: str, topic: str) -> str:
+    """The KV key of a streaming query's progress record on ``topic`` (one per topic: a query may
+    write several topics, through one sink each)."""
+    return f"spark_sink/query/{query_id}/topic/{topic}/progress"
+
+
+def legacy_progress_key(query_id: str) -> str:
+    """Where sinks before per-topic progress records kept a query's progress (one topic per query)."""
     return f"spark_sink/query/{query_id}/progress"
 
 
@@ -384,6 +393,31 @@ class Writer:
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptionError(f"bad sink writer record: {exc}", source=f"kv:{key}") from exc
         return writer
+
+
+def load_progress(
+    get: Callable[[str], bytes | None], query_id: str, topic: str, committed: Committed
+) -> Progress | None:
+    """The progress record of ``query_id`` on ``topic``, read with ``get`` (a KV get), or None.
+
+    A record under :func:`legacy_progress_key` (written by an older sink, which supported one topic
+    per query) counts for ``topic`` only if the topic's writer or committed record names the query:
+    its batches were written to this topic. It is never rewritten; the next chunk writes the
+    per-topic record, which wins from then on.
+    """
+    key = progress_key(query_id, topic)
+    raw = get(key)
+    if raw is not None:
+        return Progress.decode(raw, key=key)
+    legacy = legacy_progress_key(query_id)
+    raw = get(legacy)
+    if raw is None:
+        return None
+    named = {committed.query_id}
+    writer_raw = get(writer_key(topic))
+    if writer_raw is not None:
+        named.add(Writer.decode(writer_raw, key=writer_key(topic)).query_id)
+    return Progress.decode(raw, key=legacy) if query_id in named else None
 
 
 def partition_record_counts(chunks: Sequence[Chunk], partition_count: int) -> list[int]:

@@ -53,8 +53,8 @@ from spark_sink.encode import (
 from spark_sink.payloads import PayloadTable
 from spark_sink.protocol import (
     KV_OVERHEAD_BYTES,
+    QUERY_ID_BYTES_MAX,
     Committed,
-    Progress,
     Writer,
     chunk_payloads,
     committed_after,
@@ -62,6 +62,7 @@ from spark_sink.protocol import (
     committed_key,
     discarded_bytes_max,
     expected_next_offsets,
+    load_progress,
     plan_batch,
     progress_after,
     progress_key,
@@ -355,13 +356,16 @@ class S3StreamSink:
     def _append_payloads(
         self, batch_id: int, query_id: str, payloads: PayloadTable, t0: float, encode_s: float
     ) -> BatchStats:
+        if len(query_id.encode()) > QUERY_ID_BYTES_MAX:
+            raise InvalidArgumentError(
+                f"query id {query_id[:40]!r}... is longer than {QUERY_ID_BYTES_MAX} bytes (UTF-8)"
+            )
         refs = payloads.refs()
         streams = self._ensure_streams()
         committed = self._committed()
         chunks = chunk_payloads(refs, self.chunk_bytes_max, kv_bytes_max=self._chunk_kv_bytes_max(committed))
-        key = progress_key(query_id)
-        raw = self.client.kv.get(key)
-        progress = None if raw is None else Progress.decode(raw, key=key)
+        key = progress_key(query_id, self.topic_name)
+        progress = load_progress(self.client.kv.get, query_id, self.topic_name, committed)
         plan = plan_batch(progress, batch_id, chunks)
         next_offsets = expected_next_offsets(committed, chunks, plan)
         self._check_next_offsets(streams, next_offsets, batch_id)

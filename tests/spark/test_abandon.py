@@ -113,7 +113,7 @@ def _stream_ends(sink: S3StreamSink) -> list[int]:
 
 
 def _kv_state(client: SyncClient, *query_ids: str) -> list[bytes | None]:
-    keys = [committed_key("t"), writer_key("t"), *(progress_key(q) for q in query_ids)]
+    keys = [committed_key("t"), writer_key("t"), *(progress_key(q, "t") for q in query_ids)]
     return [client.kv.get(k) for k in keys]
 
 
@@ -280,7 +280,7 @@ def test_the_tool_writes_both_records_in_one_append_atomic(tmp_path: Path) -> No
         before = _kv_state(client, "q")
         with pytest.raises(UnavailableError, match="injected"):
             abandon_unfinished(client, "t")
-        assert calls == [(0, sorted([committed_key("t"), progress_key("q")]))]
+        assert calls == [(0, sorted([committed_key("t"), progress_key("q", "t")]))]
         assert _kv_state(client, "q") == before, "all or nothing"
         client.append_atomic = real  # type: ignore[method-assign]
         abandon_unfinished(client, "t")
@@ -333,12 +333,12 @@ def test_foreign_records_alone_are_discarded_without_touching_any_query(tmp_path
     with small_chunk_sink(data_dir, "q") as sink:
         _write(sink, 0, 0)
         sink._ensure_streams()[1].append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
-        progress = sink.client.kv.get(progress_key("q"))
+        progress = sink.client.kv.get(progress_key("q", "t"))
     plan = abandon_unfinished(data_dir, "t")
     assert (plan.query_id, plan.discard_count) == (None, 1)
     assert plan.new_committed.discarded == (DiscardedRange(1, ROWS // 2, ROWS // 2 + 1),)
     with small_chunk_sink(data_dir, "q") as sink:
-        assert sink.client.kv.get(progress_key("q")) == progress
+        assert sink.client.kv.get(progress_key("q", "t")) == progress
         _write(sink, 1, ROWS)
         assert _keys(sink) == list(range(2 * ROWS))
         # a second discard right behind the first one on the same partition merges with it
@@ -356,19 +356,19 @@ def test_version_1_records_are_read_and_an_unfinished_version_1_batch_is_found(t
     data_dir = tmp_path / "engine"
     _leave_batch_unfinished(data_dir)
     with open_sync(data_dir) as client:
-        raw = client.kv.get(progress_key("q"))
+        raw = client.kv.get(progress_key("q", "t"))
         assert raw is not None
         progress = Progress.decode(raw, key="k")
         v1 = json.loads(raw)
         del v1["abandoned"]
-        client.kv.put(progress_key("q"), json.dumps({**v1, "version": 1}).encode())
+        client.kv.put(progress_key("q", "t"), json.dumps({**v1, "version": 1}).encode())
         half = ROWS // 2
         client.kv.put(
             committed_key("t"),
             json.dumps({"version": 1, "ends": [half, half], "query_id": "q", "batch_id": 0}).encode(),
         )
         client.kv.delete(writer_key("t"))
-        assert Progress.decode(client.kv.get(progress_key("q")) or b"", key="k") == progress
+        assert Progress.decode(client.kv.get(progress_key("q", "t")) or b"", key="k") == progress
         plan = abandon_unfinished(client, "t", dry_run=True)
         assert (plan.query_id, plan.progress) == ("q", progress), "found through the committed record"
         assert _keys(client) == list(range(ROWS))

@@ -7,12 +7,14 @@ from dataclasses import replace
 
 import pytest
 
+from s3stream.engine.walbody import KV_HEADER
 from s3stream.errors import ConflictError, CorruptionError
 from spark_sink.abandon import NothingToDiscardError, PartitionState, plan_abandon
 from spark_sink.protocol import (
     APPEND_OVERHEAD_BYTES,
     DISCARDED_RANGES_MAX,
     KV_OVERHEAD_BYTES,
+    QUERY_ID_BYTES_MAX,
     Committed,
     DiscardedRange,
     PayloadRef,
@@ -22,8 +24,12 @@ from spark_sink.protocol import (
     committed_after,
     committed_bytes_max,
     expected_next_offsets,
+    legacy_progress_key,
+    load_progress,
     plan_batch,
     progress_after,
+    progress_key,
+    writer_key,
 )
 
 
@@ -237,7 +243,7 @@ def test_plan_abandon_moves_the_ends_past_every_discarded_range_and_marks_the_ba
     ), "[5, 20) and [20, 25) of partition 1 merge"
     assert plan.new_progress == Progress(4, 5, 2, 99, abandoned=True)
     assert plan.discard_count == 10
-    assert set(plan.kv()) == {"spark_sink/topic/t/committed", "spark_sink/query/q/progress"}
+    assert set(plan.kv()) == {"spark_sink/topic/t/committed", "spark_sink/query/q/topic/t/progress"}
     # foreign records only: no progress record changes
     foreign = plan_abandon("t", committed, _states(committed, [11, 20, 30]), query_id=None, progress=None)
     assert set(foreign.kv()) == {"spark_sink/topic/t/committed"}
@@ -248,3 +254,33 @@ def test_plan_abandon_moves_the_ends_past_every_discarded_range_and_marks_the_ba
         plan_abandon("t", committed, _states(committed, [10, 20, 30]), query_id=None, progress=None)
     with pytest.raises(CorruptionError, match="below the committed end"):
         plan_abandon("t", committed, _states(committed, [9, 20, 30]), query_id=None, progress=None)
+
+
+def test_progress_is_kept_per_query_and_topic() -> None:
+    assert progress_key("q", "a") != progress_key("q", "b")
+    kv = {progress_key("q", "a"): Progress(3, 2, 2, 7).encode()}
+    empty = Committed.empty(2)
+    assert load_progress(kv.get, "q", "a", empty) == Progress(3, 2, 2, 7)
+    assert load_progress(kv.get, "q", "b", empty) is None, "another topic of the same query starts fresh"
+
+
+def test_a_legacy_progress_record_counts_only_for_a_topic_its_query_wrote() -> None:
+    legacy = Progress(5, 4, 2, 99)
+    kv = {legacy_progress_key("q"): legacy.encode()}
+    by_q = Committed((10, 10), "q", 4, ())
+    by_other = Committed((10, 10), "other", 4, ())
+    assert load_progress(kv.get, "q", "t", by_q) == legacy, "the committed record names the query"
+    assert load_progress(kv.get, "q", "t", by_other) is None
+    kv[writer_key("t")] = Writer("q", 5).encode()
+    assert load_progress(kv.get, "q", "t", by_other) == legacy, "the writer record names the query"
+    kv[progress_key("q", "t")] = Progress(6, 1, 1, 1).encode()
+    assert load_progress(kv.get, "q", "t", by_q) == Progress(6, 1, 1, 1), "the per-topic record wins"
+
+
+def test_the_kv_budget_holds_the_longest_progress_and_writer_records() -> None:
+    query_id, topic = "q" * QUERY_ID_BYTES_MAX, "t" * 200  # the longest the sink and topics allow
+    largest = 2**63 - 1
+    progress = Progress(largest, largest, largest, 2**32 - 1, abandoned=False)
+    writer = Writer(query_id, largest)
+    records = [(progress_key(query_id, topic), progress.encode()), (writer_key(topic), writer.encode())]
+    assert sum(KV_HEADER.size + len(k.encode()) + len(v) for k, v in records) <= KV_OVERHEAD_BYTES

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from s3stream.errors import ConflictError, OffsetOutOfRangeError, UnavailableError
+from s3stream.errors import ConflictError, InvalidArgumentError, OffsetOutOfRangeError, UnavailableError
 from s3stream.model import RecordBatch
 from spark_sink.abandon import abandon_unfinished
 from spark_sink.kafka_codec import encode_batch
-from spark_sink.protocol import committed_key, progress_key
+from spark_sink.protocol import QUERY_ID_BYTES_MAX, committed_key, progress_key
 from spark_sink.reader import read_records
 from spark_sink.sink import S3StreamSink
 from tests.spark.sinks import ROWS, Appends, small_chunk_sink
@@ -98,7 +98,7 @@ def test_an_unfinished_micro_batch_is_invisible_until_its_replay_completes_it(
 def test_a_foreign_append_is_refused_before_anything_is_written(spark: Any, tmp_path: Path) -> None:
     with small_chunk_sink(tmp_path / "engine", "q") as sink:
         sink(_rows(spark, 0), 0)
-        progress = sink.client.kv.get(progress_key("q"))
+        progress = sink.client.kv.get(progress_key("q", "t"))
         stream = sink._ensure_streams()[1]
         stream.append(RecordBatch(bytes(encode_batch([b"x"], [b"foreign"], [0])), 1))
         with pytest.raises(
@@ -106,7 +106,7 @@ def test_a_foreign_append_is_refused_before_anything_is_written(spark: Any, tmp_
         ):
             sink(_rows(spark, ROWS), 1)
         assert _raw_count(sink) == ROWS + 1, "nothing of batch 1 was written"
-        assert sink.client.kv.get(progress_key("q")) == progress
+        assert sink.client.kv.get(progress_key("q", "t")) == progress
         assert _keys(sink) == list(range(ROWS)), "the foreign record is past the committed end"
 
 
@@ -115,7 +115,7 @@ def test_a_foreign_append_racing_a_call_is_refused_before_the_chunk_is_written(
 ) -> None:
     with small_chunk_sink(tmp_path / "engine", "q") as sink:
         sink(_rows(spark, 0), 0)
-        progress = sink.client.kv.get(progress_key("q"))
+        progress = sink.client.kv.get(progress_key("q", "t"))
         stream = sink._ensure_streams()[0]
 
         def foreign_append_first(call: int) -> None:
@@ -126,7 +126,7 @@ def test_a_foreign_append_racing_a_call_is_refused_before_the_chunk_is_written(
         with pytest.raises(ConflictError, match="chunk 0 was refused"):
             sink(_rows(spark, ROWS), 1)
         assert _raw_count(sink) == ROWS + 1, "nothing of batch 1 was written"
-        assert sink.client.kv.get(progress_key("q")) == progress, "nor its progress record"
+        assert sink.client.kv.get(progress_key("q", "t")) == progress, "nor its progress record"
         sink.client.append_atomic = real  # type: ignore[method-assign]
         with pytest.raises(ConflictError, match="ends at offset"):
             sink(_rows(spark, ROWS), 1)  # the streams hold a record outside the protocol
@@ -173,3 +173,39 @@ def test_a_foreign_append_racing_the_last_chunk_never_becomes_visible(spark: Any
     with small_chunk_sink(tmp_path / "engine", "q2") as sink:
         sink(_rows(spark, 10 * ROWS), 0)
         assert _keys(sink) == [*range(ROWS), *range(10 * ROWS, 11 * ROWS)]
+
+
+def test_one_query_writes_two_topics_through_two_sinks_exactly_once(spark: Any, tmp_path: Path) -> None:
+    # Progress records used to be keyed by query id alone: topic u's batch 0 read topic t's "batch 0
+    # complete" and wrote nothing (silent loss; with other rows than t's, a ConflictError).
+    with small_chunk_sink(tmp_path / "engine", "q") as sink_t:
+        sink_u = S3StreamSink(
+            client=sink_t.client,
+            topic="u",
+            partitions=2,
+            stream_column="p",
+            query_id="q",
+            batch_bytes_target=8192,
+            record_bytes_max=4096,
+            chunk_bytes_max=20_000,
+        )
+        with sink_u:
+            for batch in (0, 1):
+                sink_t(_rows(spark, batch * ROWS), batch)
+                sink_u(_rows(spark, batch * ROWS), batch)  # the same rows to both topics
+            for sink in (sink_t, sink_u):  # Spark's replay of batch 1
+                sink(_rows(spark, ROWS), 1)
+                assert sink.history[-1].chunks_written == 0
+            t_keys = sorted(int(r.key or b"") for recs in read_records(sink_t, "t").values() for r in recs)
+            u_keys = sorted(int(r.key or b"") for recs in read_records(sink_u, "u").values() for r in recs)
+    assert t_keys == list(range(2 * ROWS))
+    assert u_keys == list(range(2 * ROWS))
+
+
+def test_a_query_id_too_long_for_the_kv_budget_is_refused_before_anything_is_written(
+    spark: Any, tmp_path: Path
+) -> None:
+    with small_chunk_sink(tmp_path / "engine", "q" * (QUERY_ID_BYTES_MAX + 1)) as sink:
+        with pytest.raises(InvalidArgumentError, match="query id"):
+            sink(_rows(spark, 0), 0)
+        assert _raw_count(sink) == 0

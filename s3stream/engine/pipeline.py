@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from s3stream.config import Config
-from s3stream.engine.logcache import CachedBatch, LogCache, LogCacheBlock
+from s3stream.engine.logcache import CachedBatch, CachedRecords, LogCache, LogCacheBlock
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.upload import ObjectUploader, StreamGroup, UploadPlan, plan_upload
@@ -50,6 +50,8 @@ RELEASED_STREAMS_PER_TURN = 128
 FROZEN_STREAMS_PER_TURN = 256
 """Stream caches of a committed block turned into rows per event-loop turn (~0.2 ms: a 1,000-stream
 block of 8 records each takes ~0.75 ms; see ``LogCache.freeze_steps``)."""
+PLAN_STREAMS_PER_TURN = 256
+"""Streams of an archived block read into the upload plan per event-loop turn (~0.1-0.3 ms)."""
 COMMIT_REVALIDATE_MAX = 8
 """Commit rejections in a row without a stream to drop before the engine gives up (data stays in the WAL)."""
 _NODE_LEVEL_CODES = (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST)
@@ -180,13 +182,13 @@ class UploadPipeline:
             task.done.set()
 
     async def _upload(self, task: UploadTask) -> None:
-        plan = plan_upload(
-            _streams_of(task.block), split_size_bytes=self.config.stream_object_split_size_bytes
-        )
         if self._active_count == 0:
             self._busy_since_s = self.clock()
         self._active_count += 1
         try:
+            plan = plan_upload(
+                await _streams_of(task.block), split_size_bytes=self.config.stream_object_split_size_bytes
+            )
             if task.prev is not None:
                 await task.prev.prepared.wait()
             await self._slots.acquire()
@@ -352,12 +354,18 @@ async def _free_in_turns(holders: list[object]) -> None:
         del holders[-RELEASED_STREAMS_PER_TURN:]
 
 
-def _streams_of(block: LogCacheBlock) -> StreamGroup:
-    """The archived block's records by stream (ascending id): its own item lists, which no longer
-    change, with payload sizes from the cache's tallies (no per-record work, no object per stream)."""
+async def _streams_of(block: LogCacheBlock) -> StreamGroup:
+    """The archived block's records by stream (ascending id): its own stream caches, which no longer
+    change, as the writer's columns, with payload sizes from the cache's tallies (no per-record work,
+    no object per stream), ``PLAN_STREAMS_PER_TURN`` streams per event-loop turn."""
+    stream_ids = list(block.streams.keys())
     caches = list(block.streams.values())
-    return StreamGroup.of_columns(
-        list(block.streams.keys()),
-        [cache.items for cache in caches],
-        [cache.size_bytes - RECORD_HEADER_SIZE * len(cache.items) for cache in caches],
-    )
+    items: list[CachedRecords] = []
+    payload_bytes: list[int] = []
+    for start in range(0, len(caches), PLAN_STREAMS_PER_TURN):
+        if start:
+            await asyncio.sleep(0)
+        for cache in caches[start : start + PLAN_STREAMS_PER_TURN]:
+            items.append(cache.items)
+            payload_bytes.append(cache.size_bytes - RECORD_HEADER_SIZE * len(cache.payloads))
+    return StreamGroup.of_columns(stream_ids, items, payload_bytes, caches)

@@ -32,7 +32,7 @@ from s3stream.metadata.base import (
     StreamOffsetRange,
 )
 from s3stream.objectformat import ObjectWriter, object_key
-from s3stream.objectformat.writer import RecordFields
+from s3stream.objectformat.writer import RecordColumns, RecordFields
 from s3stream.storage.base import ObjectStorage
 
 OBJECT_WRITES_INFLIGHT_MAX = 4
@@ -52,6 +52,9 @@ class StreamRecords:
     stream_id: int
     records: Sequence[RecordFields]
     payload_bytes: int
+    columns: RecordColumns | None = None
+    """The same records as columns (the LogCache's stream cache), if the producer has them: the
+    object writer encodes from these without a tuple per record."""
 
     @classmethod
     def of(cls, stream_id: int, records: Sequence[RecordFields]) -> StreamRecords:
@@ -76,13 +79,14 @@ class StreamGroup(Sequence[StreamRecords]):
     per stream would reach the collector's oldest generation on every upload (1,000 streams: 1,000
     more objects to scan in each full collection until they die). Items are built when read."""
 
-    __slots__ = ("payload_bytes", "records", "stream_ids")
+    __slots__ = ("columns", "payload_bytes", "records", "stream_ids")
 
     def __init__(self, streams: Iterable[StreamRecords] = ()) -> None:
         listed = list(streams)
         self.stream_ids = tuple(s.stream_id for s in listed)
         self.records = tuple(s.records for s in listed)
         self.payload_bytes = tuple(s.payload_bytes for s in listed)
+        self.columns: tuple[RecordColumns | None, ...] = tuple(s.columns for s in listed)
 
     @classmethod
     def of_columns(
@@ -90,14 +94,17 @@ class StreamGroup(Sequence[StreamRecords]):
         stream_ids: Sequence[int],
         records: Sequence[Sequence[RecordFields]],
         payload_bytes: Sequence[int],
+        columns: Sequence[RecordColumns | None] | None = None,
     ) -> StreamGroup:
         assert len(stream_ids) == len(records) == len(payload_bytes)
+        assert columns is None or len(columns) == len(stream_ids)
         group = cls()
         group.stream_ids, group.records, group.payload_bytes = (
             tuple(stream_ids),
             tuple(records),
             tuple(payload_bytes),
         )
+        group.columns = (None,) * len(stream_ids) if columns is None else tuple(columns)
         return group
 
     def take(self, indexes: Sequence[int]) -> StreamGroup:
@@ -106,6 +113,7 @@ class StreamGroup(Sequence[StreamRecords]):
             [self.stream_ids[i] for i in indexes],
             [self.records[i] for i in indexes],
             [self.payload_bytes[i] for i in indexes],
+            [self.columns[i] for i in indexes],
         )
 
     def __len__(self) -> int:
@@ -120,7 +128,9 @@ class StreamGroup(Sequence[StreamRecords]):
     def __getitem__(self, index: int | slice) -> StreamRecords | StreamGroup:
         if isinstance(index, slice):
             return StreamGroup(self[i] for i in range(*index.indices(len(self))))
-        return StreamRecords(self.stream_ids[index], self.records[index], self.payload_bytes[index])
+        return StreamRecords(
+            self.stream_ids[index], self.records[index], self.payload_bytes[index], self.columns[index]
+        )
 
     def __repr__(self) -> str:
         return f"StreamGroup(stream_ids={self.stream_ids!r})"
@@ -154,12 +164,19 @@ def plan_upload(streams: Sequence[StreamRecords], *, split_size_bytes: int) -> U
 
 
 async def _ranges_of(streams: StreamGroup) -> tuple[StreamOffsetRange, ...]:
-    """The StreamSet object's ranges for its commit, ``RANGES_PER_TURN`` per event-loop turn."""
+    """The StreamSet object's ranges for its commit, ``RANGES_PER_TURN`` per event-loop turn (from the
+    columns where the streams have them: no StreamRecords, no record tuple built)."""
     ranges: list[StreamOffsetRange] = []
+    ids, columns, payload_bytes = streams.stream_ids, streams.columns, streams.payload_bytes
     for start in range(0, len(streams), RANGES_PER_TURN):
         if start:
             await asyncio.sleep(0)
-        ranges.extend(_range_of(streams[i]) for i in range(start, min(len(streams), start + RANGES_PER_TURN)))
+        for i in range(start, min(len(streams), start + RANGES_PER_TURN)):
+            c = columns[i]
+            if c is None:
+                ranges.append(_range_of(streams[i]))
+            else:
+                ranges.append(StreamOffsetRange(StreamId(ids[i]), c.bases[0], c.end, payload_bytes[i]))
     return tuple(ranges)
 
 
@@ -262,22 +279,56 @@ class ObjectUploader:
         try:
             # Encoding is CPU work on the event loop: hand it over in slices of about
             # WRITE_SLICE_BYTES (sized from each stream's mean record) so appends keep flowing.
-            unyielded_bytes = 0
-            for stream in streams:
-                count = len(stream.records)
-                step = max(1, WRITE_SLICE_BYTES * count // max(1, stream.payload_bytes))
-                for start in range(0, count, step):
-                    end = min(count, start + step)
-                    await writer.write_fields(stream.records, start, end)
-                    unyielded_bytes += stream.payload_bytes * (end - start) // count
-                    if unyielded_bytes >= WRITE_SLICE_BYTES:
-                        unyielded_bytes = 0
-                        await asyncio.sleep(0)
-            written = await writer.close()
+            if isinstance(streams, StreamGroup) and None not in streams.columns:
+                await _encode_group(writer, streams)
+            else:
+                await _encode_records(writer, streams)
+            return await writer.finish()
         except BaseException:
             await asyncio.shield(_abort_quietly(upload))
             raise
-        return int(written.size_bytes)
+
+
+async def _encode_records(writer: ObjectWriter, streams: Sequence[StreamRecords]) -> None:
+    """Encode the streams' records in slices of about ``WRITE_SLICE_BYTES`` (sized from each stream's
+    mean record), a loop turn between slices: encoding is CPU work on the event loop."""
+    unyielded_bytes = 0
+    for stream in streams:
+        count = len(stream.records)
+        step = max(1, WRITE_SLICE_BYTES * count // max(1, stream.payload_bytes))
+        columns = stream.columns
+        for start in range(0, count, step):
+            end = min(count, start + step)
+            if columns is not None:
+                await writer.write_columns(columns, start, end)
+            else:
+                await writer.write_fields(stream.records, start, end)
+            unyielded_bytes += stream.payload_bytes * (end - start) // count
+            if unyielded_bytes >= WRITE_SLICE_BYTES:
+                unyielded_bytes = 0
+                await asyncio.sleep(0)
+
+
+async def _encode_group(writer: ObjectWriter, group: StreamGroup) -> None:
+    """:func:`_encode_records` of streams that all have columns: runs of small streams go to the
+    writer in one call per slice (a call per stream of a few records cost ~5 us, more than its
+    records), a stream of a slice or more is cut into slices of its records."""
+    columns = group.columns
+    payload_bytes = group.payload_bytes
+    n = len(columns)
+    i = 0
+    while i < n:
+        if payload_bytes[i] >= WRITE_SLICE_BYTES:
+            await _encode_records(writer, (group[i],))
+            i += 1
+            continue
+        j, slice_bytes = i, 0
+        while j < n and slice_bytes < WRITE_SLICE_BYTES and payload_bytes[j] < WRITE_SLICE_BYTES:
+            slice_bytes += payload_bytes[j]
+            j += 1
+        await writer.write_streams(columns[i:j])  # type: ignore[arg-type]  # no None: checked by the caller
+        i = j
+        await asyncio.sleep(0)
 
 
 async def _abort_quietly(upload: object) -> None:

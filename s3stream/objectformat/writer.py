@@ -9,9 +9,11 @@ the footer. The whole object is never held in memory.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Protocol
 
 from crc32c import crc32c
 
@@ -42,6 +44,30 @@ _BLANK_BLOCK_HEADER = bytes(DATA_BLOCK_HEADER_SIZE)
 RecordFields = tuple[int, int, int, int, bytes]
 """(stream id, epoch, base offset, count, payload): a record batch as :meth:`ObjectWriter.write_fields`
 takes it (the LogCache's form; ``StreamRecordBatch(*fields)`` is the same batch)."""
+_RECORD_PREFIX = struct.Struct(RECORD_HEADER.format[:4])
+"""The record header's first fields (magic, stream id, epoch): one stream's records share them."""
+_RECORD_TAIL = struct.Struct(">" + RECORD_HEADER.format[4:])
+"""The rest (base offset, count, payload length): ``prefix + tail`` is :data:`RECORD_HEADER`."""
+assert _RECORD_PREFIX.size + _RECORD_TAIL.size == RECORD_HEADER_SIZE
+
+
+class RecordColumns(Protocol):
+    """One stream's contiguous records as columns (the LogCache's ``StreamCache`` is one): record
+    ``i`` is ``(stream_id, epoch if epochs is None else epochs[i], bases[i], count, payloads[i])``
+    with ``count = bases[i + 1] - bases[i]`` (``end - bases[i]`` for the last one)."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def epoch(self) -> int | None: ...
+    @property
+    def epochs(self) -> Sequence[int] | None: ...
+    @property
+    def bases(self) -> Sequence[int]: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def payloads(self) -> Sequence[bytes]: ...
 
 
 @dataclass(frozen=True)
@@ -157,6 +183,52 @@ class ObjectWriter:
         finally:
             self._busy = False
 
+    async def write_columns(self, columns: RecordColumns, start: int = 0, end: int | None = None) -> None:
+        """:meth:`write_fields` of records ``[start, end)`` of one stream given as columns (no tuple per
+        record: ~0.3 us a 1 KiB record against ~1 us through field tuples), checked as encoded."""
+        if columns.epoch is None:  # mixed epochs (the stream was reopened within one block): rare
+            epochs = columns.epochs
+            assert epochs is not None
+            bases, payloads, sid = columns.bases, columns.payloads, columns.stream_id
+            n = len(bases) if end is None else end
+            nexts = [*bases[start + 1 : n], columns.end] if n == len(bases) else bases[start + 1 : n + 1]
+            records = [
+                (sid, epochs[i], bases[i], nexts[i - start] - bases[i], payloads[i]) for i in range(start, n)
+            ]
+            await self.write_fields(records)
+            return
+        self._enter()
+        try:
+            i, n = start, len(columns.bases) if end is None else end
+            while i < n:
+                i = self._encode_columns(columns, columns.epoch, i, n)
+                await self._maybe_flush_part()
+        except InvalidArgumentError:
+            self._closed = True
+            raise
+        finally:
+            self._busy = False
+
+    async def write_streams(self, streams: Sequence[RecordColumns]) -> None:
+        """:meth:`write_columns` of every record of each stream in turn, in one call (an upload of
+        1,000 streams of a few records each spent more on a call per stream than on its records)."""
+        for columns in streams:
+            if columns.epoch is None:
+                await self.write_columns(columns)
+                continue
+            self._enter()
+            try:
+                i, n = 0, len(columns.bases)
+                while i < n:
+                    i = self._encode_columns(columns, columns.epoch, i, n)
+                    if self._open_stream is None and len(self._buf) >= self._part_size_bytes:
+                        await self._flush_part()
+            except InvalidArgumentError:
+                self._closed = True
+                raise
+            finally:
+                self._busy = False
+
     async def write_block(self, entry: IndexEntry, block: bytes | bytearray | memoryview) -> None:
         """Append one whole encoded data block verbatim (compaction copies); its position is re-based."""
         self._enter()
@@ -183,6 +255,12 @@ class ObjectWriter:
 
     async def close(self) -> WrittenObject:
         """Write the remaining blocks, the index block, the checksum section and the footer; publish."""
+        size_bytes = await self.finish()
+        return WrittenObject(self._upload.key, size_bytes, tuple(IndexEntry(*row) for row in self._entries))
+
+    async def finish(self) -> int:
+        """:meth:`close`, returning only the object's size: no :class:`IndexEntry` object is built
+        (~0.5 us each; an upload of 1,000 streams needs none of them)."""
         self._enter()
         try:
             self._cut_block()
@@ -199,7 +277,7 @@ class ObjectWriter:
                 f"storage reports {size_bytes} bytes for an object of {expected_size} bytes",
                 source=self._upload.key,
             )
-        return WrittenObject(self._upload.key, size_bytes, tuple(IndexEntry(*row) for row in self._entries))
+        return size_bytes
 
     async def abort(self) -> None:
         """Give up: nothing of the object becomes visible. Allowed at any time, also after a failure."""
@@ -341,6 +419,91 @@ class ObjectWriter:
         self._open_count, self._open_payload_bytes = record_count, payload_bytes
         if stream is not None:
             self._last_stream, self._last_end = stream, last_end
+        if full:
+            self._cut_block()
+        return i
+
+    def _encode_columns(self, columns: RecordColumns, epoch: int, i: int, n: int) -> int:
+        """:meth:`_encode_from` of records ``[i, n)`` of one stream's columns with one epoch."""
+        stream_id = columns.stream_id
+        bases = columns.bases
+        last_stream, last_end = self._last_stream, self._last_end
+        if not (
+            (stream_id > last_stream or (stream_id == last_stream and bases[i] >= last_end))
+            and 0 <= stream_id <= I64_MAX
+            and -(1 << 63) <= epoch <= I64_MAX
+            and bases[i] >= 0
+            and columns.end <= I64_MAX
+        ):
+            raise InvalidArgumentError(
+                f"records of stream {stream_id} (epoch {epoch}) from offset {bases[i]} out of range or "
+                f"out of (stream id, offset) order after stream {last_stream} end offset {last_end}"
+            )
+        count = len(bases)
+        if i == 0 and n == count:  # the whole stream (the common case): no slice of the payloads
+            payloads = columns.payloads
+            records = zip(bases, [*bases[1:], columns.end], payloads, strict=True)
+        else:
+            nexts = bases[i + 1 : n + 1]
+            records = zip(
+                bases[i:n], [*nexts, columns.end] if n == count else nexts, columns.payloads[i:n], strict=True
+            )
+        buf = self._buf
+        pack = _RECORD_TAIL.pack
+        prefix = _RECORD_PREFIX.pack(RECORD_MAGIC, stream_id, epoch)
+        threshold = self._block_size_bytes
+        # the open block's data (after its header) must stay <= BLOCK_DATA_MAX_BYTES
+        room_max = BLOCK_DATA_MAX_BYTES + DATA_BLOCK_HEADER_SIZE - RECORD_HEADER_SIZE
+        payload_max = BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE
+        open_at = self._open_at
+        start_offset = self._open_start_offset
+        record_count = self._open_count
+        payload_bytes = self._open_payload_bytes
+        if self._open_stream is not None and self._open_stream != stream_id:
+            self._cut_block()
+            if len(buf) >= self._part_size_bytes:  # let the caller hand out a part first
+                return i
+        full = False
+        for base, end_offset, payload in records:
+            length = len(payload)
+            if not (1 <= end_offset - base <= I32_MAX and end_offset <= I64_MAX and length <= payload_max):
+                self._open_count, self._open_payload_bytes, self._last_end = (
+                    record_count,
+                    payload_bytes,
+                    last_end,
+                )
+                raise InvalidArgumentError(
+                    f"record of stream {stream_id} at offset {base}: count {end_offset - base} or payload "
+                    f"{length} bytes out of range"
+                )
+            if (
+                self._open_stream is None
+                or len(buf) - open_at + length > room_max
+                or (end_offset - start_offset > I32_MAX)
+            ):
+                if self._open_stream is not None:
+                    self._open_count, self._last_end = record_count, last_end
+                    self._cut_block()
+                    if len(buf) >= self._part_size_bytes:  # let the caller hand out a part first
+                        self._last_stream = stream_id
+                        return i
+                open_at = len(buf)
+                start_offset = base
+                record_count = payload_bytes = 0
+                self._open_stream, self._open_at, self._open_start_offset = stream_id, open_at, base
+                buf += _BLANK_BLOCK_HEADER  # filled in when the block is cut
+            buf += prefix
+            buf += pack(base, end_offset - base, length)
+            buf += payload
+            i += 1
+            record_count += 1
+            payload_bytes += length
+            last_end = end_offset
+            if payload_bytes >= threshold:
+                full = True
+                break
+        self._open_count, self._open_payload_bytes = record_count, payload_bytes
+        self._last_stream, self._last_end = stream_id, last_end
         if full:
             self._cut_block()
         return i

@@ -32,11 +32,11 @@ from s3stream.objectformat.codec import (
     ObjectTail,
     check_block_header,
     decode_block,
-    decode_block_gapless,
     decode_tail,
     tail_guess_bytes,
     verify_crc,
 )
+from s3stream.objectformat.decode import decode_data_block
 from s3stream.record import StreamRecordBatch
 
 NO_END_OFFSET = -1
@@ -98,7 +98,7 @@ class DataBlock:
         records = self._records
         if records is None:
             assert self._data is not None
-            records, self._contiguous = decode_block_gapless(self._data, 0, self.entry, source=self._source)
+            records, self._contiguous = decode_data_block(self._data, self.entry, source=self._source)
             self._records = records
             self._data = None
         return records

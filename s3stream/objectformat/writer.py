@@ -3,12 +3,13 @@
 Layout: ``docs/format.md`` section 2. Blocks hold one stream each and are cut when their payload
 bytes reach ``block_size_bytes`` (the counter restarts for every stream and every block). Completed
 blocks wait in a buffer until they reach ``part_size_bytes`` and are then handed to
-``Upload.write`` as one part; ``close`` writes the rest, the index block, the checksum section and
+``Upload.write`` as one part (one ``bytes``: the buffer itself, not a copy); ``close`` writes the rest, the index block, the checksum section and
 the footer. The whole object is never held in memory.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -126,9 +127,13 @@ class ObjectWriter:
         self._upload = upload
         self._block_size_bytes = block_size_bytes
         self._part_size_bytes = max(MIN_PART_SIZE_BYTES, part_size_bytes)
-        self._buf = bytearray()
-        """Bytes not yet handed to the upload; ``_buf[0]`` is object position ``_flushed_bytes``.
-        It grows by appending (realloc, no zero-filling) and is handed over whole at each part."""
+        self._bio = io.BytesIO()
+        """Bytes not yet handed to the upload (always written at its end); its first byte is object
+        position ``_flushed_bytes``. A part leaves as ``bytes`` (``getvalue`` hands over the buffer
+        itself, no copy), which the S3 upload keeps by reference: a bytearray part was copied into
+        the upload's pages (~1.3 ms of loop CPU per 8 MiB object, ~18 ms per 32 MiB one, mostly
+        page faults on the fresh pages).
+        It grows by appending (realloc, no zero-filling)."""
         self._flushed_bytes = 0
         self._entries: list[IndexRow] = []
         """The index so far, as plain tuples (untracked by the garbage collector while the object is
@@ -221,7 +226,7 @@ class ObjectWriter:
                 i, n = 0, len(columns.bases)
                 while i < n:
                     i = self._encode_columns(columns, columns.epoch, i, n)
-                    if self._open_stream is None and len(self._buf) >= self._part_size_bytes:
+                    if self._open_stream is None and self._bio.tell() >= self._part_size_bytes:
                         await self._flush_part()
             except InvalidArgumentError:
                 self._closed = True
@@ -235,8 +240,8 @@ class ObjectWriter:
         try:
             self._validate_block(entry, block)
             self._cut_block()
-            position = self._flushed_bytes + len(self._buf)
-            self._buf += block
+            position = self._flushed_bytes + self._bio.tell()
+            self._bio.write(block)
             self._entries.append(
                 (
                     entry.stream_id,
@@ -264,9 +269,9 @@ class ObjectWriter:
         self._enter()
         try:
             self._cut_block()
-            index_position = self._flushed_bytes + len(self._buf)
-            self._buf += encode_tail_rows(self._entries, self._crcs, index_position=index_position)
-            expected_size = self._flushed_bytes + len(self._buf)
+            index_position = self._flushed_bytes + self._bio.tell()
+            self._bio.write(encode_tail_rows(self._entries, self._crcs, index_position=index_position))
+            expected_size = self._flushed_bytes + self._bio.tell()
             self._closed = True  # one attempt: after a failure here the caller aborts
             await self._flush_part()
             size_bytes = await self._upload.complete()
@@ -282,7 +287,7 @@ class ObjectWriter:
     async def abort(self) -> None:
         """Give up: nothing of the object becomes visible. Allowed at any time, also after a failure."""
         self._closed = True
-        self._buf = bytearray()
+        self._bio = io.BytesIO()
         await self._upload.abort()
 
     # -- internals ------------------------------------------------------------------------------
@@ -355,7 +360,8 @@ class ObjectWriter:
         With ``check`` each record is validated as it is encoded (:meth:`write_fields`); a bad one
         raises ``InvalidArgumentError`` with the records before it encoded.
         """
-        buf = self._buf
+        write = self._bio.write
+        size = self._bio.tell()
         pack = RECORD_HEADER.pack
         threshold = self._block_size_bytes
         part_size = self._part_size_bytes
@@ -391,24 +397,26 @@ class ObjectWriter:
                 )
             if (
                 stream != stream_id
-                or len(buf) - open_at + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE)
+                or size - open_at + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE)
                 > BLOCK_DATA_MAX_BYTES
                 or end_offset - start_offset > I32_MAX
             ):
                 if stream is not None:
                     self._open_count, self._last_end = record_count, last_end
                     self._cut_block()
-                    if len(buf) >= part_size:  # let the caller hand out a part first
+                    if size >= part_size:  # let the caller hand out a part first
                         self._last_stream = stream
                         return i - 1
                 stream = stream_id
-                open_at = len(buf)
+                open_at = size
                 start_offset = base_offset
                 record_count = payload_bytes = 0
                 self._open_stream, self._open_at, self._open_start_offset = stream, open_at, start_offset
-                buf += _BLANK_BLOCK_HEADER  # filled in when the block is cut
-            buf += pack(RECORD_MAGIC, stream_id, epoch, base_offset, count, length)
-            buf += payload
+                write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
+                size += DATA_BLOCK_HEADER_SIZE
+            write(pack(RECORD_MAGIC, stream_id, epoch, base_offset, count, length))
+            write(payload)
+            size += RECORD_HEADER_SIZE + length
             record_count += 1
             payload_bytes += length
             last_end = end_offset
@@ -448,7 +456,8 @@ class ObjectWriter:
             records = zip(
                 bases[i:n], [*nexts, columns.end] if n == count else nexts, columns.payloads[i:n], strict=True
             )
-        buf = self._buf
+        write = self._bio.write
+        size = self._bio.tell()
         pack = _RECORD_TAIL.pack
         prefix = _RECORD_PREFIX.pack(RECORD_MAGIC, stream_id, epoch)
         threshold = self._block_size_bytes
@@ -461,7 +470,7 @@ class ObjectWriter:
         payload_bytes = self._open_payload_bytes
         if self._open_stream is not None and self._open_stream != stream_id:
             self._cut_block()
-            if len(buf) >= self._part_size_bytes:  # let the caller hand out a part first
+            if size >= self._part_size_bytes:  # let the caller hand out a part first
                 return i
         full = False
         for base, end_offset, payload in records:
@@ -478,23 +487,25 @@ class ObjectWriter:
                 )
             if (
                 self._open_stream is None
-                or len(buf) - open_at + length > room_max
+                or size - open_at + length > room_max
                 or (end_offset - start_offset > I32_MAX)
             ):
                 if self._open_stream is not None:
                     self._open_count, self._last_end = record_count, last_end
                     self._cut_block()
-                    if len(buf) >= self._part_size_bytes:  # let the caller hand out a part first
+                    if size >= self._part_size_bytes:  # let the caller hand out a part first
                         self._last_stream = stream_id
                         return i
-                open_at = len(buf)
+                open_at = size
                 start_offset = base
                 record_count = payload_bytes = 0
                 self._open_stream, self._open_at, self._open_start_offset = stream_id, open_at, base
-                buf += _BLANK_BLOCK_HEADER  # filled in when the block is cut
-            buf += prefix
-            buf += pack(base, end_offset - base, length)
-            buf += payload
+                write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
+                size += DATA_BLOCK_HEADER_SIZE
+            write(prefix)
+            write(pack(base, end_offset - base, length))
+            write(payload)
+            size += RECORD_HEADER_SIZE + length
             i += 1
             record_count += 1
             payload_bytes += length
@@ -512,10 +523,7 @@ class ObjectWriter:
         if self._open_stream is None:
             return
         at = self._open_at
-        size = len(self._buf) - at
-        DATA_BLOCK_HEADER.pack_into(
-            self._buf, at, DATA_BLOCK_MAGIC, DATA_BLOCK_FLAG, self._open_count, size - DATA_BLOCK_HEADER_SIZE
-        )
+        size = self._bio.tell() - at
         self._entries.append(
             (
                 self._open_stream,
@@ -526,22 +534,25 @@ class ObjectWriter:
                 size,
             )
         )
-        with memoryview(self._buf) as view:
+        with self._bio.getbuffer() as view:  # released at once: the buffer cannot grow meanwhile
+            DATA_BLOCK_HEADER.pack_into(
+                view, at, DATA_BLOCK_MAGIC, DATA_BLOCK_FLAG, self._open_count, size - DATA_BLOCK_HEADER_SIZE
+            )
             self._crcs.append(crc32c(view[at:]))
         self._open_stream = None
 
     async def _maybe_flush_part(self) -> None:
-        if self._open_stream is None and len(self._buf) >= self._part_size_bytes:
+        if self._open_stream is None and self._bio.tell() >= self._part_size_bytes:
             await self._flush_part()
 
     async def _flush_part(self) -> None:
-        """Hand every completed byte in the buffer to the upload (which then owns that buffer)."""
+        """Hand every completed byte in the buffer to the upload, as one ``bytes`` (no copy)."""
         assert self._open_stream is None
-        part = self._buf
+        part = self._bio.getvalue()
         if not part:
             return
         self._flushed_bytes += len(part)
-        self._buf = bytearray()
+        self._bio = io.BytesIO()
         try:
             await self._upload.write(part)
         except BaseException:

@@ -217,3 +217,35 @@ async def test_the_plan_reads_a_big_block_in_turns() -> None:
     assert turns - before >= 1000 // pipeline.PLAN_STREAMS_PER_TURN - 1
     assert list(group.stream_ids) == list(range(1000))
     assert group.payload_bytes == (100,) * 1000
+
+
+class RecordingUpload:
+    def __init__(self) -> None:
+        self.key = "k"
+        self.parts: list[object] = []
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.parts.append(data)
+
+    async def complete(self) -> int:
+        return sum(len(p) for p in self.parts)  # type: ignore[arg-type]
+
+    async def abort(self) -> None:
+        pass
+
+
+async def test_the_writer_hands_its_parts_over_as_bytes() -> None:
+    """An S3 upload keeps a ``bytes`` write by reference; a bytearray it must copy into its pages."""
+    upload = RecordingUpload()
+    writer = ObjectWriter(upload, block_size_bytes=4096, part_size_bytes=1)  # type: ignore[arg-type]
+    block = block_of(50, 4, payload_bytes=40_000)  # 8 MB: parts of 5 MiB (the minimum)
+    await writer.write_streams(list(block.streams.values()))
+    size = await writer.finish()
+    assert len(upload.parts) > 1
+    assert all(type(p) is bytes for p in upload.parts)
+    plain = MemoryObjectStorage()
+    streams = [
+        Columns(c.stream_id, c.epoch, c.epochs, c.bases, c.end, c.payloads) for c in block.streams.values()
+    ]
+    assert size == await write_plain(plain, "plain", streams, block_size_bytes=4096, part_size_bytes=1)
+    assert b"".join(upload.parts) == await plain.get("plain")  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ import asyncio
 import bisect
 import contextlib
 import dataclasses
+import itertools
 import operator
 import time
 from collections import OrderedDict
@@ -75,11 +76,16 @@ GET_OBJECTS_STEP = 4
 """Objects asked from metadata per window extension (AutoMQ's StreamReader)."""
 READ_RETRY_MAX = 2
 """Retries of a read whose objects were replaced under it."""
-MERGED_GET_MAX_BYTES = 8 * MiB
-"""Largest span of consecutive blocks fetched by one GET (AutoMQ's MAX_MERGE_READ_SIZE is 4 MiB; a
-GET costs the client about as much CPU as 1 MiB of data, so fewer, larger GETs pay)."""
+LOAD_TAIL_DIVISOR = 4
+"""A readahead load that would leave at most a quarter of its size of its object takes that rest
+along (see :func:`_plan_load`)."""
+MERGED_GET_MAX_BYTES = 8 * MiB + 8 * MiB // LOAD_TAIL_DIVISOR
+"""Largest span of consecutive blocks fetched by one GET: a default readahead load (8 MiB) plus the
+rest of its object it may take along (AutoMQ's MAX_MERGE_READ_SIZE is 4 MiB; a GET costs the client
+about as much CPU as 1 MiB of data, so fewer, larger GETs pay)."""
 __all__ = [
     "GET_OBJECTS_STEP",
+    "LOAD_TAIL_DIVISOR",
     "MERGED_GET_MAX_BYTES",
     "READAHEAD_TASKS_MAX",
     "READ_RETRY_MAX",
@@ -482,8 +488,13 @@ class ObjectStreamReader:
             # Best effort: the consumer's own read meets and reports the same errors.
             async with state.lock:  # plan under the lock so concurrent readaheads take disjoint blocks
                 start = max(state.next_offset, state.readahead_end_offset)
-                refs = await self._blocks_for_locked(state, start, _UNBOUNDED, size_bytes)
-                refs = _within(size_bytes, [r for r in refs if r.entry.start_offset >= start])
+                await self._blocks_for_locked(state, start, _UNBOUNDED, size_bytes)  # the window covers them
+                guard_bytes = self._readahead.free_guard_bytes or 0
+                refs = _plan_load(
+                    size_bytes,
+                    [r for r in state.window if r.entry.start_offset >= start],
+                    room_bytes=self._cache.free_bytes - guard_bytes,
+                )
                 if refs:
                     state.readahead_end_offset = refs[-1].entry.end_offset
                     self._prefetch_next_objects(state)
@@ -500,6 +511,28 @@ class ObjectStreamReader:
                         raise result
                 if not state.dropped:
                     self._maybe_readahead(state, 0)  # keep the pipeline full while the consumer works
+
+
+def _plan_load(size_bytes: int, candidates: Sequence[BlockRef], *, room_bytes: int) -> list[BlockRef]:
+    """The blocks of one readahead load: from the first of ``candidates`` (window blocks in offset
+    order), whole blocks of that block's object only, within ``size_bytes`` (at least one); and if
+    the rest of that object's blocks add up to at most ``size_bytes // LOAD_TAIL_DIVISOR`` (and fit
+    in ``room_bytes`` with the load), those too.
+
+    Loads that end where objects end stay aligned with them: a load that ran on into the next
+    object took a second GET there, and the loads after it started mid-object, so objects of
+    16 MiB and a bit, read with 8 MiB loads, took three data GETs each, two of them split; now two
+    (8 MiB, then the rest of the object)."""
+    if not candidates:
+        return []
+    object_id = candidates[0].object_id
+    same = list(itertools.takewhile(lambda r: r.object_id == object_id, candidates))
+    plan = _within(size_bytes, same)
+    rest_bytes = sum(r.entry.size_bytes for r in same[len(plan) :])
+    planned_bytes = sum(r.entry.size_bytes for r in plan)
+    if 0 < rest_bytes <= size_bytes // LOAD_TAIL_DIVISOR and planned_bytes + rest_bytes <= room_bytes:
+        return same
+    return plan
 
 
 def _within(size_bytes: int, refs: list[BlockRef]) -> list[BlockRef]:

@@ -31,7 +31,10 @@ class WalConfig:
     gets its own write). ``inflight_max_bytes`` bounds bytes accepted but not yet durable: appends wait
     beyond it (a single larger append or batch is admitted once nothing else is in flight).
     ``io_threads`` [s3.wal.thread] is how many write groups may be in flight at once (see
-    :attr:`groups_inflight_max`); completions are still in offset order.
+    :attr:`groups_inflight_max`); completions are still in offset order. ``aio``: ``"auto"`` writes
+    groups to an O_DIRECT file or block device with Linux native AIO from the event loop (no I/O
+    thread, no GIL hand-off: :mod:`wal.aio`) where the kernel offers it; ``"off"``, or a buffered or
+    in-memory device, writes them on the I/O threads.
     """
 
     capacity_bytes: int = 2 * GiB
@@ -42,6 +45,7 @@ class WalConfig:
     io_threads: int = 2
     on_full: Literal["error", "wait"] = "error"
     direct_io: Literal["auto", "on", "off"] = "auto"
+    aio: Literal["auto", "off"] = "auto"
     node_id: int = 0
     node_epoch: int = 0
 
@@ -90,6 +94,8 @@ class WalConfig:
             raise bad(f"on_full must be 'error' or 'wait', got {self.on_full!r}")
         if self.direct_io not in ("auto", "on", "off"):
             raise bad(f"direct_io must be 'auto', 'on' or 'off', got {self.direct_io!r}")
+        if self.aio not in ("auto", "off"):
+            raise bad(f"aio must be 'auto' or 'off', got {self.aio!r}")
         if not 0 <= self.node_id < 1 << 32:
             raise bad(f"node_id {self.node_id} not in [0, 2**32)")
         if not 0 <= self.node_epoch < 1 << 63:

@@ -16,6 +16,13 @@ the appenders a completion woke, so what they append next joins the next group. 
 flight and a large queue (256 KiB) waits, it is sealed as two groups written at once
 (:data:`_SPLIT_MIN_BYTES`).
 
+On an O_DIRECT file or block device (``aio="auto"``, Linux) a group is instead written with native
+AIO (:mod:`wal.aio`): the pump submits it itself and the kernel signals its completion on an eventfd
+the loop polls, so neither the write's start nor its completion waits for the GIL (an I/O thread gets
+the GIL only once the loop blocks: a write sealed in a busy loop turn waited for the turn's end to
+start, and a finished one for the next idle moment to report). A group that wraps (its padding record
+first), header writes and any submission the kernel refuses still go to the I/O threads.
+
 The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them and
 closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``
 does.
@@ -36,6 +43,7 @@ import os
 import queue
 import random
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +51,7 @@ from typing import Any
 
 from crc32c import crc32c
 
+from wal.aio import Aio, buffer_address
 from wal.config import WalConfig
 from wal.device import Device, aligned_buffer, open_device
 from wal.errors import (
@@ -142,6 +151,7 @@ class _Group:
         "req_bytes",
         "reqs",
         "slot",
+        "submitted",
     )
 
     def __init__(self, first_offset: int, pad_len: int, slot: int) -> None:
@@ -157,6 +167,7 @@ class _Group:
         self.end = 0  # aligned length of the write
         self.done = False  # its write returned (durable unless ``error``)
         self.error: BaseException | None = None
+        self.submitted = 0.0  # when its write was handed over (perf_counter; only if timed)
 
 
 class BlockWAL:
@@ -214,13 +225,24 @@ class BlockWAL:
         self._pbuf = aligned_buffer(config.block_size_bytes)
         self._zeros = bytes(config.block_size_bytes)
         self.mode = device.mode
-        self.stats = {"groups": 0, "records": 0, "bytes_written": 0, "headers": 0}
+        self.stats = {"groups": 0, "records": 0, "bytes_written": 0, "headers": 0, "aio_writes": 0}
         # A WAL dropped without close() closes its device (a file's descriptor and lock) once it is
         # unreachable: no job is queued or running then (every job holds the WAL), so nothing can
         # still use the descriptor. Not at interpreter exit (the process releases it anyway, and a
         # WAL still alive then may be mid-write on a daemon I/O thread).
         self._close_device = weakref.finalize(self, device.close)
         self._close_device.atexit = False
+        # Linux AIO (see _start_writer): the context, the descriptor it writes to, the write buffers'
+        # addresses (and the ctypes views that pin them), the groups in flight by write slot
+        self._aio: Aio | None = None
+        self._aio_fd = -1
+        self._aio_addrs: list[int] = []
+        self._aio_pins: list[object] = []
+        self._aio_groups: dict[int, _Group] = {}
+        self._stop_aio: weakref.finalize[Any, Any] | None = None
+        self.group_write_s: list[float] | None = None
+        """For benchmarks: when a list, each group write's time from its hand-over to its completion
+        reaching the loop is appended (seconds)."""
 
     # ------------------------------------------------------------------ open / recover / close
     @classmethod
@@ -377,6 +399,15 @@ class BlockWAL:
 
     async def _release(self) -> None:
         try:
+            aio = self._aio
+            if aio is not None:
+                # (the kernel finishes the writes still in flight before the context goes)
+                self._aio = None
+                self._loop.remove_reader(aio.fd)
+                if self._stop_aio is not None:
+                    self._stop_aio.detach()
+                await self._loop.run_in_executor(self._pool, aio.close)
+                self._aio_pins = []
             if self._threads:
                 self._stop_threads()
                 await self._loop.run_in_executor(self._pool, self._join_threads)
@@ -565,6 +596,18 @@ class BlockWAL:
         # The threads hold the job queue, not the WAL: a WAL dropped without close() becomes
         # unreachable once no job is queued or running, and then stops its threads.
         self._stop_threads = weakref.finalize(self, _stop_io_threads, self._jobs, self._k_max)
+        fd = getattr(self._device, "fd", None)
+        if self._config.aio == "auto" and getattr(self._device, "direct", False) and isinstance(fd, int):
+            aio = Aio.create(self._k_max)
+            if aio is not None:
+                pinned = [buffer_address(buf) for buf in self._wbufs]
+                self._aio_addrs = [address for address, _ in pinned]
+                self._aio_pins = [pin for _, pin in pinned]
+                self._aio, self._aio_fd = aio, fd
+                # (the reader holds the WAL weakly: a WAL dropped without close() stays unreachable)
+                self._loop.add_reader(aio.fd, _aio_ready, weakref.ref(self))
+                self._stop_aio = weakref.finalize(self, _drop_aio, self._loop, aio)
+                self._stop_aio.atexit = False
         self._started = True
         self._accepting = True
 
@@ -621,14 +664,56 @@ class BlockWAL:
             return False
         self._free_slots.pop()
         self._inflight.append(group)
+        if self.group_write_s is not None:
+            group.submitted = time.perf_counter()
+        aio = self._aio
+        if aio is not None and not group.pad_len:
+            try:
+                aio.submit_write(
+                    self._aio_fd,
+                    self._aio_addrs[group.slot],
+                    group.end,
+                    self._layout.phys(group.first_offset),
+                    group.slot,
+                )
+            except OSError:
+                pass  # (e.g. EAGAIN) this one goes to an I/O thread, which reports any lasting error
+            else:
+                self._aio_groups[group.slot] = group
+                self.stats["aio_writes"] += 1
+                return True
         self._jobs.put((self._write_group, group, self._write_done))
         return True
+
+    def _aio_reap(self) -> None:
+        """On the loop (the AIO eventfd is readable): finish the group writes the kernel completed."""
+        if self._aio is None:
+            return
+        try:
+            for slot, result in self._aio.reap():
+                group = self._aio_groups.pop(slot)
+                error: BaseException | None = None
+                if result != group.end:
+                    at = self._layout.phys(group.first_offset)
+                    error = WalIOError(
+                        f"write of {group.end} bytes at {at} failed: "
+                        + (os.strerror(-result) if result < 0 else f"{result} bytes written")
+                    )
+                self._write_done(group, error)
+        except BaseException as exc:  # a bug or a failed io_getevents: fail every waiter, not hang them
+            self._fail(
+                exc if isinstance(exc, WalError) else WalIOError(f"WAL write completion failed: {exc!r}")
+            )
+            if not isinstance(exc, Exception):
+                raise
 
     def _write_done(self, group: _Group, error: BaseException | None) -> None:
         """On the loop: a group write finished. Complete what is now in order; then let the pump run
         after the appenders just woken (what they append next, in this turn, joins one group)."""
         if self._failure is not None:
             return
+        if self.group_write_s is not None:
+            self.group_write_s.append(time.perf_counter() - group.submitted)
         group.error = error
         group.done = True
         if error is None:
@@ -1041,6 +1126,28 @@ def _io_thread(jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None], loop: async
             return
         finally:
             del fn, arg, done, error
+
+
+def _aio_ready(ref: weakref.ref[BlockWAL]) -> None:
+    """The AIO eventfd's reader: completions for the WAL, if it is still alive."""
+    wal = ref()
+    if wal is not None:
+        wal._aio_reap()
+
+
+def _drop_aio(loop: asyncio.AbstractEventLoop, aio: Aio) -> None:
+    """A WAL with AIO was dropped without close(): stop polling its eventfd and destroy the context
+    (on the loop's thread; at once if the loop is closed)."""
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):
+            loop.remove_reader(aio.fd)
+        aio.close()
+
+    try:
+        loop.call_soon_threadsafe(stop)
+    except RuntimeError:  # the loop is closed
+        aio.close()
 
 
 def _stop_io_threads(jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None], count: int) -> None:

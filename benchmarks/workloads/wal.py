@@ -19,8 +19,9 @@
   these rates the generator's own cost on the loop is part of every sample). The same
   generator against a no-op append gives the method's own floor, the send lag of both runs (how late
   each send went out against its slot) tells the generator's share of a latency, and a busy-loop
-  probe counts how often this process was off the CPU, and the WAL's device times each write of
-  the paced run (its stalls hold back every later completion; all in ``extra``): on a shared 2-core machine, scheduling
+  probe counts how often this process was off the CPU, and the WAL times each group write of the
+  paced run from its hand-over to its completion reaching the loop (``BlockWAL.group_write_s``; a
+  device stall holds back every later completion; all in ``extra``): on a shared 2-core machine, scheduling
   stalls of 10-100 ms from other processes set the p99 more than the WAL does. Both paced runs start
   on a frozen heap (``gc.collect()`` + ``gc.freeze()``, unfrozen after): a full collection then scans
   only what the run itself allocates, not the harness's modules and earlier sections' leftovers.
@@ -51,7 +52,7 @@ from crc32c import crc32c
 
 from benchmarks.core import Context, Result
 from benchmarks.measure import LatencyRecorder
-from wal import BlockWAL, Device, WalConfig, open_device
+from wal import BlockWAL, WalConfig
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -294,35 +295,6 @@ def _frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-class _TimedDevice:
-    """A WAL device that records how long each write took (on the WAL's I/O threads).
-
-    In a latency run this shows the device's stalls: a group write that takes 20-100 ms holds back
-    every later completion (they resolve in offset order), so one such stall delays every append of
-    those milliseconds, which at 100k+ appends/s is alone over 1 % of a 3 s run.
-    """
-
-    def __init__(self, device: Device) -> None:
-        self._device = device
-        self.size_bytes = device.size_bytes
-        self.mode = device.mode
-        self.write_s: list[float] = []
-
-    def write(self, pos: int, data: bytes | bytearray | memoryview | mmap.mmap) -> None:
-        started = time.perf_counter()
-        self._device.write(pos, data)
-        self.write_s.append(time.perf_counter() - started)
-
-    def read_into(self, pos: int, buf: memoryview) -> int:
-        return self._device.read_into(pos, buf)
-
-    def sync(self) -> None:
-        self._device.sync()
-
-    def close(self) -> None:
-        self._device.close()
 
 
 class _NoopAppend:
@@ -642,21 +614,21 @@ async def run(ctx: Context) -> list[Result]:
     # 4. latency at half of the best 1 KiB rate, paced producers
     ctx.status("wal: latency at half load")
     target_rate = best_rate / 2
-    device = _TimedDevice(await asyncio.to_thread(open_device, path, config))
-    wal = await BlockWAL.open(device, config)
+    wal = await BlockWAL.open(path, config)
     await wal.recover_all()
     wal_lag, floor_lag = LatencyRecorder(), LatencyRecorder()
     wal_stats: dict[str, float] = {}
     floor_stats: dict[str, float] = {}
-    groups, headers = wal.stats["groups"], wal.stats["headers"]
-    device.write_s.clear()
+    groups, headers, aio_writes = wal.stats["groups"], wal.stats["headers"], wal.stats["aio_writes"]
+    wal.group_write_s = []
     with _frozen_heap():
         rec = await _paced_latency(
             wal, target_rate, duration_s, small, wal=wal, send_lag=wal_lag, stats=wal_stats
         )
     groups, headers = wal.stats["groups"] - groups, wal.stats["headers"] - headers
-    device_writes = LatencyRecorder()
-    device_writes.extend(device.write_s)
+    aio_writes = wal.stats["aio_writes"] - aio_writes
+    group_writes = LatencyRecorder()
+    group_writes.extend(wal.group_write_s)
     await wal.close()
     with _frozen_heap():
         floor = await _paced_latency(
@@ -694,10 +666,13 @@ async def run(ctx: Context) -> list[Result]:
                 "wal_groups": groups,
                 "wal_records_per_group": rec.count / groups if groups else 0.0,
                 "wal_header_writes": headers,
-                # the device's time per write of that run (groups and headers): its stalls, which
-                # in-order completion passes on to every later append
-                "device_write_ms": device_writes.summary_ms(),
-                "device_writes_over_5ms_count": sum(1 for w in device.write_s if w > 0.005),
+                # how many groups went to the device by Linux AIO from the loop (the rest, and the
+                # headers, on the WAL's I/O threads), and each group write's time from its hand-over
+                # to its completion reaching the loop: the device's stalls, which in-order
+                # completion passes on to every later append
+                "wal_aio_writes": aio_writes,
+                "group_write_ms": group_writes.summary_ms(),
+                "group_writes_over_5ms_count": sum(1 for w in wal.group_write_s if w > 0.005),
                 **stalls,
             },
         )

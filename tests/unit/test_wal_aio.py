@@ -1,0 +1,176 @@
+"""The block WAL's Linux AIO write path (wal.aio): used for O_DIRECT devices, same log as the I/O threads."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wal import BlockWAL, MemoryDevice, WalClosedError, WalConfig, WalIOError
+from wal.aio import Aio
+
+CONFIG = WalConfig(
+    capacity_bytes=2 << 20,
+    record_max_bytes=64 << 10,
+    batch_max_bytes=64 << 10,
+    inflight_max_bytes=1 << 20,
+    on_full="wait",
+)
+
+
+def _aio_or_skip(path: Path) -> None:
+    aio = Aio.create(1)
+    if aio is None:
+        pytest.skip("no Linux AIO here")
+    aio.close()
+    probe = path.parent / "direct-probe"
+    probe.write_bytes(b"")
+    try:
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        pytest.skip("no O_DIRECT here")
+    os.close(fd)
+    probe.unlink()
+
+
+async def _open(path: Path, config: WalConfig = CONFIG) -> tuple[BlockWAL, list[tuple[int, bytes]]]:
+    wal = await BlockWAL.open(path, config)
+    return wal, [(r.offset, r.data) async for r in wal.recover()]
+
+
+async def test_an_o_direct_wal_writes_its_groups_by_aio_and_recovers_them_across_wraps(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "wal.dat"
+    _aio_or_skip(path)
+    wal, _ = await _open(path)
+    assert wal.mode == "O_DIRECT+O_DSYNC"
+    written: list[tuple[int, bytes]] = []
+    for round_ in range(120):  # ~6 MiB through a 2 MiB ring: wraps (padding records) several times
+        bodies = [os.urandom(100 + (round_ * 37 + i * 911) % 9000) for i in range(16)]
+        offsets = await asyncio.gather(*(wal.append(b) for b in bodies))
+        written += zip(offsets, bodies, strict=True)
+        if wal.used_bytes > CONFIG.record_area_bytes // 2:
+            await wal.trim(offsets[0])
+            written = [(o, b) for o, b in written if o >= offsets[0]]
+    assert wal.stats["aio_writes"] > 0
+    assert wal.stats["aio_writes"] < wal.stats["groups"]  # a wrapping group goes to an I/O thread
+    await wal.close()
+    wal, recovered = await _open(path)
+    assert recovered == written
+    await wal.close()
+
+
+async def test_aio_off_keeps_the_io_threads(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    _aio_or_skip(path)
+    config = WalConfig(**{**CONFIG.__dict__, "aio": "off"})
+    wal, _ = await _open(path, config)
+    offset = await wal.append(b"threads")
+    assert wal.stats["aio_writes"] == 0
+    await wal.close()
+    wal, recovered = await _open(path, config)
+    assert recovered == [(offset, b"threads")]
+    await wal.close()
+
+
+async def test_a_memory_device_has_no_aio() -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+    await wal.append(b"x")
+    assert wal.stats["aio_writes"] == 0
+    await wal.close()
+
+
+class _FakeAio:
+    """Stands in for the kernel: records submissions, completes them with the given results."""
+
+    def __init__(self, real: Aio, *, refuse: bool = False) -> None:
+        self.fd = real.fd
+        self.real = real
+        self.refuse = refuse
+        self.submitted: list[tuple[int, int]] = []  # (tag, nbytes)
+        self.results: list[tuple[int, int]] = []
+
+    def submit_write(self, fd: int, address: int, nbytes: int, pos: int, tag: int) -> None:
+        if self.refuse:
+            raise OSError(errno.EAGAIN, "io_submit: try again")
+        self.submitted.append((tag, nbytes))
+
+    def reap(self) -> list[tuple[int, int]]:
+        done, self.results = self.results, []
+        return done
+
+    def close(self) -> None:
+        self.real.close()
+
+
+async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    _aio_or_skip(path)
+    wal, _ = await _open(path)
+    assert wal._aio is not None
+    fake: Any = _FakeAio(wal._aio)
+    wal._aio = fake
+    fut = wal.append(b"lost")
+    await asyncio.sleep(0)  # the pump seals and submits
+    ((tag, _nbytes),) = fake.submitted
+    fake.results = [(tag, -errno.EIO)]
+    wal._aio_reap()
+    with pytest.raises(WalIOError, match="Input/output error"):
+        await fut
+    with pytest.raises(WalClosedError):
+        wal.append(b"after")
+    await wal.close()
+
+
+async def test_a_short_aio_write_fails_the_wal(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    _aio_or_skip(path)
+    wal, _ = await _open(path)
+    assert wal._aio is not None
+    fake: Any = _FakeAio(wal._aio)
+    wal._aio = fake
+    fut = wal.append(b"short")
+    await asyncio.sleep(0)
+    ((tag, nbytes),) = fake.submitted
+    fake.results = [(tag, nbytes - 512)]
+    wal._aio_reap()
+    with pytest.raises(WalIOError, match="bytes written"):
+        await fut
+    await wal.close()
+
+
+async def test_a_refused_submission_goes_to_an_io_thread(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    _aio_or_skip(path)
+    wal, _ = await _open(path)
+    assert wal._aio is not None
+    wal._aio = _FakeAio(wal._aio, refuse=True)  # type: ignore[assignment]
+    offsets = await asyncio.gather(*(wal.append(b"x" * i) for i in range(1, 50)))
+    assert wal.stats["aio_writes"] == 0
+    await wal.close()
+    wal, recovered = await _open(path)
+    assert recovered == [(o, b"x" * i) for i, o in enumerate(offsets, 1)]
+    await wal.close()
+
+
+async def test_a_dropped_aio_wal_releases_its_file_and_lock(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    _aio_or_skip(path)
+    wal, _ = await _open(path)
+    offset = await wal.append(b"kept")
+    assert wal.stats["aio_writes"] == 1
+    threads = list(wal._threads)
+    del wal
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=5)
+    await asyncio.sleep(0)  # the loop drops the eventfd's reader and the AIO context
+    wal, recovered = await _open(path)  # no WalLockedError
+    assert recovered == [(offset, b"kept")]
+    await wal.close()

@@ -9,11 +9,11 @@ ascending stream id), the object writes (at most ``OBJECT_WRITES_INFLIGHT_MAX`` 
 commit request.
 
 Memory: the block's records stay in the LogCache until the commit; each object writer encodes
-(copies) its records into data blocks and holds up to one part (``part_size_bytes``) plus one data
-block before handing them to the upload. Writing every object of a block at once could therefore
-hold a second copy of the whole block (peak ~2x the LogCache limit); with the bound, what writers
-hold beyond the LogCache is at most ``OBJECT_WRITES_INFLIGHT_MAX * (part_size_bytes + block_size_bytes)``
-per upload (plus the slice being encoded).
+(copies) its records into data blocks and holds up to ``WRITER_HANDOVER_BYTES`` plus one data block
+before handing them to the upload, which holds up to its part size (plus the parts in flight).
+Writing every object of a block at once could therefore hold a second copy of the whole block (peak
+~2x the LogCache limit); with the bound, what writers and uploads hold beyond the LogCache is at most
+``OBJECT_WRITES_INFLIGHT_MAX`` times that per upload (plus the slice being encoded).
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ OBJECT_WRITES_INFLIGHT_MAX = 4
 WRITE_SLICE_BYTES = 128 * 1024
 """Payload bytes encoded between two yields to the event loop (~0.3 ms of encoding of 1 KiB
 records); appends run between slices."""
+WRITER_HANDOVER_BYTES = 1 << 20
+"""Completed blocks an object writer hands to the upload at a time (as ``bytes``, kept by reference by
+the S3 and local stores, which assemble their parts): the writer's buffer stays small, so it is never
+moved with a copy when it grows (see ``ObjectWriter``)."""
 RANGES_PER_TURN = 256
 """Commit ranges built per event-loop turn (~0.3 ms)."""
 
@@ -274,7 +278,10 @@ class ObjectUploader:
     async def _write_object(self, object_id: ObjectId, streams: Sequence[StreamRecords]) -> int:
         upload = self.storage.upload(object_key(object_id, self.namespace))
         writer = ObjectWriter(
-            upload, block_size_bytes=self.block_size_bytes, part_size_bytes=self.part_size_bytes
+            upload,
+            block_size_bytes=self.block_size_bytes,
+            part_size_bytes=self.part_size_bytes,
+            handover_bytes=WRITER_HANDOVER_BYTES,
         )
         try:
             # Encoding is CPU work on the event loop: hand it over in slices of about

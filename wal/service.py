@@ -16,7 +16,8 @@ the appenders a completion woke, so what they append next joins the next group. 
 flight and a large queue (256 KiB) waits, it is sealed as two groups written at once
 (:data:`_SPLIT_MIN_BYTES`).
 
-On an O_DIRECT file or block device (``aio="auto"``, Linux) a group is instead written with native
+With ``aio="auto"`` (not the default: see :class:`WalConfig`), on an O_DIRECT file or block device
+(Linux) a group is instead written with native
 AIO (:mod:`wal.aio`): the pump submits it itself and the kernel signals its completion on an eventfd
 the loop polls, so neither the write's start nor its completion waits for the GIL (an I/O thread gets
 the GIL only once the loop blocks: a write sealed in a busy loop turn waited for the turn's end to

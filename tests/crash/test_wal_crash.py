@@ -72,9 +72,9 @@ def read_recovered(path: Path) -> list[tuple[int, int, int]]:
     return out
 
 
-def start_writer(wal: Path, logs: Path, iteration: int, seed: int) -> subprocess.Popen[str]:
+def start_writer(wal: Path, logs: Path, iteration: int, seed: int, aio: str = "off") -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.crash.wal_writer", str(wal), str(logs), str(iteration), str(seed)],
+        [sys.executable, "-m", "tests.crash.wal_writer", str(wal), str(logs), str(iteration), str(seed), aio],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -90,7 +90,10 @@ def wait_ready(proc: subprocess.Popen[str]) -> int:
 
 @pytest.mark.crash
 @pytest.mark.timeout(400)
-async def test_sigkill_at_random_moments_loses_no_acknowledged_record(tmp_path: Path, rng_seed: int) -> None:
+@pytest.mark.parametrize("aio", ["off", "auto"])  # the I/O threads (default), Linux AIO where there is
+async def test_sigkill_at_random_moments_loses_no_acknowledged_record(
+    tmp_path: Path, rng_seed: int, aio: str
+) -> None:
     rng = random.Random(rng_seed)
     wal_path = tmp_path / "wal.dat"
     history = History()
@@ -102,7 +105,7 @@ async def test_sigkill_at_random_moments_loses_no_acknowledged_record(tmp_path: 
     while i < ITERATIONS or (
         max(history.acked, default=0) <= 3 * CONFIG.record_area_bytes and i < 3 * ITERATIONS
     ):
-        proc = start_writer(wal_path, tmp_path, i, rng.randrange(1 << 30))
+        proc = start_writer(wal_path, tmp_path, i, rng.randrange(1 << 30), aio)
         try:
             wait_ready(proc)
             history.check(read_recovered(tmp_path / f"recovered.{i}"), f"iteration {i} (seed {rng_seed})")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import os
 import random
 import sys
@@ -31,9 +32,9 @@ CONFIG = WalConfig(
 PRODUCERS = 32
 
 
-async def main(wal_path: str, log_dir: str, iteration: int, seed: int) -> None:
+async def main(wal_path: str, log_dir: str, iteration: int, seed: int, aio: str = "off") -> None:
     rng = random.Random(seed)
-    wal = await BlockWAL.open(wal_path, CONFIG)
+    wal = await BlockWAL.open(wal_path, dataclasses.replace(CONFIG, aio=aio))  # type: ignore[arg-type]
     recovered = [r async for r in wal.recover()]
     lines = [f"{r.offset} {crc32c(r.data)} {len(r.data)}\n" for r in recovered]
     tmp = os.path.join(log_dir, f"recovered.{iteration}.tmp")
@@ -78,4 +79,4 @@ async def main(wal_path: str, log_dir: str, iteration: int, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6]))

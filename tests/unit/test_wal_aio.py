@@ -20,6 +20,7 @@ CONFIG = WalConfig(
     batch_max_bytes=64 << 10,
     inflight_max_bytes=1 << 20,
     on_full="wait",
+    aio="auto",
 )
 
 
@@ -66,10 +67,11 @@ async def test_an_o_direct_wal_writes_its_groups_by_aio_and_recovers_them_across
     await wal.close()
 
 
-async def test_aio_off_keeps_the_io_threads(tmp_path: Path) -> None:
+async def test_aio_is_off_by_default_and_then_the_io_threads_write(tmp_path: Path) -> None:
     path = tmp_path / "wal.dat"
     _aio_or_skip(path)
     config = WalConfig(**{**CONFIG.__dict__, "aio": "off"})
+    assert WalConfig().aio == "off"
     wal, _ = await _open(path, config)
     offset = await wal.append(b"threads")
     assert wal.stats["aio_writes"] == 0

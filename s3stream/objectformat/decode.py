@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from typing import NamedTuple
 
 from s3stream.objectformat.codec import (
     DATA_BLOCK_HEADER,
@@ -57,16 +58,22 @@ def _offsets_layout(rows: int) -> struct.Struct:
     return struct.Struct(f">{rows}q")
 
 
-def decode_data_block(
-    data: bytes, entry: IndexEntry, *, source: str
-) -> tuple[tuple[StreamRecordBatch, ...], bool]:
+class DecodedBlock(NamedTuple):
+    records: tuple[StreamRecordBatch, ...]
+    gapless: bool
+    """Each record starts where the previous one ended."""
+    payload_bytes_each: int | None
+    """The payload length of every record, when the fast path found them all alike (else None)."""
+
+
+def decode_data_block(data: bytes, entry: IndexEntry, *, source: str) -> DecodedBlock:
     """The records of the data block ``data`` (exactly its bytes) and whether they have no gap:
     :func:`~s3stream.objectformat.codec.decode_block_gapless` of ``data`` at 0, faster for blocks of
     records that differ only in offsets and payloads (see the module docstring)."""
     records = _decode_offsets_and_payloads(data, entry)
     if records is not None:
-        return records, True
-    return decode_block_gapless(data, 0, entry, source=source)
+        return DecodedBlock(records, True, len(records[0].payload))
+    return DecodedBlock(*decode_block_gapless(data, 0, entry, source=source), None)
 
 
 def _decode_offsets_and_payloads(data: bytes, entry: IndexEntry) -> tuple[StreamRecordBatch, ...] | None:

@@ -71,7 +71,7 @@ class DataBlock:
     _source: str
     _records: tuple[StreamRecordBatch, ...] | None
     _contiguous: bool | None
-    _payload_prefix: list[int] | None
+    _payload_prefix: Sequence[int] | None
 
     def __init__(
         self,
@@ -98,7 +98,11 @@ class DataBlock:
         records = self._records
         if records is None:
             assert self._data is not None
-            records, self._contiguous = decode_data_block(self._data, self.entry, source=self._source)
+            records, self._contiguous, payload_bytes = decode_data_block(
+                self._data, self.entry, source=self._source
+            )
+            if payload_bytes:  # all alike: the prefix sums are a range, no pass over the records
+                self._payload_prefix = range(0, (len(records) + 1) * payload_bytes, payload_bytes)
             self._records = records
             self._data = None
         return records
@@ -124,11 +128,12 @@ class DataBlock:
         return contiguous
 
     @property
-    def payload_prefix(self) -> list[int]:
+    def payload_prefix(self) -> Sequence[int]:
         """``prefix[k]``: payload bytes of the first ``k`` records (``len(records) + 1`` entries)."""
+        records = self.records  # decoding a block of like records sets it
         prefix = self._payload_prefix
         if prefix is None:
-            prefix = list(itertools.accumulate(map(len, map(_PAYLOAD, self.records)), initial=0))
+            prefix = list(itertools.accumulate(map(len, map(_PAYLOAD, records)), initial=0))
             self._payload_prefix = prefix
         return prefix
 

@@ -4,12 +4,13 @@ every block, damaged ones included; it takes only the blocks it can."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
 from s3stream.errors import CorruptionError
-from s3stream.objectformat import decode
+from s3stream.objectformat import DataBlock, decode
 from s3stream.objectformat.codec import DATA_BLOCK_HEADER_SIZE, IndexEntry, decode_block_gapless, encode_block
 from s3stream.objectformat.decode import PAYLOAD_ROWS_MAX, decode_data_block
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
@@ -38,7 +39,7 @@ def _outcome(fn: object, data: bytes, entry: IndexEntry) -> object:
     try:
         if fn is decode_block_gapless:
             return decode_block_gapless(data, 0, entry, source="k")
-        return decode_data_block(data, entry, source="k")
+        return decode_data_block(data, entry, source="k")[:2]
     except CorruptionError as exc:
         return ("error", str(exc), exc.source, exc.position)
 
@@ -58,7 +59,7 @@ def test_a_block_of_like_records_is_decoded_column_wise(size: int, count: int, b
     fast = decode._decode_offsets_and_payloads(data, entry)
     assert fast == tuple(records)
     assert all(type(r.payload) is bytes for r in fast)
-    assert decode_data_block(data, entry, source="k") == (tuple(records), True)
+    assert decode_data_block(data, entry, source="k") == (tuple(records), True, size)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +82,8 @@ def test_other_blocks_go_to_the_codec(records: list[StreamRecordBatch]) -> None:
 def test_a_buffer_that_is_not_bytes_goes_to_the_codec() -> None:
     entry, data = _block(_records(20, 16))
     assert decode._decode_offsets_and_payloads(bytearray(data), entry) is None  # type: ignore[arg-type]
-    assert decode_data_block(bytearray(data), entry, source="k") == (tuple(_records(20, 16)), True)  # type: ignore[arg-type]
+    decoded = decode_data_block(bytearray(data), entry, source="k")  # type: ignore[arg-type]
+    assert decoded == (tuple(_records(20, 16)), True, None)
 
 
 @pytest.mark.parametrize("size", [0, 1, 40])
@@ -122,3 +124,12 @@ def test_random_damage_and_entries_give_what_the_codec_gives() -> None:
         assert _outcome(decode_data_block, bytes(damaged), bent) == _outcome(
             decode_block_gapless, bytes(damaged), bent
         ), f"seed {seed}"
+
+
+@pytest.mark.parametrize("sizes", [[7] * 9, [0] * 4, [3, 7, 7, 1]])
+def test_a_lazy_blocks_payload_prefix_sums_its_payloads(sizes: list[int]) -> None:
+    records = [StreamRecordBatch(STREAM, 3, 100 + i, 1, b"p" * n) for i, n in enumerate(sizes)]
+    entry, data = _block(records)
+    block = DataBlock(entry, data=data, source="k")
+    assert list(block.payload_prefix) == list(itertools.accumulate(sizes, initial=0))
+    assert block.records == tuple(records)

@@ -56,12 +56,13 @@ def test_archive_folds_the_block_and_it_stages_no_more() -> None:
     assert cache.active.staged == []
 
 
-def test_full_exactly_when_the_stream_count_reaches_the_limit() -> None:
-    for limit in (1, 2, 3, 5):
+@pytest.mark.parametrize("look", [False, True], ids=["unread", "read-after-each-put"])
+def test_full_exactly_when_the_stream_count_reaches_the_limit(look: bool) -> None:
+    for limit in (1, 2, 3, 5, 40):
         cache = LogCache(capacity_bytes=1 << 20, upload_threshold_bytes=1 << 19, max_stream_count=limit)
         ends: dict[int, int] = {}
         seq = 0
-        for step in range(50):
+        for step in range(300):
             stream_id = step % 3 if step % 4 else 10 + step  # old streams, and now and then a new one
             base = ends.get(stream_id, 0)
             ends[stream_id] = base + 1
@@ -70,11 +71,13 @@ def test_full_exactly_when_the_stream_count_reaches_the_limit() -> None:
                 seq += 1
             else:
                 full = cache.put_plain(stream_id, 0, base, 1, b"r", wal_offset=step)
-            count = len(cache.active.streams)
-            assert count <= limit, (limit, step)
-            assert full == (count >= limit), (limit, step)
+            assert full == (len(ends) >= limit), (limit, step)
+            if look:  # a read folds the staged records
+                assert len(cache.active.streams) == len(ends)
             if full:
-                cache.archive(now_s=0)
+                block = cache.archive(now_s=0)
+                assert block is not None
+                assert len(block.streams) == limit
                 ends.clear()
 
 

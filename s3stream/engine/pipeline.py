@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from s3stream.config import Config
-from s3stream.engine.logcache import CachedBatch, CachedRecords, LogCache, LogCacheBlock
+from s3stream.engine.logcache import CachedBatch, LogCache, LogCacheBlock
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.upload import ObjectUploader, StreamGroup, UploadPlan, plan_upload
@@ -360,12 +360,12 @@ async def _streams_of(block: LogCacheBlock) -> StreamGroup:
     no object per stream), ``PLAN_STREAMS_PER_TURN`` streams per event-loop turn."""
     stream_ids = list(block.streams.keys())
     caches = list(block.streams.values())
-    items: list[CachedRecords] = []
     payload_bytes: list[int] = []
     for start in range(0, len(caches), PLAN_STREAMS_PER_TURN):
         if start:
             await asyncio.sleep(0)
-        for cache in caches[start : start + PLAN_STREAMS_PER_TURN]:
-            items.append(cache.items)
-            payload_bytes.append(cache.size_bytes - RECORD_HEADER_SIZE * len(cache.payloads))
-    return StreamGroup.of_columns(stream_ids, items, payload_bytes, caches)
+        payload_bytes.extend(
+            cache.size_bytes - RECORD_HEADER_SIZE * len(cache.payloads)
+            for cache in caches[start : start + PLAN_STREAMS_PER_TURN]
+        )
+    return StreamGroup.of_record_columns(stream_ids, caches, payload_bytes)

@@ -78,6 +78,64 @@ class StreamRecords:
         return last[2] + last[3]
 
 
+class ColumnRecords(Sequence[RecordFields]):
+    """One stream's columns read as field tuples (``RecordFields``), each built when read."""
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: RecordColumns) -> None:
+        self._columns = columns
+
+    def __len__(self) -> int:
+        return len(self._columns.bases)
+
+    @overload
+    def __getitem__(self, index: int) -> RecordFields: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordFields]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordFields | list[RecordFields]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        c = self._columns
+        bases = c.bases
+        n = len(bases)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        end = bases[index + 1] if index + 1 < n else c.end
+        epoch = c.epoch if c.epochs is None else c.epochs[index]
+        assert epoch is not None
+        return (c.stream_id, epoch, bases[index], end - bases[index], c.payloads[index])
+
+
+class _RecordsOfColumns(Sequence[Sequence[RecordFields]]):
+    """A group's records column when every stream has columns: a :class:`ColumnRecords` built per
+    read, none kept (a plan of 1,000 streams kept 1,000 view objects alive through its upload: each
+    a tracked object, ~1.4 more young collections per upload)."""
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: tuple[RecordColumns, ...]) -> None:
+        self._columns = columns
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence[RecordFields]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Sequence[RecordFields]]: ...
+
+    def __getitem__(self, index: int | slice) -> Sequence[RecordFields] | Sequence[Sequence[RecordFields]]:
+        if isinstance(index, slice):
+            return _RecordsOfColumns(self._columns[index])
+        return ColumnRecords(self._columns[index])
+
+
 class StreamGroup(Sequence[StreamRecords]):
     """Streams of a plan, kept as three columns: a plan lives as long as its upload, and one object
     per stream would reach the collector's oldest generation on every upload (1,000 streams: 1,000
@@ -88,7 +146,7 @@ class StreamGroup(Sequence[StreamRecords]):
     def __init__(self, streams: Iterable[StreamRecords] = ()) -> None:
         listed = list(streams)
         self.stream_ids = tuple(s.stream_id for s in listed)
-        self.records = tuple(s.records for s in listed)
+        self.records: Sequence[Sequence[RecordFields]] = tuple(s.records for s in listed)
         self.payload_bytes = tuple(s.payload_bytes for s in listed)
         self.columns: tuple[RecordColumns | None, ...] = tuple(s.columns for s in listed)
 
@@ -111,13 +169,33 @@ class StreamGroup(Sequence[StreamRecords]):
         group.columns = (None,) * len(stream_ids) if columns is None else tuple(columns)
         return group
 
+    @classmethod
+    def of_record_columns(
+        cls, stream_ids: Sequence[int], columns: Sequence[RecordColumns], payload_bytes: Sequence[int]
+    ) -> StreamGroup:
+        """Streams given by their columns alone: no object per stream (records are read through
+        :class:`ColumnRecords` views built when asked for)."""
+        assert len(stream_ids) == len(columns) == len(payload_bytes)
+        group = cls()
+        group.stream_ids, group.payload_bytes = tuple(stream_ids), tuple(payload_bytes)
+        group.columns = tuple(columns)
+        group.records = _RecordsOfColumns(tuple(columns))
+        return group
+
     def take(self, indexes: Sequence[int]) -> StreamGroup:
         """The streams at ``indexes`` (in that order)."""
+        columns = [self.columns[i] for i in indexes]
+        if isinstance(self.records, _RecordsOfColumns):
+            return StreamGroup.of_record_columns(
+                [self.stream_ids[i] for i in indexes],
+                columns,  # type: ignore[arg-type]  # no None: the group has columns only
+                [self.payload_bytes[i] for i in indexes],
+            )
         return StreamGroup.of_columns(
             [self.stream_ids[i] for i in indexes],
             [self.records[i] for i in indexes],
             [self.payload_bytes[i] for i in indexes],
-            [self.columns[i] for i in indexes],
+            columns,
         )
 
     def __len__(self) -> int:
@@ -156,7 +234,11 @@ def plan_upload(streams: Sequence[StreamRecords], *, split_size_bytes: int) -> U
     """AutoMQ's split rule (reference 5.2) over streams sorted by stream id (a :class:`StreamGroup`
     is taken as it is: no object per stream is made)."""
     group = streams if isinstance(streams, StreamGroup) else StreamGroup(streams)
-    keep = [i for i, records in enumerate(group.records) if records]
+    keep = [
+        i
+        for i, (records, columns) in enumerate(zip(group.records, group.columns, strict=True))
+        if (len(columns.bases) if columns is not None else records)
+    ]
     ids = group.stream_ids
     assert all(ids[a] < ids[b] for a, b in itertools.pairwise(keep)), "streams must be sorted and unique"
     payloads = group.payload_bytes

@@ -299,3 +299,23 @@ async def test_a_writer_with_handover_bytes_writes_the_same_object_in_pieces(han
     assert all(len(p) <= handover + 2048 + 3000 + 100 for p in recording.parts[:-1])  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         ObjectWriter(recording, handover_bytes=0)  # type: ignore[arg-type]
+
+
+async def test_a_plan_of_a_block_keeps_no_object_per_stream() -> None:
+    """Each object the plan keeps through the upload is one more for the collector to count and scan
+    (a view per stream made ~1.4 more young collections per 1,000-stream upload)."""
+    import gc
+
+    block = block_of(1000, 2)
+    gc.collect()
+    gc.disable()  # nothing moves out of the young generation meanwhile
+    try:
+        before = len(gc.get_objects(0))
+        plan = plan_upload(await pipeline._streams_of(block), split_size_bytes=1 << 30)
+        assert len(gc.get_objects(0)) - before < 100
+    finally:
+        gc.enable()
+    assert len(plan.stream_set) == 1000
+    assert plan.stream_set[999].records[1] == (999, 7, 1, 1, bytes(100))
+    assert plan.stream_set[999].records[-1] == plan.stream_set[999].records[1]
+    assert list(plan.stream_set[5].records[0:2]) == [(5, 7, 0, 1, bytes(100)), (5, 7, 1, 1, bytes(100))]

@@ -335,7 +335,7 @@ still counted from their due time, as it must). A timerfd tick (:class:`_Ticker`
 poll from a kernel timer at microsecond resolution, with no thread and no GIL hand-off: about 95
 slots per tick at 190k/s. A wake costs the loop ~22 us of CPU on the shared VM (0.2 ms ticks: 10 % of
 a core when idle, 0.5 ms: 5 %), so the tick is not finer. Against a no-op append at 190k/s (paired
-runs on a loaded machine): send lag p50 0.10-0.14 -> 0.04-0.05 ms, generator CPU 0.83-1.06 ->
+runs on a loaded machine): latency p50 0.10-0.14 -> 0.04-0.05 ms, generator CPU 0.83-1.06 ->
 1.10-1.29 us per send."""
 
 

@@ -8,7 +8,8 @@
   Both stay open on files of their own and take turns in short slices (order alternating), so both
   see the same moments of the shared machine; per-slice ratios and their median are in ``extra``,
   with a third loop in the same turns: the minimal loop plus the WAL's per-record format work (header
-  and two CRC32Cs), which tells the format's share of the gap from the WAL's own overhead.
+  and two CRC32Cs), which tells the format's share of the gap from the WAL's own overhead, and a
+  fourth: the WAL with the other ``aio`` setting (below).
 - **append_many**: batches of 10,000 records of 100 bytes, records/s (goal >= 500k/s) vs a raw
   O_DIRECT write of the same record bytes in 1 MiB writes, counted in records.
 - **latency at half load**: open-loop 1 KiB appends at half the best 1 KiB rate measured above;
@@ -32,7 +33,10 @@
   ``recover`` vs a raw O_DIRECT sequential read of the file in 1 MiB reads (goal >= 0.25x).
 
 ``--param aio=auto`` runs every section with ``WalConfig.aio="auto"`` (group writes by Linux AIO from
-the loop; the default is the WAL's default, the I/O threads).
+the loop; the default is the WAL's default, the I/O threads). The 1 KiB rates and the paced latency
+also run a WAL with the other setting (rates in the same alternating slices, latency as a third
+paced run) and report it in ``extra`` under ``other_aio_*``: AIO is faster on a quiet machine and
+slower when other processes keep the CPUs busy (see ``WalConfig``), so both are measured each run.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import array
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import mmap
 import os
@@ -239,28 +244,40 @@ class FormattedGroupCommit(MinimalGroupCommit):
 
 async def _paired_appends(
     work: Path, config: WalConfig, producers: int, duration_s: float, data: bytes
-) -> tuple[dict[str, float], list[float]]:
-    """Appends/s of the WAL, of the minimal loop and of the minimal loop with the WAL's record format,
-    measured in turns in the same run.
+) -> tuple[dict[str, float], list[float], list[float], int]:
+    """Appends/s of the WAL, of the minimal loop, of the minimal loop with the WAL's record format and
+    of the WAL with the other ``aio`` setting, measured in turns in the same run.
 
-    Each stays open on its own file of the same size, zero-filled; every slice runs all three, ``duration_s / PAIRED_SLICES`` each,
-    in an order that alternates, so all see the same moments of a noisy shared machine. Returns the
-    rates over all slices and the per-slice ratios WAL / minimal loop.
+    Each stays open on its own file of the same size, zero-filled; every slice runs all four,
+    ``duration_s / PAIRED_SLICES`` each, in an order that alternates, so all see the same moments of
+    a noisy shared machine. Returns the rates over all slices, the per-slice ratios WAL / minimal
+    loop and other-aio WAL / minimal loop, and how many groups the AIO one wrote by AIO.
     """
     wal_path = work / "wal-paired.dat"
+    other_path = work / "wal-other-aio-paired.dat"
     base_path = work / "baseline-paired.dat"
     fmt_path = work / "format-paired.dat"
     wal = await BlockWAL.open(wal_path, config)
     await wal.recover_all()
+    other = await BlockWAL.open(
+        other_path, dataclasses.replace(config, aio="auto" if config.aio == "off" else "off")
+    )
+    await other.recover_all()
     base = MinimalGroupCommit(base_path, create_bytes=config.device_bytes)
     fmt = FormattedGroupCommit(fmt_path, create_bytes=config.device_bytes)
-    trimmer = asyncio.ensure_future(_trimmer(wal))
+    trimmers = [asyncio.ensure_future(_trimmer(w)) for w in (wal, other)]
     slice_s = duration_s / PAIRED_SLICES
-    totals = {"wal": [0, 0.0], "base": [0, 0.0], "format": [0, 0.0]}
+    totals = {"wal": [0, 0.0], "base": [0, 0.0], "format": [0, 0.0], "other_aio": [0, 0.0]}
     ratios: list[float] = []
+    other_ratios: list[float] = []
     try:
         for i in range(PAIRED_SLICES):
-            runs = [("wal", wal.append), ("base", base.append), ("format", fmt.append)]
+            runs = [
+                ("wal", wal.append),
+                ("base", base.append),
+                ("format", fmt.append),
+                ("other_aio", other.append),
+            ]
             rates: dict[str, float] = {}
             for name, append in runs if i % 2 == 0 else runs[::-1]:
                 started = time.perf_counter()
@@ -270,15 +287,19 @@ async def _paired_appends(
                 totals[name][1] += elapsed
                 rates[name] = n / elapsed
             ratios.append(rates["wal"] / rates["base"])
+            other_ratios.append(rates["other_aio"] / rates["base"])
     finally:
-        trimmer.cancel()
-        await asyncio.gather(trimmer, return_exceptions=True)
+        for trimmer in trimmers:
+            trimmer.cancel()
+        await asyncio.gather(*trimmers, return_exceptions=True)
+        aio_writes = wal.stats["aio_writes"] + other.stats["aio_writes"]
         await wal.close()
+        await other.close()
         await base.close()
         await fmt.close()
-        for path in (wal_path, base_path, fmt_path):
+        for path in (wal_path, other_path, base_path, fmt_path):
             os.remove(path)
-    return {name: n / elapsed for name, (n, elapsed) in totals.items()}, ratios
+    return {name: n / elapsed for name, (n, elapsed) in totals.items()}, ratios, other_ratios, aio_writes
 
 
 async def _trimmer(wal: BlockWAL) -> None:
@@ -567,7 +588,9 @@ async def run(ctx: Context) -> list[Result]:
     best_rate = 0.0
     for producers in (1, 16, 256):
         ctx.status(f"wal: 1 KiB appends, {producers} producers")
-        rates, ratios = await _paired_appends(work, config, producers, 3 * duration_s, small)
+        rates, ratios, other_ratios, aio_writes = await _paired_appends(
+            work, config, producers, 3 * duration_s, small
+        )
         rate, base = rates["wal"], rates["base"]
         best_rate = max(best_rate, rate)
         results.append(
@@ -584,6 +607,13 @@ async def run(ctx: Context) -> list[Result]:
                     "median_slice_ratio": statistics.median(ratios),
                     "format_loop_appends_per_s": rates["format"],
                     "ratio_vs_format_loop": rate / rates["format"],
+                    # the same WAL with the other WalConfig.aio setting, in the same turns
+                    # (wal_aio_writes: groups written by AIO; 0 where the kernel offers none)
+                    "other_aio_setting": "auto" if config.aio == "off" else "off",
+                    "other_aio_appends_per_s": rates["other_aio"],
+                    "other_aio_ratio": rates["other_aio"] / base,
+                    "other_aio_median_slice_ratio": statistics.median(other_ratios),
+                    "wal_aio_writes": aio_writes,
                 },
             )
         )
@@ -639,6 +669,21 @@ async def run(ctx: Context) -> list[Result]:
         floor = await _paced_latency(
             _NoopAppend(), target_rate, duration_s, small, send_lag=floor_lag, stats=floor_stats
         )
+    # the same paced run on a WAL with the other WalConfig.aio setting (its own file)
+    other_path = work / "wal-other-aio.dat"
+    other = await BlockWAL.open(
+        other_path, dataclasses.replace(config, aio="auto" if config.aio == "off" else "off")
+    )
+    await other.recover_all()
+    other.group_write_s = []
+    other_lag = LatencyRecorder()
+    with _frozen_heap():
+        other_rec = await _paced_latency(other, target_rate, duration_s, small, wal=other, send_lag=other_lag)
+    other_groups = LatencyRecorder()
+    other_groups.extend(other.group_write_s)
+    other_aio_writes = other.stats["aio_writes"]
+    await other.close()
+    os.remove(other_path)
     stalls = await asyncio.to_thread(_stall_probe, 1.0)
     raw_lat = await asyncio.to_thread(_raw_sync_latency, path, 2000)
     summary = rec.summary_ms()
@@ -678,6 +723,12 @@ async def run(ctx: Context) -> list[Result]:
                 "wal_aio_writes": aio_writes,
                 "group_write_ms": group_writes.summary_ms(),
                 "group_writes_over_5ms_count": sum(1 for w in wal.group_write_s if w > 0.005),
+                # the same paced run (after the floor's) on a WAL with the other aio setting
+                "other_aio_setting": "auto" if config.aio == "off" else "off",
+                "other_aio_latency_ms": other_rec.summary_ms(),
+                "other_aio_send_lag_ms": other_lag.summary_ms(),
+                "other_aio_group_write_ms": other_groups.summary_ms(),
+                "other_aio_wal_aio_writes": other_aio_writes,
                 **stalls,
             },
         )

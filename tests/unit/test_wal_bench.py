@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 
 import pytest
 
 from benchmarks.measure import LatencyRecorder
-from benchmarks.workloads.wal import _NoopAppend, _paced_latency
+from benchmarks.workloads.wal import PAIRED_SLICES, _NoopAppend, _paced_latency, _paired_appends
 from wal import BlockWAL, MemoryDevice, WalConfig
+from wal.aio import Aio
 
 
 class _DelayedAppend:
@@ -103,3 +106,33 @@ async def test_a_failed_send_fails_the_run() -> None:
 
     with pytest.raises(OSError, match="refused"):
         await _paced_latency(Refusing(), 1000, 0.05, b"x")
+
+
+async def test_the_paired_rates_run_the_wal_with_both_aio_settings(tmp_path: Path) -> None:
+    config = WalConfig(
+        capacity_bytes=2 << 20,
+        record_max_bytes=8 << 10,
+        batch_max_bytes=64 << 10,
+        inflight_max_bytes=1 << 20,
+        on_full="wait",  # (the trimmer runs every 50 ms)
+    )
+    assert config.aio == "off"
+    rates, ratios, other_ratios, aio_writes = await _paired_appends(tmp_path, config, 4, 0.4, b"x" * 1024)
+    assert set(rates) == {"wal", "base", "format", "other_aio"}
+    assert all(rate > 0 for rate in rates.values())
+    assert len(ratios) == len(other_ratios) == PAIRED_SLICES
+    if Aio.create(1) is not None and _direct_io(tmp_path):
+        assert aio_writes > 0  # the other WAL wrote by AIO
+    assert not list(tmp_path.iterdir())  # every file removed
+
+
+def _direct_io(directory: Path) -> bool:
+    probe = directory / "direct-probe"
+    probe.write_bytes(b"")
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+    return True

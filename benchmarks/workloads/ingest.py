@@ -28,7 +28,8 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   Open loop without coordinated omission: every latency runs from the earlier of its send slot's
   due time and the actual call, so a loop that falls behind shows in the figure (as in the ``wal``
   workload). The extras give the generator's send lag, the method's floor (a no-op target at the same rate),
-  the full garbage collections of the recorded engine run and the objects frozen.
+  the full garbage collections of the recorded engine run, its young ones (per generation: count,
+  collector CPU in all and at most) and the objects frozen.
   ``--param latency_rate=N`` runs this section alone at N appends/s (``latency_s=S``: its duration).
 """
 
@@ -267,12 +268,55 @@ class GcPauses:
         }
 
 
+class YoungCollections:
+    """Young (generation 0 and 1) garbage collections while active, per generation: count, and the
+    collecting thread's CPU time in all and at most. Uploads drive most of them in the latency run
+    (1,000-stream blocks: the stream caches of each block, the rows it is frozen into, the commit's
+    ranges); each holds the event loop like any other callback."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0]
+        self.cpu_total_s = [0.0, 0.0]
+        self.cpu_max_s = [0.0, 0.0]
+        self._started_cpu = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        generation = info.get("generation")
+        if generation not in (0, 1):
+            return
+        if phase == "start":
+            self._started_cpu = time.thread_time()
+            return
+        cpu = time.thread_time() - self._started_cpu
+        self.count[generation] += 1
+        self.cpu_total_s[generation] += cpu
+        self.cpu_max_s[generation] = max(self.cpu_max_s[generation], cpu)
+
+    def __enter__(self) -> YoungCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary_ms(self) -> dict[str, dict[str, float]]:
+        return {
+            f"gen{g}": {
+                "count": self.count[g],
+                "cpu_total": self.cpu_total_s[g] * 1000,
+                "cpu_max": self.cpu_max_s[g] * 1000,
+            }
+            for g in (0, 1)
+        }
+
+
 async def _engine_latency(
     ctx: Context, *, record_bytes: int, stream_count: int, rate_per_s: float, duration_s: float
-) -> tuple[LatencyRecorder, int, LatencyRecorder, GcPauses, int]:
+) -> tuple[LatencyRecorder, int, LatencyRecorder, GcPauses, int, YoungCollections]:
     """Append latency at ``rate_per_s`` after :data:`WARMUP_S` of unrecorded appends and
     :func:`~s3stream.assembly.freeze_startup_heap`; also returns the uploads that ran, the
-    generator's send lag, the full collections during the recorded run and the objects frozen."""
+    generator's send lag, the full collections during the recorded run, the objects frozen and the
+    young collections during the recorded run."""
     config = Config(wal_upload_threshold_bytes=8 * MiB)
     client, _ = await _open_engine(ctx, "engine-latency", config)
     latency = LatencyRecorder()
@@ -292,12 +336,12 @@ async def _engine_latency(
         frozen = freeze_startup_heap()  # start-up is over: what the application is told to do
         latency = LatencyRecorder()
         uploads_before = client.engine.stats.uploads
-        with GcPauses() as gc_pauses:
+        with GcPauses() as gc_pauses, YoungCollections() as young:
             await _paced(one, int(rate_per_s * duration_s), rate_per_s, send_lag)
         uploads = client.engine.stats.uploads - uploads_before
     finally:
         await client.close()
-    return latency, uploads, send_lag, gc_pauses, frozen
+    return latency, uploads, send_lag, gc_pauses, frozen, young
 
 
 async def _raw_put(ctx: Context) -> tuple[str, Measured]:
@@ -371,11 +415,11 @@ async def run(ctx: Context) -> list[Result]:
         )  # fmt: skip
     ctx.status("ingest: append latency, engine with uploads running")
     with _frozen_heap():
-        eng_lat, uploads, send_lag, gc_pauses, frozen = await _engine_latency(
+        eng_lat, uploads, send_lag, gc_pauses, frozen, young = await _engine_latency(
             ctx, record_bytes=1 * KiB, stream_count=stream_count, rate_per_s=rate, duration_s=duration
         )
     ctx.status("ingest: the latency method's floor (a target that only yields once)")
     with _frozen_heap():
         floor = await _paced_floor(rate, min(duration, 3.0))
-    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
+    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
     return results

@@ -475,7 +475,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="results JSON path (default <out>/results.json)")
     parser.add_argument("--out", type=Path, help="output directory (default bench-results/<UTC time>)")
     parser.add_argument(
-        "--work-dir", type=Path, help="scratch directory on the disk under test (default: a temp dir)"
+        "--work-dir",
+        type=Path,
+        help="where the run's scratch directory goes, on the disk under test: a fresh one per run, "
+        "removed at the end (default: the system's temp dir)",
     )
     parser.add_argument(
         "--param", action="append", default=[], metavar="NAME=VALUE", help="workload parameter"
@@ -570,11 +573,14 @@ def main(
     )
 
     with contextlib.ExitStack() as stack:
+        # A fresh directory per run, removed at its end, also under --work-dir: a run that reused the
+        # last one's WAL and metadata files measured something else, and a local object store left
+        # there grew by gigabytes a run.
         if args.work_dir is not None:
-            work_root = args.work_dir
-            work_root.mkdir(parents=True, exist_ok=True)
-        else:
-            work_root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="s3stream-bench-")))
+            args.work_dir.mkdir(parents=True, exist_ok=True)
+        work_root = Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="s3stream-bench-", dir=args.work_dir))
+        )
         run_id = os.urandom(5).hex()
         notes: list[str] = list(target_notes)
         notes_by_ctx: list[tuple[str, Context]] = []

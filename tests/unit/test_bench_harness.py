@@ -467,3 +467,22 @@ def test_ingest_gc_pauses_count_full_collections_in_wall_and_cpu_time() -> None:
     assert summary["count"] == 1
     assert 0 < summary["cpu_total"] == summary["cpu_max"]
     assert 0 < summary["total"] == summary["max"]
+
+
+def test_each_run_works_in_a_fresh_directory_under_work_dir_removed_at_its_end(tmp_path: Path) -> None:
+    seen: list[Path] = []
+
+    async def leaves_files(ctx: Context) -> list[Result]:
+        assert not any(ctx.work_dir.iterdir()), "nothing of an earlier run is in the way"
+        (ctx.work_dir / "wal").write_bytes(b"x" * 4096)
+        seen.append(ctx.work_dir)
+        return []
+
+    work = tmp_path / "scratch"
+    argv = ["w", "--target", "local", "--out", str(tmp_path / "o"), "--no-live", "--no-plots"]
+    for _ in range(2):
+        assert harness.main([*argv, "--work-dir", str(work)], workloads={"w": leaves_files}) == 0
+    assert len(seen) == 2
+    assert seen[0] != seen[1]
+    assert all(work in path.parents for path in seen)
+    assert list(work.iterdir()) == [], "each run's directory is removed"

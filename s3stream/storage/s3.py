@@ -299,14 +299,18 @@ async def read_body(body: Any, content_length: object) -> bytes:
     read (flexible checksums on) reads itself. A body shorter than its Content-Length raises
     botocore's ``IncompleteReadError`` (transient), as ``read()`` does.
     """
-    content = getattr(body, "raw_stream", None)
-    content = getattr(content, "content", None)
-    if type(body) is not AioStreamingBody or not isinstance(content, aiohttp.StreamReader):
+    content = getattr(getattr(body, "raw_stream", None), "content", None)
+    raise_limit = getattr(content, "set_read_chunk_size", None)  # not in every aiohttp: then read()
+    if (
+        type(body) is not AioStreamingBody
+        or not isinstance(content, aiohttp.StreamReader)
+        or raise_limit is None
+    ):
         data: bytes = await body.read()
         return data
     expected = None if content_length is None else int(str(content_length))
     if expected is not None:
-        content.set_read_chunk_size(expected)  # as read() does: no pausing the socket midway
+        raise_limit(expected)  # as read() does: no pausing the socket midway
     chunks: list[bytes] = []
     size = 0
     while True:

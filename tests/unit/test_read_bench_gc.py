@@ -36,11 +36,11 @@ async def test_each_round_starts_after_the_previous_rounds_garbage_is_collected(
     engine_round = read._engine_round
     baseline_round = read._baseline_round
 
-    async def watched(name: str, round_: Any, *args: Any) -> Any:
+    async def watched(name: str, round_: Any, *args: Any, **kw: Any) -> Any:
         if gc.get_freeze_count():  # a measured round (the warm-up pass runs before the freeze)
             assert collected == planted, f"a {name} round started with earlier rounds' garbage uncollected"
             rounds.append(name)
-        result = await round_(*args)
+        result = await round_(*args, **kw)
         planted.append(name)  # the garbage this round leaves behind (a closed client, a reader)
         _old_cyclic_garbage(collected, name)
         return result
@@ -48,8 +48,8 @@ async def test_each_round_starts_after_the_previous_rounds_garbage_is_collected(
     async def engine(*args: Any) -> Any:
         return await watched("engine", engine_round, *args)
 
-    async def baseline(*args: Any) -> Any:
-        return await watched("baseline", baseline_round, *args)
+    async def baseline(*args: Any, **kw: Any) -> Any:
+        return await watched("baseline", baseline_round, *args, **kw)
 
     monkeypatch.setattr(read, "_engine_round", engine)
     monkeypatch.setattr(read, "_baseline_round", baseline)

@@ -204,6 +204,7 @@ async def open_block_wal(path: Path, config: Config, *, node_epoch: int) -> Bloc
         node_epoch=node_epoch,
         io_threads=min(config.wal_thread_count, IO_THREADS_MAX),
         on_full="error",
+        aio=config.wal_aio,
     )
     with translate_wal_errors(str(path)):
         block_wal = await BlockWAL.open(str(path), wal_config)

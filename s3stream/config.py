@@ -19,7 +19,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from s3stream.errors import InvalidArgumentError
 
@@ -40,6 +40,8 @@ class Key:
     minimum: int | None = None
     maximum: int | None = None
     doc: str = ""
+    choices: tuple[str, ...] = ()
+    """For a string key: the values it takes (none: any string its own check allows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class Config:
     wal_thread_count: int = 8
     wal_record_size_max_bytes: int = 16 * MiB
     wal_append_timeout_ms: int = 30_000
+    wal_aio: Literal["auto", "off"] = "off"
     # -- LogCache and uploads ------------------------------------------------------------------
     wal_cache_size_bytes: int = 128 * MiB
     wal_upload_threshold_bytes: int = 32 * MiB
@@ -159,6 +162,9 @@ KEYS: tuple[Key, ...] = (
         "largest WAL record body (bounds append_atomic groups); ours 16 MiB"),
     Key("s3.wal.append.timeout.ms", "wal_append_timeout_ms", int, 1, 3_600_000,
         "AutoMQ WAL append timeout 30 s"),
+    Key("s3.wal.aio", "wal_aio", str, None, None,
+        "group writes by Linux native AIO from the event loop where the WAL file is O_DIRECT (auto) "
+        "or on the WAL's I/O threads (off); ours off: see wal.WalConfig.aio", choices=("auto", "off")),
     Key("s3.wal.cache.size", "wal_cache_size_bytes", int, 1 * MiB, 1 << 40,
         "LogCache byte limit; AutoMQ library 200 MiB, ours 128 MiB"),
     Key("s3.wal.upload.threshold", "wal_upload_threshold_bytes", int, 64 * KiB, 1 << 40,
@@ -263,6 +269,8 @@ def _check(key: Key, value: Any) -> None:
     if key.kind is str:
         if not isinstance(value, str):
             raise InvalidArgumentError(f"{key.name} must be a string, got {value!r}")
+        if key.choices and value not in key.choices:
+            raise InvalidArgumentError(f"{key.name} must be one of {', '.join(key.choices)}, got {value!r}")
         if key.name == "s3.namespace" and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
             raise InvalidArgumentError(f"{key.name} must be 1-64 characters of [A-Za-z0-9._-], got {value!r}")
         return

@@ -7,9 +7,13 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from s3stream.assembly import _open_storage, freeze_startup_heap
+import pytest
+
+from s3stream.assembly import _open_storage, freeze_startup_heap, open_block_wal
+from s3stream.config import Config
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.s3 import S3ObjectStorage
+from wal.aio import Aio
 
 S3_URI = "0@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:9&pathStyle=true&accessKey=a&secretKey=b"
 
@@ -52,3 +56,27 @@ def test_freeze_startup_heap_moves_live_objects_out_of_the_collectors_scans() ->
     finally:
         gc.unfreeze()
     assert any(obj is kept for obj in gc.get_objects())
+
+
+@pytest.mark.parametrize("aio", ["auto", "off"])
+async def test_s3_wal_aio_reaches_the_block_wal(tmp_path: Path, aio: str) -> None:
+    wal = await open_block_wal(tmp_path / "wal", Config(wal_aio=aio), node_epoch=1)  # type: ignore[arg-type]
+    try:
+        await wal.recover()
+        await wal.append(b"x" * 100)
+        block_wal = wal._wal
+        assert block_wal._config.aio == aio
+        if aio == "off":
+            assert block_wal.stats["aio_writes"] == 0
+        elif getattr(block_wal._device, "direct", False) and _kernel_has_aio():
+            assert block_wal.stats["aio_writes"] > 0  # this filesystem and kernel take AIO: it is used
+    finally:
+        await wal.close()
+
+
+def _kernel_has_aio() -> bool:
+    probe = Aio.create(1)
+    if probe is None:
+        return False
+    probe.close()
+    return True

@@ -94,3 +94,21 @@ def test_bad_sources_raise_invalid_argument(tmp_path: Path) -> None:
 def test_keys_are_unique_and_have_docs() -> None:
     assert len({k.name for k in KEYS}) == len(KEYS)
     assert all(k.doc for k in KEYS)
+
+
+def test_wal_aio_is_off_by_default_and_loads_auto_from_toml_and_env(tmp_path: Path) -> None:
+    assert Config().wal_aio == "off"
+    assert Config().as_keys()["s3.wal.aio"] == "off"
+    path = tmp_path / "s3stream.toml"
+    path.write_text('[s3.wal]\naio = "auto"\n')
+    assert Config.from_sources(path, env={}).wal_aio == "auto"
+    assert Config.from_sources(env={env_var("s3.wal.aio"): "auto"}).wal_aio == "auto"
+    assert Config.from_sources(path, env={env_var("s3.wal.aio"): "off"}).wal_aio == "off"  # env wins
+
+
+@pytest.mark.parametrize("value", ["on", "AUTO", "", 1, True])
+def test_wal_aio_takes_only_auto_or_off(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.aio"):
+        Config(wal_aio=value)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.aio"):
+        Config.from_sources(env={}, wal_aio=value)

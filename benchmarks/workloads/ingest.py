@@ -31,6 +31,9 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   the full garbage collections of the recorded engine run, its young ones (per generation: count,
   collector CPU in all and at most) and the objects frozen.
   ``--param latency_rate=N`` runs this section alone at N appends/s (``latency_s=S``: its duration).
+
+``--param wal_aio=auto|off`` sets ``s3.wal.aio`` (default: the Config default) for every WAL of the
+run: the engine's and the WAL-alone baseline's alike, so each ratio compares like with like.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from benchmarks.baselines import Measured, PutCeilingSpec, raw_put_ceiling
 from benchmarks.core import Context, Result
@@ -70,6 +74,11 @@ async def _open_engine(ctx: Context, name: str, config: Config) -> tuple[Client,
     return client, counter
 
 
+def _config(ctx: Context, **fields: Any) -> Config:
+    """The run's Config: ``fields`` plus ``s3.wal.aio`` from ``--param wal_aio`` (both sides of a ratio)."""
+    return Config(wal_aio=ctx.param("wal_aio", Config().wal_aio), **fields)
+
+
 async def _engine_ingest(
     ctx: Context,
     *,
@@ -79,10 +88,11 @@ async def _engine_ingest(
     producers: int,
     hold_uploads: bool = False,
 ) -> dict[str, float]:
-    config = Config()
+    config = _config(ctx)
     if hold_uploads:  # everything stays in the WAL and the LogCache until the final drain
         room = max(256 * MiB, 2 * total_bytes)
-        config = Config(
+        config = _config(
+            ctx,
             wal_capacity_bytes=room,
             wal_cache_size_bytes=room,
             wal_upload_threshold_bytes=room,
@@ -124,7 +134,7 @@ async def _wal_alone(
     ctx: Context, name: str, *, record_bytes: int, total_bytes: int, producers: int, rate_per_s: float = 0
 ) -> tuple[float, LatencyRecorder]:
     """MB/s (or latency at ``rate_per_s`` appends/s) of BlockWAL appends of engine-sized bodies."""
-    config = Config()
+    config = _config(ctx)
     path = ctx.scratch(name) / "wal"
     wal = await open_block_wal(Path(path), config, node_epoch=1)
     await wal.recover()
@@ -317,7 +327,7 @@ async def _engine_latency(
     :func:`~s3stream.assembly.freeze_startup_heap`; also returns the uploads that ran, the
     generator's send lag, the full collections during the recorded run, the objects frozen and the
     young collections during the recorded run."""
-    config = Config(wal_upload_threshold_bytes=8 * MiB)
+    config = _config(ctx, wal_upload_threshold_bytes=8 * MiB)
     client, _ = await _open_engine(ctx, "engine-latency", config)
     latency = LatencyRecorder()
     send_lag = LatencyRecorder()
@@ -368,6 +378,7 @@ async def run(ctx: Context) -> list[Result]:
     producers = ctx.param("producers", 128)
     results: list[Result] = []
     backend = "s3" if ctx.s3 is not None else "local"
+    wal_aio = _config(ctx).wal_aio
     max_rate_1k = 0.0
     latency_rate = ctx.param("latency_rate", 0.0)
     sizes: tuple[tuple[int, int, int], ...] = ((1 * KiB, 8, 64), (64 * KiB, 96, 1024))
@@ -394,13 +405,13 @@ async def run(ctx: Context) -> list[Result]:
         )  # fmt: skip
         if record_bytes == 1 * KiB:
             max_rate_1k = eng["ingest_mb_s"] * 1e6 / record_bytes
-        extra = {"backend": backend, "producers": producers, **eng}
+        extra = {"backend": backend, "wal_aio": wal_aio, "producers": producers, **eng}
         results.append(Result(W, f"ingest MB/s ({label})", eng["ingest_mb_s"], "MB/s", "WAL alone (BlockWAL, same bodies and concurrency)", wal_mb_s, True, extra))  # fmt: skip
         raw_label = f"raw PUT ceiling ({backend}, right after the engine run): {raw_shapes}"
         raw_extra = {**extra, **raw.extra("raw_put_")}
         results.append(Result(W, f"upload MB/s while uploads are in flight ({label})", eng["upload_mb_s"], "MB/s", raw_label, raw.mb_per_s, True, raw_extra))  # fmt: skip
         results.append(Result(W, f"ingest + upload drain MB/s ({label})", eng["drain_mb_s"], "MB/s", raw_label, raw.mb_per_s, True, raw_extra))  # fmt: skip
-        results.append(Result(W, f"ingest MB/s, uploads held back until the end ({label})", held["ingest_mb_s"], "MB/s", "WAL alone (BlockWAL, same bodies and concurrency)", wal_mb_s, True, {"backend": backend, **held}))  # fmt: skip
+        results.append(Result(W, f"ingest MB/s, uploads held back until the end ({label})", held["ingest_mb_s"], "MB/s", "WAL alone (BlockWAL, same bodies and concurrency)", wal_mb_s, True, {"backend": backend, "wal_aio": wal_aio, **held}))  # fmt: skip
         puts_gib = per_gib(eng["put_requests"], int(eng["payload_bytes"]))
         naive_gib = per_gib(eng["naive_puts"], int(eng["payload_bytes"]))
         results.append(Result(W, f"PUT requests per GiB ({label})", puts_gib, "req/GiB", "naive writer: one object per stream per upload", naive_gib, False, extra))  # fmt: skip
@@ -421,5 +432,5 @@ async def run(ctx: Context) -> list[Result]:
     ctx.status("ingest: the latency method's floor (a target that only yields once)")
     with _frozen_heap():
         floor = await _paced_floor(rate, min(duration, 3.0))
-    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
+    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "wal_aio": wal_aio, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
     return results

@@ -1,11 +1,18 @@
-"""The ingest workload's paced latency method: open loop without coordinated omission."""
+"""The ingest workload: its paced latency method (open loop without coordinated omission), its WAL settings."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+import pytest
+
+from benchmarks.core import Context
+from benchmarks.workloads import ingest
 from benchmarks.workloads.ingest import _paced, _paced_floor
+from s3stream.assembly import open_block_wal, open_client
+from s3stream.config import Config
 
 
 async def _hold_loop(after_s: float, hold_s: float) -> None:
@@ -34,3 +41,28 @@ async def test_every_slot_is_called_once_with_its_due_time() -> None:
     assert len(set(dues)) == 300
     assert min(dues) >= started
     assert max(dues) - min(dues) > 0.09
+
+
+@pytest.mark.parametrize("params", [{"wal_aio": "auto"}, {"wal_aio": "off"}, {}])
+async def test_wal_aio_param_sets_the_engine_and_the_wal_alone_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, params: dict[str, str]
+) -> None:
+    seen: list[str] = []
+
+    async def wal_spy(path: Path, config: Config, *, node_epoch: int) -> object:
+        seen.append(config.wal_aio)
+        return await open_block_wal(path, config, node_epoch=node_epoch)
+
+    async def client_spy(root: Path, *, config: Config, storage: object) -> object:
+        seen.append(config.wal_aio)
+        return await open_client(root, config=config, storage=storage)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ingest, "open_block_wal", wal_spy)
+    monkeypatch.setattr(ingest, "open_client", client_spy)
+    ctx = Context(quick=True, work_dir=tmp_path, s3=None, params=params)
+    await ingest._wal_alone(ctx, "wal", record_bytes=1024, total_bytes=64 * 1024, producers=4)
+    await ingest._engine_ingest(ctx, record_bytes=1024, total_bytes=64 * 1024, stream_count=2, producers=4)
+    await ingest._engine_ingest(
+        ctx, record_bytes=1024, total_bytes=64 * 1024, stream_count=2, producers=4, hold_uploads=True
+    )
+    assert seen == [params.get("wal_aio", Config().wal_aio)] * 3

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.baselines import Measured
 from benchmarks.core import Context
+from benchmarks.measure import LatencyRecorder
 from benchmarks.workloads import ingest
 from benchmarks.workloads.ingest import _paced, _paced_floor
 from s3stream.assembly import open_block_wal, open_client
 from s3stream.config import Config
+
+KiB = 1024
+MiB = 1024 * KiB
 
 
 async def _hold_loop(after_s: float, hold_s: float) -> None:
@@ -66,3 +71,63 @@ async def test_wal_aio_param_sets_the_engine_and_the_wal_alone_alike(
         ctx, record_bytes=1024, total_bytes=64 * 1024, stream_count=2, producers=4, hold_uploads=True
     )
     assert seen == [params.get("wal_aio", Config().wal_aio)] * 3
+
+
+async def test_the_held_back_engine_gets_the_held_back_wal_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capacities: list[int] = []
+
+    async def client_spy(root: Path, *, config: Config, storage: object) -> object:
+        capacities.append(config.wal_capacity_bytes)
+        return await open_client(root, config=config, storage=storage)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ingest, "open_client", client_spy)
+    ctx = Context(quick=True, work_dir=tmp_path, s3=None)
+    total = 4 * MiB
+    await ingest._engine_ingest(
+        ctx, record_bytes=64 * KiB, total_bytes=total, stream_count=2, producers=4, hold_uploads=True
+    )
+    assert capacities == [ingest._held_wal_capacity(total)]
+
+
+async def test_the_held_back_rows_wal_alone_has_the_held_back_engines_wal_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-back engine writes once into a WAL of _held_wal_capacity; its baseline does too (not
+    around the default 256 MiB WAL, which this VM's disk wrote faster than a fresh 2 GiB one)."""
+    default = Config().wal_capacity_bytes
+
+    async def wal_alone(ctx: Context, name: str, **kw: int) -> tuple[float, LatencyRecorder]:
+        capacity = kw.get("capacity_bytes", default)
+        latency = LatencyRecorder()
+        latency.record(0.001)
+        return float(capacity // MiB), latency  # the baseline's value tells which WAL it came from
+
+    async def engine(ctx: Context, **kw: object) -> dict[str, float]:
+        return {"ingest_mb_s": 1.0, "drain_mb_s": 1.0, "payload_bytes": 1, "put_requests": 0, "naive_puts": 0,
+                "uploads": 0, "upload_mb_s": 0.0, "objects": 0}  # fmt: skip
+
+    async def raw_put(ctx: Context) -> tuple[str, Measured]:
+        return "raw", Measured("raw", payload_bytes=1_000_000, elapsed_s=1.0)
+
+    async def engine_latency(ctx: Context, **kw: object) -> tuple[object, ...]:
+        latency = LatencyRecorder()
+        latency.record(0.001)
+        return latency, 0, latency, ingest.GcPauses(), 0, ingest.YoungCollections()
+
+    async def floor(rate_per_s: float, duration_s: float) -> LatencyRecorder:
+        return LatencyRecorder()
+
+    for name, fake in (("_wal_alone", wal_alone), ("_engine_ingest", engine), ("_raw_put", raw_put),
+                       ("_engine_latency", engine_latency), ("_paced_floor", floor)):  # fmt: skip
+        monkeypatch.setattr(ingest, name, fake)
+    results = await ingest.run(Context(quick=False, work_dir=tmp_path, s3=None))
+    baselines = {r.metric: r.baseline_value for r in results}
+    for size, total in ((1, 64 * MiB), (64, 1024 * MiB)):
+        label = f"{size} KiB records, 1000 streams"
+        assert baselines[f"ingest MB/s ({label})"] == default // MiB
+        assert baselines[f"ingest MB/s, uploads held back until the end ({label})"] == (
+            ingest._held_wal_capacity(total) // MiB
+        )
+    assert ingest._held_wal_capacity(1024 * MiB) == 2048 * MiB

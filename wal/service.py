@@ -28,8 +28,12 @@ The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()
 closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``
 does.
 
-Trim and close write the header (alternating slots, sequence counter) once no group is in flight.
-Space freed by a trim is reused only once that header write is durable.
+A trim writes the header (alternating slots, sequence counter) on its own I/O thread while group
+writes go on: the header's ``start_offset`` is a sealed group's start (in flight or not) or the
+aligned end of the log, and space freed by a trim is reused only once that header write is durable
+(a group is sealed against the start of the last *durable* header), so an overlapping header write
+changes neither what a crash can leave behind nor the recovery rule (docs/format.md 4.2, 4.6).
+Close writes its clean-close header once no group is in flight.
 """
 
 from __future__ import annotations
@@ -213,7 +217,7 @@ class BlockWAL:
         self._inflight: collections.deque[_Group] = collections.deque()  # submitted, not completed
         self._scheduled = False  # a pump is scheduled on the loop
         self._started = False  # the I/O threads run
-        self._header_busy = False  # a header write is in flight (no group is then)
+        self._header_busy = False  # a header write is in flight (groups may be too, unless closing)
         self._close_waiter: asyncio.Future[None] | None = None
         # a data record header's fixed part and its CRC32C, for a group's first record and the rest
         self._fixed_first = self._fixed_rest = (b"", 0)
@@ -223,7 +227,8 @@ class BlockWAL:
         self._wbufs = [aligned_buffer(config.write_max_bytes) for _ in range(config.groups_inflight_max)]
         self._wviews = [memoryview(b) for b in self._wbufs]
         self._free_slots = list(range(config.groups_inflight_max))
-        self._pbuf = aligned_buffer(config.block_size_bytes)
+        self._pbuf = aligned_buffer(config.block_size_bytes)  # a wrapping group's padding record
+        self._hbuf = aligned_buffer(config.block_size_bytes)  # header writes (may overlap a padding write)
         self._zeros = bytes(config.block_size_bytes)
         self.mode = device.mode
         self.stats = {"groups": 0, "records": 0, "bytes_written": 0, "headers": 0, "aio_writes": 0}
@@ -421,6 +426,7 @@ class BlockWAL:
                 for buf in self._wbufs:
                     buf.close()
                 self._pbuf.close()
+                self._hbuf.close()
 
     def _join_threads(self) -> None:
         for thread in self._threads:
@@ -588,7 +594,7 @@ class BlockWAL:
             for flags in (FLAG_FIRST, 0)
         ]
         self._fixed_first, self._fixed_rest = ((f, crc32c(f)) for f in fixed)
-        for k in range(self._k_max):
+        for k in range(self._k_max + 1):  # one per group in flight, one for a header write
             thread = threading.Thread(
                 target=_io_thread, args=(self._jobs, self._loop), name=f"wal-io-{k}", daemon=True
             )
@@ -596,7 +602,7 @@ class BlockWAL:
             self._threads.append(thread)
         # The threads hold the job queue, not the WAL: a WAL dropped without close() becomes
         # unreachable once no job is queued or running, and then stops its threads.
-        self._stop_threads = weakref.finalize(self, _stop_io_threads, self._jobs, self._k_max)
+        self._stop_threads = weakref.finalize(self, _stop_io_threads, self._jobs, self._k_max + 1)
         fd = getattr(self._device, "fd", None)
         if self._config.aio == "auto" and getattr(self._device, "direct", False) and isinstance(fd, int):
             aio = Aio.create(self._k_max)
@@ -613,9 +619,10 @@ class BlockWAL:
         self._accepting = True
 
     def _pump(self) -> None:
-        """The writer's one step, run as a loop callback: complete what is in order, then start a
-        header write (trim, close) once nothing is in flight, or seal and submit groups while fewer
-        than K are in flight. Re-run by appends, completions, trims and close."""
+        """The writer's one step, run as a loop callback: start a header write for the waiting trims
+        (one at a time, beside the group writes), seal and submit groups while fewer than K are in
+        flight, and start the clean-close header once nothing is. Re-run by appends, completions,
+        trims, header writes and close."""
         self._scheduled = False
         if self._failure is not None:
             return
@@ -628,18 +635,16 @@ class BlockWAL:
 
     def _pump_once(self) -> None:
         inflight = self._inflight
-        if self._header_busy:
-            return
-        if self._header_waiters:
-            if not inflight:
-                self._start_header(clean=False)
-            return
+        if self._header_waiters and not self._header_busy:
+            self._start_header(clean=False)
         while self._pending and len(inflight) < self._k_max:
             split = 0
             if not inflight and self._pending_bytes >= self._split_min_bytes:
                 split = self._pending_bytes // 2
             if self._submit(split):
                 continue
+            if self._header_busy:
+                return  # the trim being written may free room: its completion runs the pump again
             if self._config.on_full == "error" or self._closing:
                 self._fail_pending(
                     WalCapacityError(
@@ -653,6 +658,8 @@ class BlockWAL:
             and not self._pending
             and not self._admit_waiters
             and not inflight
+            and not self._header_busy
+            and not self._header_waiters
         ):
             self._start_header(clean=True)
 
@@ -1042,7 +1049,11 @@ class BlockWAL:
             self._release_inflight(released)
 
     def _start_header(self, *, clean: bool) -> None:
-        """Hand a header write to an I/O thread (no group is in flight); the pump waits for it."""
+        """Hand a header write to an I/O thread. Groups sealed meanwhile still count the ring's room
+        from the last durable header's start (:attr:`_flushed_start`), which only its completion moves:
+        the space it frees is not written before it is durable. ``start`` is the first sealed group
+        holding a record at or past the trim offset, durable or in flight: after a crash the scan
+        from there finds the end at the first torn group, as it would from an earlier start."""
         trim = self._trim_offset
         groups = self._groups
         while groups and groups[0][1] <= trim:
@@ -1095,7 +1106,7 @@ class BlockWAL:
 
     def _write_header_sync(self, header: WalHeader) -> None:
         block = self._layout.block
-        buf = self._pbuf
+        buf = self._hbuf
         buf[:block] = self._zeros
         data = encode_wal_header(header)
         buf[: len(data)] = data

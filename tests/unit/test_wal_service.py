@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import mmap
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -602,3 +604,98 @@ async def test_close_closes_the_device_once() -> None:
     del wal
     gc.collect()
     assert closes == [1]
+
+
+class GatedDevice(MemoryDevice):
+    """A memory device whose header writes (or record-area writes) wait for a gate to open."""
+
+    def __init__(self, size_bytes: int) -> None:
+        super().__init__(size_bytes)
+        self.header_gate: threading.Event | None = None
+        self.record_gate: threading.Event | None = None
+        self.waiting = threading.Event()  # a write waits at a gate
+
+    def write(self, pos: int, data: bytes | bytearray | memoryview | mmap.mmap) -> None:
+        gate = self.header_gate if pos < 2 * CONFIG.block_size_bytes else self.record_gate
+        if gate is not None:
+            self.waiting.set()
+            assert gate.wait(10), "gate never opened"
+        super().write(pos, data)
+
+
+async def test_appends_complete_while_a_trim_header_write_is_in_flight() -> None:
+    config = WalConfig(**{**CONFIG.__dict__, "on_full": "wait"})
+    dev = GatedDevice(config.device_bytes)
+    wal = await BlockWAL.open(dev, config)
+    written = [await wal.append(body(i, 4000)) for i in range(40)]  # one block each, 22 blocks free
+    gate = dev.header_gate = threading.Event()
+    trim = asyncio.ensure_future(wal.trim(written[20]))
+    await asyncio.to_thread(dev.waiting.wait, 10)
+    # groups are written while the header write is in flight (it held them back before)
+    written += [await asyncio.wait_for(wal.append(body(i, 4000)), 5) for i in range(40, 62)]
+    assert wal.used_bytes == AREA
+    assert not trim.done()
+    # the ring is full: the space the trim frees is not written before the header is durable
+    before = bytes(dev.data)
+    blocked = asyncio.ensure_future(wal.append(body(62, 4000)))
+    await asyncio.sleep(0.05)
+    assert not blocked.done()
+    assert bytes(dev.data) == before
+    gate.set()
+    await trim
+    assert await asyncio.wait_for(blocked, 5) > written[-1]
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert recs == [(o, body(i, 4000)) for i, o in enumerate([*written, await blocked]) if i >= 20]
+    await wal.close()
+
+
+async def test_a_trim_header_naming_a_group_still_in_flight_recovers_after_a_crash() -> None:
+    dev = GatedDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    acked = [await wal.append(body(i, 700)) for i in range(6)]
+    gate = dev.record_gate = threading.Event()
+    in_flight = asyncio.ensure_future(wal.append(body(6, 700)))
+    await asyncio.to_thread(dev.waiting.wait, 10)
+    await asyncio.wait_for(wal.trim(acked[3]), 5)  # durable while the group is in flight
+    image = bytearray(dev.data)  # a crash now: the group's write never happened
+    # the header's start is that group when the trim drops every durable record
+    group_start = wal.next_offset - wal.next_offset % CONFIG.block_size_bytes
+    await asyncio.wait_for(wal.trim(group_start), 5)
+    image_at_group = bytearray(dev.data)
+    assert not in_flight.done()
+    gate.set()
+    assert await in_flight == group_start
+    await wal.close()
+    wal, recs = await reopen(MemoryDevice(len(image), image))
+    assert recs == [(o, body(i, 700)) for i, o in enumerate(acked) if i >= 3]
+    await wal.close()
+    mem = MemoryDevice(len(image_at_group), image_at_group)
+    wal, recs = await reopen(mem)
+    assert recs == []  # the torn group is the end of the log
+    later = await wal.append(body(7, 700))
+    assert later >= group_start + CONFIG.block_size_bytes  # past the bridge: no offset is reused
+    await wal.close()
+    wal, recs = await reopen(mem)
+    assert recs == [(later, body(7, 700))]
+    await wal.close()
+
+
+async def test_a_full_ring_waits_for_a_trim_header_in_flight_before_refusing_an_append() -> None:
+    dev = GatedDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)  # on_full="error"
+    written = [await wal.append(body(i, 4000)) for i in range(AREA // 4096)]  # one block each: full
+    gate = dev.header_gate = threading.Event()
+    trim = asyncio.ensure_future(wal.trim(written[10]))
+    await asyncio.to_thread(dev.waiting.wait, 10)
+    later = asyncio.ensure_future(wal.append(body(1000, 4000)))
+    await asyncio.sleep(0.05)
+    assert not later.done()  # not refused: the header in flight frees room
+    gate.set()
+    await trim
+    assert await asyncio.wait_for(later, 5) > written[-1]
+    for i in range(9):  # the rest of the room the trim freed
+        await wal.append(body(1001 + i, 4000))
+    with pytest.raises(WalCapacityError):  # full again, with no trim in flight
+        await wal.append(body(1010, 4000))
+    await wal.close()

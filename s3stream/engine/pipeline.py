@@ -5,9 +5,7 @@ archived once full (or old, or forced) and runs through prepare -> upload -> com
 commits happen strictly in archive order, uploads may overlap (at most ``s3.wal.upload.inflight.max``
 at a time), and every step is retried with backoff. Only after a commit is the block freed and the
 WAL trimmed below the oldest record still holding uncommitted batches
-(:class:`~s3stream.engine.waltrim.WalTrimTracker`), lazily (:meth:`UploadPipeline.trim_wal`): a trim
-is a durable WAL header write, and one after every commit put a sync on the WAL's disk beside the
-appends' group writes 5 times a second at 43k appends/s. See ``docs/architecture.md`` "Write path".
+(:class:`~s3stream.engine.waltrim.WalTrimTracker`). See ``docs/architecture.md`` "Write path".
 """
 
 from __future__ import annotations
@@ -54,13 +52,6 @@ FROZEN_STREAMS_PER_TURN = 256
 block of 8 records each takes ~0.75 ms; see ``LogCache.freeze_steps``)."""
 PLAN_STREAMS_PER_TURN = 256
 """Streams of an archived block read into the upload plan per event-loop turn (~0.1-0.3 ms)."""
-TRIM_STEP_FRACTION = 0.25
-"""After a commit the WAL is trimmed once its trim point moved this share of the WAL capacity since the
-last trim (or at once in the cases :meth:`UploadPipeline.trim_wal` lists). Committed records the WAL
-still holds only make a restart replay (and drop) more: recovery skips committed batches."""
-TRIM_SPAN_FRACTION = 0.5
-"""After a commit the WAL is trimmed at once when its records above the last trim span this share of
-the capacity (the WAL is half full: room comes first)."""
 COMMIT_REVALIDATE_MAX = 8
 """Commit rejections in a row without a stream to drop before the engine gives up (data stays in the WAL)."""
 _NODE_LEVEL_CODES = (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST)
@@ -147,12 +138,6 @@ class UploadPipeline:
         self._slots = asyncio.Semaphore(config.upload_inflight_max)
         self._active_count = 0
         self._busy_since_s = 0.0
-        self._trim_step_bytes = int(config.wal_capacity_bytes * TRIM_STEP_FRACTION)
-        self._trim_span_bytes = int(config.wal_capacity_bytes * TRIM_SPAN_FRACTION)
-        self._trim_requested = 0
-        """The offset of the last trim handed to the WAL."""
-        self._trim_failed = False
-        """The last trim failed: the next commit trims at once."""
 
     def put(self, item: CachedBatch, seq: int) -> None:
         """An acknowledged batch of WAL record ``seq`` enters the active block (archived once full)."""
@@ -181,8 +166,7 @@ class UploadPipeline:
 
     async def force_upload(self, stream_id: int | None) -> None:
         """Upload the active block if it holds ``stream_id`` (any stream if None) and wait for every
-        in-flight upload holding it; then trim the WAL below what they committed (at once: commits
-        alone trim lazily)."""
+        in-flight upload holding it."""
         self.supervisor.check_alive()
         if stream_id is None or stream_id in self.cache.active.streams:
             self.archive_and_upload()
@@ -190,8 +174,6 @@ class UploadPipeline:
         if waits:
             await asyncio.gather(*waits)
         self.supervisor.check_alive()
-        if waits:
-            self.trim_wal()
 
     def wake_all(self) -> None:
         """The engine failed: wake every waiter (they find the failure)."""
@@ -272,43 +254,22 @@ class UploadPipeline:
         self.inflight.remove(task)
         task.done.set()
         self.room.set()
-        self.trim_wal(lazy=True)
+        self.trim_wal()
         await _free_in_turns(holders)
         # Kept for reads until released: frozen (no tracked object per stream) in turns.
         for _ in self.cache.freeze_steps(task.block, FROZEN_STREAMS_PER_TURN):
             await asyncio.sleep(0)
 
-    def trim_wal(self, *, lazy: bool = False) -> None:
-        """Trim the WAL below its oldest live record: at once (the WAL is full, KV records were
-        applied, :meth:`force_upload` finished), or ``lazy`` (after a commit) only when one of these
-        holds, since the last trim handed to the WAL:
-
-        - the trim point moved :data:`TRIM_STEP_FRACTION` of the WAL capacity (a quarter);
-        - the records above the last trim span :data:`TRIM_SPAN_FRACTION` of it (half full);
-        - nothing is live any more (everything written is committed: the WAL may go idle);
-        - the last trim failed.
-        """
+    def trim_wal(self) -> None:
+        """Trim the WAL below its oldest live record (after a commit, and when the WAL is full)."""
         trim_to = self.live.trim_point(self.cache.uncommitted_wal_offset_min())
-        if trim_to is None:
-            return
-        if lazy and not self._trim_failed:
-            last = self._trim_requested
-            end = self.live.end_offset
-            if (
-                trim_to - last < self._trim_step_bytes
-                and end - last < self._trim_span_bytes
-                and trim_to < end
-            ):
-                return
-        self._trim_failed = False
-        self._trim_requested = max(self._trim_requested, trim_to)
-        self.supervisor.spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")
+        if trim_to is not None:
+            self.supervisor.spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")
 
     async def _trim_wal(self, offset: int) -> None:
         try:
             await self.wal.trim(offset)
         except (S3StreamError, OSError) as exc:
-            self._trim_failed = True
             log.warning("WAL trim to %d failed (retried after the next commit): %s", offset, exc)
 
     async def _commit(self, request: CommitStreamSetObjectRequest, plan: UploadPlan) -> None:

@@ -1,6 +1,5 @@
 """The WAL trim rule seen from the engine: never past an append in flight, a record of an uncommitted
-LogCache block or a durable append held back by its stream's sequencer; a failed append pins nothing;
-after a commit only lazily (a quarter of the WAL freed, half of it full, or nothing left live)."""
+LogCache block or a durable append held back by its stream's sequencer; a failed append pins nothing."""
 
 from __future__ import annotations
 
@@ -8,11 +7,9 @@ import asyncio
 
 import pytest
 
-from s3stream.engine.client import Stream
-from s3stream.engine.core import TestHooks
 from s3stream.errors import FencedError, UnavailableError
 from s3stream.model import RecordBatch
-from tests.unit.test_engine import SMALL, KiB, MiB, Node
+from tests.unit.test_engine import Node
 from tests.unit.test_engine_append_path import ReorderingWal
 
 
@@ -99,67 +96,4 @@ async def test_a_failed_append_and_its_fenced_durable_successor_pin_no_wal_recor
     await client.engine.force_upload(None)
     await asyncio.sleep(0)
     assert wal.records == {}  # the fenced stream's durable record does not hold the WAL
-    await client.close()
-
-
-LAZY = SMALL.replace(wal_upload_threshold_bytes=6 * MiB, wal_cache_size_bytes=8 * MiB)
-"""An 8 MiB WAL (trim step 2 MiB, half full at 4 MiB) whose blocks are uploaded only when the test says."""
-
-
-async def _append_bytes(stream: Stream, total_bytes: int) -> None:
-    for _ in range(total_bytes // (256 * KiB)):
-        await stream.append(RecordBatch(bytes(256 * KiB)))
-
-
-async def test_a_commit_trims_the_wal_only_once_the_trim_point_moved_a_quarter_of_it() -> None:
-    wal = ReorderingWal()
-    client = await Node(LAZY, wal=wal).open()
-    pipeline = client.engine._pipeline
-    first = await client.streams.create_and_open_stream()
-    second = await client.streams.create_and_open_stream()
-    await _append_bytes(first, 1 * MiB)
-    task = pipeline.archive_and_upload()
-    assert task is not None
-    await second.append(RecordBatch(b"live in the active block"))
-    live = max(wal.records)
-    await task.done.wait()
-    await asyncio.sleep(0)
-    assert wal.trim_calls == []  # 1 MiB freed: below the step, records still live
-    await _append_bytes(first, 3 * MiB // 2)
-    task = pipeline.archive_and_upload()  # holds the live record and 1.5 MiB more
-    assert task is not None
-    await second.append(RecordBatch(b"live again"))
-    live = max(wal.records)
-    await task.done.wait()
-    await asyncio.sleep(0)
-    assert wal.trim_calls == [live]  # the trim point moved 2.5 MiB: trimmed up to the live record
-    assert min(wal.records) == live
-    await client.engine.force_upload(None)  # trims at once
-    await asyncio.sleep(0)
-    assert wal.records == {}
-    await client.close()
-
-
-async def test_a_commit_trims_the_wal_at_once_when_it_is_half_full() -> None:
-    wal = ReorderingWal()
-    client = await Node(LAZY, wal=wal).open()
-    pipeline = client.engine._pipeline
-    first = await client.streams.create_and_open_stream()
-    second = await client.streams.create_and_open_stream()
-    release = asyncio.Event()
-
-    class Hold(TestHooks):
-        async def before_commit(self) -> None:
-            await release.wait()
-
-    pipeline.hooks = Hold()
-    await _append_bytes(first, 1 * MiB)
-    task = pipeline.archive_and_upload()
-    assert task is not None
-    live = wal.next_offset
-    await _append_bytes(second, 7 * MiB // 2)  # uncommitted: past 4 MiB above the last trim (none)
-    release.set()
-    await task.done.wait()
-    await asyncio.sleep(0)
-    assert wal.trim_calls == [live]  # the trim point moved only 1 MiB, but the WAL is half full
     await client.close()

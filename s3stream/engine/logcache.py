@@ -15,8 +15,9 @@ Records are kept in columns per stream and block (payloads in a list, epochs, ba
 counts in int arrays), not as StreamRecordBatch objects nor as one tuple each: caching a record
 creates no object the garbage collector tracks (a tuple per record was one: one young collection
 per ~700 appends, and a full one, tens of ms on a big heap, per ~70,000), and the arrays hold no int
-objects. Readers get StreamRecordBatch objects built on the way out; the upload reads a stream's
-records as :data:`CachedBatch` tuples through :class:`CachedRecords`, built one at a time.
+objects. Readers get StreamRecordBatch objects built on the way out; the upload encodes straight
+from the columns (``ObjectWriter.write_columns``); :class:`CachedRecords` reads a stream's records as
+:data:`CachedBatch` tuples, built one at a time (for inspection and tests).
 
 A block that takes no more records (committed and marked free: it stays for reads) is *frozen*
 (:meth:`LogCache.freeze_steps`, a slice of streams per step): its stream caches become one
@@ -187,7 +188,7 @@ class StreamCache:
 
 class CachedRecords(Sequence[CachedBatch]):
     """A :class:`StreamCache`'s records as :data:`CachedBatch` tuples, each built when read (the
-    upload encodes from these): the cache keeps none, so it holds nothing the collector tracks."""
+    cache keeps none, so it holds nothing the collector tracks); the upload reads the columns."""
 
     __slots__ = ("_cache",)
 
@@ -207,7 +208,7 @@ class CachedRecords(Sequence[CachedBatch]):
         c = self._cache
         if isinstance(index, slice):
             return [c.field(i) for i in range(*index.indices(len(c.payloads)))]
-        # StreamCache.field, inlined: the upload reads every record through here.
+        # StreamCache.field, inlined
         bases = c.bases
         n = len(bases)
         if index < 0:

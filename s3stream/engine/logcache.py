@@ -16,8 +16,7 @@ counts in int arrays), not as StreamRecordBatch objects nor as one tuple each: c
 creates no object the garbage collector tracks (a tuple per record was one: one young collection
 per ~700 appends, and a full one, tens of ms on a big heap, per ~70,000), and the arrays hold no int
 objects. Readers get StreamRecordBatch objects built on the way out; the upload encodes straight
-from the columns (``ObjectWriter.write_columns``); :class:`CachedRecords` reads a stream's records as
-:data:`CachedBatch` tuples, built one at a time (for inspection and tests).
+from the columns (``ObjectWriter.write_columns``).
 
 A block that takes no more records (committed and marked free: it stays for reads) is *frozen*
 (:meth:`LogCache.freeze_steps`, a slice of streams per step): its stream caches become one
@@ -36,9 +35,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 from sortedcontainers import SortedDict
 
@@ -97,10 +96,9 @@ class StreamCache:
     def end_offset(self) -> int:
         return self.end
 
-    @property
-    def items(self) -> CachedRecords:
-        """The records as :data:`CachedBatch` tuples (a view: built when read, none kept)."""
-        return CachedRecords(self)
+    def fields(self) -> list[CachedBatch]:
+        """Every record as a :data:`CachedBatch` tuple (built now; the cache keeps none)."""
+        return [self.field(i) for i in range(len(self.payloads))]
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -184,47 +182,6 @@ class StreamCache:
                 break
             out.append(StreamRecordBatch(*self.field(i)))  # records continue each other: all overlap
         return out
-
-
-class CachedRecords(Sequence[CachedBatch]):
-    """A :class:`StreamCache`'s records as :data:`CachedBatch` tuples, each built when read (the
-    cache keeps none, so it holds nothing the collector tracks); the upload reads the columns."""
-
-    __slots__ = ("_cache",)
-
-    def __init__(self, cache: StreamCache) -> None:
-        self._cache = cache
-
-    def __len__(self) -> int:
-        return len(self._cache.payloads)
-
-    @overload
-    def __getitem__(self, index: int) -> CachedBatch: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[CachedBatch]: ...
-
-    def __getitem__(self, index: int | slice) -> CachedBatch | list[CachedBatch]:
-        c = self._cache
-        if isinstance(index, slice):
-            return [c.field(i) for i in range(*index.indices(len(c.payloads)))]
-        # StreamCache.field, inlined
-        bases = c.bases
-        n = len(bases)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(index)
-        base = bases[index]
-        after = index + 1
-        epochs = c.epochs
-        epoch = c.epoch if epochs is None else epochs[index]
-        assert epoch is not None
-        return (c.stream_id, epoch, base, (bases[after] if after < n else c.end) - base, c.payloads[index])
-
-    def __iter__(self) -> Iterator[CachedBatch]:
-        c = self._cache
-        return (c.field(i) for i in range(len(c.payloads)))
 
 
 class FrozenStreams(Mapping[int, StreamCache]):

@@ -88,10 +88,10 @@ def test_cached_records_are_invisible_to_the_garbage_collector_and_come_back_who
     records = [rec(1, 0, count=2), rec(1, 2), rec(3, 0)]
     for record in records:
         cache.put(record)
-    items = [item for stream in cache.active.streams.values() for item in stream.items]
+    items = [item for stream in cache.active.streams.values() for item in stream.fields()]
     assert items == [(r.stream_id, r.epoch, r.base_offset, r.count, r.payload) for r in records]
-    assert cache.active.streams[1].items[-1] == items[1]
-    assert cache.active.streams[1].items[0:1] == items[:1]
+    assert cache.active.streams[1].field(-1) == items[1]
+    assert cache.active.streams[1].fields()[0:1] == items[:1]
     assert cache.active.records_by_stream() == [(1, records[:2]), (3, records[2:])]
     assert cache.get(1, 1, 3, max_bytes=1 << 20) == records[:2]
     payload = bytes(10)
@@ -122,8 +122,8 @@ def test_a_stream_reopened_under_a_new_epoch_keeps_each_records_epoch_in_the_blo
     cache.put_plain(1, 5, 2, 1, b"new", 100)
     cache.put_item((1, 5, 3, 3, b"newer"))
     stream = cache.active.streams[1]
-    assert list(stream.items) == [(1, 4, 0, 2, b"old"), (1, 5, 2, 1, b"new"), (1, 5, 3, 3, b"newer")]
-    assert stream.items[-1] == (1, 5, 3, 3, b"newer")
+    assert stream.fields() == [(1, 4, 0, 2, b"old"), (1, 5, 2, 1, b"new"), (1, 5, 3, 3, b"newer")]
+    assert stream.field(-1) == (1, 5, 3, 3, b"newer")
     assert (stream.start_offset, stream.end_offset, len(stream)) == (0, 6, 3)
     assert [(r.epoch, r.base_offset, r.count) for r in cache.get(1, 1, 4, max_bytes=1 << 20)] == [
         (4, 0, 2),

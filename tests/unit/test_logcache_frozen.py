@@ -43,7 +43,7 @@ def reads(cache: LogCache, block: LogCacheBlock) -> list[object]:
         stream = block.streams.get(stream_id)
         if stream is not None:
             out.append((stream.start_offset, stream.end_offset, len(stream), stream.size_bytes))
-            out.append((list(stream.items), stream.items[-1], stream.items[1:3], stream.records))
+            out.append((stream.fields(), stream.field(-1), stream.fields()[1:3], stream.records))
             out.append(stream.overlapping(5, 30))
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
@@ -188,17 +188,8 @@ class ObjectWriter:
         copy of the sequence. A record out of range or out of order raises ``InvalidArgumentError``
         after the records before it were encoded: the writer is then closed (the caller aborts).
         """
-        self._enter()
-        try:
-            i, n = start, len(records) if end is None else end
-            while i < n:
-                i = self._encode_from(records, i, n, check=True)
-                await self._maybe_flush_part()
-        except InvalidArgumentError:
-            self._closed = True
-            raise
-        finally:
-            self._busy = False
+        n = len(records) if end is None else end
+        await self._encode_checked(lambda i: self._encode_from(records, i, n, check=True), start, n)
 
     async def write_columns(self, columns: RecordColumns, start: int = 0, end: int | None = None) -> None:
         """:meth:`write_fields` of records ``[start, end)`` of one stream given as columns (no tuple per
@@ -214,11 +205,18 @@ class ObjectWriter:
             ]
             await self.write_fields(records)
             return
+        epoch, n = columns.epoch, len(columns.bases) if end is None else end
+        await self._encode_checked(lambda i: self._encode_columns(columns, epoch, i, n), start, n)
+
+    async def _encode_checked(self, encode: Callable[[int], int], start: int, end: int) -> None:
+        """Encode records ``[start, end)`` a slice at a time (``encode(i)`` encodes from record ``i``
+        and returns where it stopped), handing completed parts over between slices. A record that
+        fails its check (``InvalidArgumentError``) closes the writer: the caller aborts."""
         self._enter()
         try:
-            i, n = start, len(columns.bases) if end is None else end
-            while i < n:
-                i = self._encode_columns(columns, columns.epoch, i, n)
+            i = start
+            while i < end:
+                i = encode(i)
                 await self._maybe_flush_part()
         except InvalidArgumentError:
             self._closed = True
@@ -233,6 +231,7 @@ class ObjectWriter:
             if columns.epoch is None:
                 await self.write_columns(columns)
                 continue
+            # _encode_checked inlined: a coroutine call per stream cost more than a small stream's records
             self._enter()
             try:
                 i, n = 0, len(columns.bases)

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import gc
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,10 @@ class _FakeAio:
         self.real.close()
 
 
-async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
+async def _one_write_completing_with(
+    tmp_path: Path, result: Callable[[int], int]
+) -> tuple[BlockWAL, asyncio.Future[int]]:
+    """A WAL whose one AIO write (of one append) the kernel reports as ``result(bytes submitted)``."""
     path = tmp_path / "wal.dat"
     _aio_or_skip(path)
     wal, _ = await _open(path)
@@ -120,9 +124,14 @@ async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
     wal._aio = fake
     fut = wal.append(b"lost")
     await asyncio.sleep(0)  # the pump seals and submits
-    ((tag, _nbytes),) = fake.submitted
-    fake.results = [(tag, -errno.EIO)]
+    ((tag, nbytes),) = fake.submitted
+    fake.results = [(tag, result(nbytes))]
     wal._aio_reap()
+    return wal, fut
+
+
+async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
+    wal, fut = await _one_write_completing_with(tmp_path, lambda nbytes: -errno.EIO)
     with pytest.raises(WalIOError, match="Input/output error"):
         await fut
     with pytest.raises(WalClosedError):
@@ -131,17 +140,7 @@ async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
 
 
 async def test_a_short_aio_write_fails_the_wal(tmp_path: Path) -> None:
-    path = tmp_path / "wal.dat"
-    _aio_or_skip(path)
-    wal, _ = await _open(path)
-    assert wal._aio is not None
-    fake: Any = _FakeAio(wal._aio)
-    wal._aio = fake
-    fut = wal.append(b"short")
-    await asyncio.sleep(0)
-    ((tag, nbytes),) = fake.submitted
-    fake.results = [(tag, nbytes - 512)]
-    wal._aio_reap()
+    wal, fut = await _one_write_completing_with(tmp_path, lambda nbytes: nbytes - 512)
     with pytest.raises(WalIOError, match="bytes written"):
         await fut
     await wal.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from s3stream.engine.upload import ObjectUploader
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import ObjectWriter, object_key
 from s3stream.objectformat.writer import DEFAULT_PART_SIZE_BYTES
 from s3stream.record import StreamRecordBatch
@@ -44,3 +46,20 @@ async def commit_stream_set_object(
         )
     )
     return object_id
+
+
+def make_uploader(
+    storage: ObjectStorage, *, block_size_bytes: int, part_size_bytes: int, **kwargs: int
+) -> ObjectUploader:
+    """An :class:`ObjectUploader` of node 0 in namespace ``ns`` with fresh in-memory metadata."""
+    return ObjectUploader(
+        storage=storage,
+        metadata=MemoryMetadataStore(),
+        namespace="ns",
+        node_id=NodeId(0),
+        node_epoch=1,
+        block_size_bytes=block_size_bytes,
+        part_size_bytes=part_size_bytes,
+        prepared_ttl_ms=60_000,
+        **kwargs,
+    )

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from s3stream.engine.upload import OBJECT_WRITES_INFLIGHT_MAX, ObjectUploader, StreamRecords, plan_upload
-from s3stream.ids import NodeId, ObjectId
-from s3stream.metadata.memory import MemoryMetadataStore
+from s3stream.ids import ObjectId
 from s3stream.objectformat import object_key
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.objects import make_uploader
 
 KiB = 1024
 STREAM_BYTES = 256 * KiB
@@ -66,17 +66,7 @@ class TrackingStorage(MemoryObjectStorage):
 
 
 def uploader(storage: MemoryObjectStorage, **kwargs: int) -> ObjectUploader:
-    return ObjectUploader(
-        storage=storage,
-        metadata=MemoryMetadataStore(),
-        namespace="ns",
-        node_id=NodeId(0),
-        node_epoch=1,
-        block_size_bytes=64 * KiB,
-        part_size_bytes=128 * KiB,
-        prepared_ttl_ms=60_000,
-        **kwargs,
-    )
+    return make_uploader(storage, block_size_bytes=64 * KiB, part_size_bytes=128 * KiB, **kwargs)
 
 
 def big_streams() -> list[StreamRecords]:

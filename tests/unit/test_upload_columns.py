@@ -22,6 +22,7 @@ from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.objects import make_uploader
 
 
 @dataclass
@@ -132,16 +133,7 @@ def block_of(stream_count: int, records_per_stream: int, payload_bytes: int = 10
 
 
 def uploader(storage: MemoryObjectStorage) -> ObjectUploader:
-    return ObjectUploader(
-        storage=storage,
-        metadata=MemoryMetadataStore(),
-        namespace="ns",
-        node_id=NodeId(0),
-        node_epoch=1,
-        block_size_bytes=4096,
-        part_size_bytes=1 << 20,
-        prepared_ttl_ms=60_000,
-    )
+    return make_uploader(storage, block_size_bytes=4096, part_size_bytes=1 << 20)
 
 
 async def test_an_upload_from_columns_writes_the_objects_and_ranges_of_one_from_records() -> None:

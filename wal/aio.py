@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import platform
 from typing import Any
@@ -120,7 +121,7 @@ class Aio:
             n = self._syscall(self._getevents, self._ctx, 0, self._depth, events, ctypes.byref(self._zero))
             if n < 0:
                 err = ctypes.get_errno()
-                if err == 4:  # EINTR
+                if err == errno.EINTR:
                     continue
                 raise OSError(err, f"io_getevents: {os.strerror(err)}")
             done += [(events[i].data, events[i].res) for i in range(n)]

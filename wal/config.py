@@ -33,8 +33,10 @@ class WalConfig:
     ``io_threads`` [s3.wal.thread] is how many write groups may be in flight at once (see
     :attr:`groups_inflight_max`); completions are still in offset order. ``aio="auto"`` writes
     groups to an O_DIRECT file or block device with Linux native AIO from the event loop (no I/O
-    thread, no GIL hand-off: :mod:`wal.aio`) where the kernel offers it; ``"off"`` (the default), or
-    a buffered or in-memory device, writes them on the I/O threads. Off by default: on a device
+    thread, no GIL hand-off: :mod:`wal.aio`) where the kernel offers it; ``aio="uring"`` writes them
+    with io_uring, a write linked to an fdatasync (:mod:`wal.uring`), where the kernel offers it;
+    ``"off"`` (the default), or a buffered or in-memory device, writes them on the I/O threads, as
+    does either mode where its kernel interface is missing (``BlockWAL.mode`` tells). Off by default: on a device
     without FUA (a write-back cache, e.g. this VM's virtio disk) an O_DSYNC AIO write completes
     through a kernel worker bound to one CPU that issues the cache flush, and while other processes
     keep the CPUs busy that worker waits to run: 1 KiB appends from one producer took 2-6x longer
@@ -49,7 +51,7 @@ class WalConfig:
     io_threads: int = 2
     on_full: Literal["error", "wait"] = "error"
     direct_io: Literal["auto", "on", "off"] = "auto"
-    aio: Literal["auto", "off"] = "off"
+    aio: Literal["auto", "uring", "off"] = "off"
     node_id: int = 0
     node_epoch: int = 0
 
@@ -98,8 +100,8 @@ class WalConfig:
             raise bad(f"on_full must be 'error' or 'wait', got {self.on_full!r}")
         if self.direct_io not in ("auto", "on", "off"):
             raise bad(f"direct_io must be 'auto', 'on' or 'off', got {self.direct_io!r}")
-        if self.aio not in ("auto", "off"):
-            raise bad(f"aio must be 'auto' or 'off', got {self.aio!r}")
+        if self.aio not in ("auto", "uring", "off"):
+            raise bad(f"aio must be 'auto', 'uring' or 'off', got {self.aio!r}")
         if not 0 <= self.node_id < 1 << 32:
             raise bad(f"node_id {self.node_id} not in [0, 2**32)")
         if not 0 <= self.node_epoch < 1 << 63:

@@ -86,6 +86,7 @@ from wal.format import (
     encode_wal_header,
 )
 from wal.recovery import Layout, Scanner, WalRecord, align_up
+from wal.uring import Uring, reopen_plain
 
 _H = RECORD_HEADER_SIZE
 _JOIN_BODY_MAX = 4096
@@ -240,7 +241,7 @@ class BlockWAL:
         self._close_device.atexit = False
         # Linux AIO (see _start_writer): the context, the descriptor it writes to, the write buffers'
         # addresses (and the ctypes views that pin them), the groups in flight by write slot
-        self._aio: Aio | None = None
+        self._aio: Aio | Uring | None = None
         self._aio_fd = -1
         self._aio_addrs: list[int] = []
         self._aio_pins: list[object] = []
@@ -407,13 +408,16 @@ class BlockWAL:
         try:
             aio = self._aio
             if aio is not None:
-                # (the kernel finishes the writes still in flight before the context goes)
+                # (both wait for the writes still in flight before they let go of the buffers)
                 self._aio = None
                 self._loop.remove_reader(aio.fd)
                 if self._stop_aio is not None:
                     self._stop_aio.detach()
                 await self._loop.run_in_executor(self._pool, aio.close)
                 self._aio_pins = []
+                if isinstance(aio, Uring):
+                    os.close(self._aio_fd)
+                self._aio_fd = -1
             if self._threads:
                 self._stop_threads()
                 await self._loop.run_in_executor(self._pool, self._join_threads)
@@ -604,19 +608,37 @@ class BlockWAL:
         # unreachable once no job is queued or running, and then stops its threads.
         self._stop_threads = weakref.finalize(self, _stop_io_threads, self._jobs, self._k_max + 1)
         fd = getattr(self._device, "fd", None)
-        if self._config.aio == "auto" and getattr(self._device, "direct", False) and isinstance(fd, int):
-            aio = Aio.create(self._k_max)
+        if self._config.aio != "off" and getattr(self._device, "direct", False) and isinstance(fd, int):
+            aio, aio_fd = self._open_aio(fd)
             if aio is not None:
                 pinned = [buffer_address(buf) for buf in self._wbufs]
                 self._aio_addrs = [address for address, _ in pinned]
                 self._aio_pins = [pin for _, pin in pinned]
-                self._aio, self._aio_fd = aio, fd
+                self._aio, self._aio_fd = aio, aio_fd
                 # (the reader holds the WAL weakly: a WAL dropped without close() stays unreachable)
                 self._loop.add_reader(aio.fd, _aio_ready, weakref.ref(self))
-                self._stop_aio = weakref.finalize(self, _drop_aio, self._loop, aio)
+                self._stop_aio = weakref.finalize(
+                    self, _drop_aio, self._loop, aio, aio_fd if aio_fd != fd else -1
+                )
                 self._stop_aio.atexit = False
         self._started = True
         self._accepting = True
+
+    def _open_aio(self, fd: int) -> tuple[Aio | Uring | None, int]:
+        """The loop's write path for the O_DIRECT descriptor ``fd`` as configured (``aio``), and the
+        descriptor it writes to; (None, -1) where the kernel does not offer it (the I/O threads write)."""
+        if self._config.aio == "auto":
+            return Aio.create(self._k_max), fd
+        ring = Uring.create(self._k_max)
+        if ring is None:
+            return None, -1
+        try:
+            plain_fd = reopen_plain(fd)  # io_uring writes without O_DSYNC, then fdatasyncs
+        except OSError:
+            ring.close()
+            return None, -1
+        self.mode = f"{self.mode.replace('+O_DSYNC', '')}+io_uring(write+fdatasync)"
+        return ring, plain_fd
 
     def _pump(self) -> None:
         """The writer's one step, run as a loop callback: start a header write for the waiting trims
@@ -1147,19 +1169,23 @@ def _aio_ready(ref: weakref.ref[BlockWAL]) -> None:
         wal._aio_reap()
 
 
-def _drop_aio(loop: asyncio.AbstractEventLoop, aio: Aio) -> None:
-    """A WAL with AIO was dropped without close(): stop polling its eventfd and destroy the context
-    (on the loop's thread; at once if the loop is closed)."""
+def _drop_aio(loop: asyncio.AbstractEventLoop, aio: Aio | Uring, own_fd: int) -> None:
+    """A WAL with AIO or io_uring was dropped without close(): stop polling its eventfd, destroy the
+    context or ring and close the descriptor it wrote to if it has its own (``own_fd``, else -1), on
+    the loop's thread; at once if the loop is closed. Both wait for writes still in flight (their
+    buffers' pages stay pinned by the kernel until then)."""
 
     def stop() -> None:
         with contextlib.suppress(Exception):
             loop.remove_reader(aio.fd)
         aio.close()
+        if own_fd >= 0:
+            os.close(own_fd)
 
     try:
         loop.call_soon_threadsafe(stop)
     except RuntimeError:  # the loop is closed
-        aio.close()
+        stop()
 
 
 def _stop_io_threads(jobs: queue.SimpleQueue[tuple[Any, Any, Any] | None], count: int) -> None:

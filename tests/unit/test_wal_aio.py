@@ -1,4 +1,5 @@
-"""The block WAL's Linux AIO write path (wal.aio): used for O_DIRECT devices, same log as the I/O threads."""
+"""The block WAL's write paths from the loop, Linux AIO (wal.aio, ``aio="auto"``) and io_uring
+(wal.uring, ``aio="uring"``): used for O_DIRECT devices, same log as the I/O threads."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from wal import BlockWAL, MemoryDevice, WalClosedError, WalConfig, WalIOError
 from wal.aio import Aio
+from wal.uring import Uring
 
 CONFIG = WalConfig(
     capacity_bytes=2 << 20,
@@ -25,10 +27,24 @@ CONFIG = WalConfig(
 )
 
 
-def _aio_or_skip(path: Path) -> None:
-    aio = Aio.create(1)
+MODES = {"auto": "O_DIRECT+O_DSYNC", "uring": "O_DIRECT+io_uring(write+fdatasync)"}
+"""Each loop write path and the mode the WAL reports with it."""
+
+
+@pytest.fixture(params=sorted(MODES))
+def mode(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+def _config(mode: str, **changes: Any) -> WalConfig:
+    return WalConfig(**{**CONFIG.__dict__, "aio": mode, **changes})
+
+
+def _aio_or_skip(path: Path, mode: str = "auto") -> None:
+    aio = Aio.create(1) if mode == "auto" else Uring.create(1)
     if aio is None:
-        pytest.skip("no Linux AIO here")
+        pytest.skip(f"no {mode} write path here")
     aio.close()
     probe = path.parent / "direct-probe"
     probe.write_bytes(b"")
@@ -45,13 +61,13 @@ async def _open(path: Path, config: WalConfig = CONFIG) -> tuple[BlockWAL, list[
     return wal, [(r.offset, r.data) async for r in wal.recover()]
 
 
-async def test_an_o_direct_wal_writes_its_groups_by_aio_and_recovers_them_across_wraps(
-    tmp_path: Path,
+async def test_an_o_direct_wal_writes_its_groups_from_the_loop_and_recovers_them_across_wraps(
+    tmp_path: Path, mode: str
 ) -> None:
     path = tmp_path / "wal.dat"
-    _aio_or_skip(path)
-    wal, _ = await _open(path)
-    assert wal.mode == "O_DIRECT+O_DSYNC"
+    _aio_or_skip(path, mode)
+    wal, _ = await _open(path, _config(mode))
+    assert wal.mode == MODES[mode]
     written: list[tuple[int, bytes]] = []
     for round_ in range(120):  # ~6 MiB through a 2 MiB ring: wraps (padding records) several times
         bodies = [os.urandom(100 + (round_ * 37 + i * 911) % 9000) for i in range(16)]
@@ -63,7 +79,7 @@ async def test_an_o_direct_wal_writes_its_groups_by_aio_and_recovers_them_across
     assert wal.stats["aio_writes"] > 0
     assert wal.stats["aio_writes"] < wal.stats["groups"]  # a wrapping group goes to an I/O thread
     await wal.close()
-    wal, recovered = await _open(path)
+    wal, recovered = await _open(path, _config(mode))
     assert recovered == written
     await wal.close()
 
@@ -71,7 +87,7 @@ async def test_an_o_direct_wal_writes_its_groups_by_aio_and_recovers_them_across
 async def test_aio_is_off_by_default_and_then_the_io_threads_write(tmp_path: Path) -> None:
     path = tmp_path / "wal.dat"
     _aio_or_skip(path)
-    config = WalConfig(**{**CONFIG.__dict__, "aio": "off"})
+    config = _config("off")
     assert WalConfig().aio == "off"
     wal, _ = await _open(path, config)
     offset = await wal.append(b"threads")
@@ -82,8 +98,8 @@ async def test_aio_is_off_by_default_and_then_the_io_threads_write(tmp_path: Pat
     await wal.close()
 
 
-async def test_a_memory_device_has_no_aio() -> None:
-    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
+async def test_a_memory_device_has_no_aio(mode: str) -> None:
+    wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), _config(mode))
     await wal.append(b"x")
     assert wal.stats["aio_writes"] == 0
     await wal.close()
@@ -92,7 +108,7 @@ async def test_a_memory_device_has_no_aio() -> None:
 class _FakeAio:
     """Stands in for the kernel: records submissions, completes them with the given results."""
 
-    def __init__(self, real: Aio, *, refuse: bool = False) -> None:
+    def __init__(self, real: Aio | Uring, *, refuse: bool = False) -> None:
         self.fd = real.fd
         self.real = real
         self.refuse = refuse
@@ -113,12 +129,12 @@ class _FakeAio:
 
 
 async def _one_write_completing_with(
-    tmp_path: Path, result: Callable[[int], int]
+    tmp_path: Path, mode: str, result: Callable[[int], int]
 ) -> tuple[BlockWAL, asyncio.Future[int]]:
     """A WAL whose one AIO write (of one append) the kernel reports as ``result(bytes submitted)``."""
     path = tmp_path / "wal.dat"
-    _aio_or_skip(path)
-    wal, _ = await _open(path)
+    _aio_or_skip(path, mode)
+    wal, _ = await _open(path, _config(mode))
     assert wal._aio is not None
     fake: Any = _FakeAio(wal._aio)
     wal._aio = fake
@@ -130,8 +146,8 @@ async def _one_write_completing_with(
     return wal, fut
 
 
-async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
-    wal, fut = await _one_write_completing_with(tmp_path, lambda nbytes: -errno.EIO)
+async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path, mode: str) -> None:
+    wal, fut = await _one_write_completing_with(tmp_path, mode, lambda nbytes: -errno.EIO)
     with pytest.raises(WalIOError, match="Input/output error"):
         await fut
     with pytest.raises(WalClosedError):
@@ -139,31 +155,32 @@ async def test_a_failed_aio_write_fails_the_wal(tmp_path: Path) -> None:
     await wal.close()
 
 
-async def test_a_short_aio_write_fails_the_wal(tmp_path: Path) -> None:
-    wal, fut = await _one_write_completing_with(tmp_path, lambda nbytes: nbytes - 512)
+async def test_a_short_aio_write_fails_the_wal(tmp_path: Path, mode: str) -> None:
+    wal, fut = await _one_write_completing_with(tmp_path, mode, lambda nbytes: nbytes - 512)
     with pytest.raises(WalIOError, match="bytes written"):
         await fut
     await wal.close()
 
 
-async def test_a_refused_submission_goes_to_an_io_thread(tmp_path: Path) -> None:
+async def test_a_refused_submission_goes_to_an_io_thread(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "wal.dat"
-    _aio_or_skip(path)
-    wal, _ = await _open(path)
+    _aio_or_skip(path, mode)
+    wal, _ = await _open(path, _config(mode))
     assert wal._aio is not None
     wal._aio = _FakeAio(wal._aio, refuse=True)  # type: ignore[assignment]
     offsets = await asyncio.gather(*(wal.append(b"x" * i) for i in range(1, 50)))
     assert wal.stats["aio_writes"] == 0
     await wal.close()
-    wal, recovered = await _open(path)
+    wal, recovered = await _open(path, _config(mode))
     assert recovered == [(o, b"x" * i) for i, o in enumerate(offsets, 1)]
     await wal.close()
 
 
-async def test_a_dropped_aio_wal_releases_its_file_and_lock(tmp_path: Path) -> None:
+async def test_a_dropped_aio_wal_releases_its_file_and_lock(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "wal.dat"
-    _aio_or_skip(path)
-    wal, _ = await _open(path)
+    _aio_or_skip(path, mode)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    wal, _ = await _open(path, _config(mode))
     offset = await wal.append(b"kept")
     assert wal.stats["aio_writes"] == 1
     threads = list(wal._threads)
@@ -171,7 +188,9 @@ async def test_a_dropped_aio_wal_releases_its_file_and_lock(tmp_path: Path) -> N
     gc.collect()
     for thread in threads:
         thread.join(timeout=5)
-    await asyncio.sleep(0)  # the loop drops the eventfd's reader and the AIO context
-    wal, recovered = await _open(path)  # no WalLockedError
+    await asyncio.sleep(0)  # the loop drops the eventfd's reader and the AIO context or the ring
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # device, eventfd, ring, second descriptor
+    wal, recovered = await _open(path, _config(mode))  # no WalLockedError
     assert recovered == [(offset, b"kept")]
     await wal.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before

@@ -32,11 +32,14 @@
 - **recovery** of a full WAL of 64 KiB records (1 GiB; 128 MiB under --quick): MB/s of ``open`` +
   ``recover`` vs a raw O_DIRECT sequential read of the file in 1 MiB reads (goal >= 0.25x).
 
-``--param aio=auto`` runs every section with ``WalConfig.aio="auto"`` (group writes by Linux AIO from
-the loop; the default is the WAL's default, the I/O threads). The 1 KiB rates and the paced latency
-also run a WAL with the other setting (rates in the same alternating slices, latency as a third
-paced run) and report it in ``extra`` under ``other_aio_*``: AIO is faster on a quiet machine and
-slower when other processes keep the CPUs busy (see ``WalConfig``), so both are measured each run.
+``--param aio=auto`` (or ``uring``) runs every section with ``WalConfig.aio="auto"`` (group writes by
+Linux AIO from the loop) or ``"uring"`` (io_uring write + linked fdatasync from the loop); the default
+is the WAL's default, the I/O threads. The 1 KiB rates and the paced latency also run a WAL with each
+other setting (rates in the same alternating slices, latency as one more paced run each) and report
+them in ``extra`` under ``aio_<setting>_*``, the first other one (``auto`` for the default, ``off``
+otherwise) also under ``other_aio_*`` as before: the loop paths are faster on a quiet machine and
+can be slower when other processes keep the CPUs busy (see ``WalConfig``), so all are measured each
+run.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -242,42 +245,63 @@ class FormattedGroupCommit(MinimalGroupCommit):
         super()._write([(b"".join(pieces), items[0][1])])
 
 
+AIO_SETTINGS = ("off", "auto", "uring")
+"""The WAL's write paths (``WalConfig.aio``): I/O threads, Linux AIO from the loop, io_uring from the
+loop. Every run measures all three: the one chosen with ``--param aio`` in the rows, the others in
+the extras (the first of them, ``other_aio_*``, as before io_uring existed)."""
+
+
+def _other_settings(aio: str) -> list[str]:
+    return [setting for setting in AIO_SETTINGS if setting != aio]
+
+
+class PairedRates(NamedTuple):
+    """What :func:`_paired_appends` measured."""
+
+    rates: dict[str, float]
+    """appends/s over all slices: ``wal``, ``base``, ``format``, and ``aio=<setting>`` per other setting"""
+    ratios: list[float]
+    """per slice: WAL / minimal loop"""
+    other_ratios: dict[str, list[float]]
+    """per other setting, per slice: that WAL / minimal loop"""
+    loop_writes: dict[str, int]
+    """per setting (the WAL's own too): groups written from the loop (AIO or io_uring)"""
+
+
 async def _paired_appends(
     work: Path, config: WalConfig, producers: int, duration_s: float, data: bytes
-) -> tuple[dict[str, float], list[float], list[float], int]:
+) -> PairedRates:
     """Appends/s of the WAL, of the minimal loop, of the minimal loop with the WAL's record format and
-    of the WAL with the other ``aio`` setting, measured in turns in the same run.
+    of the WAL with each other ``aio`` setting, measured in turns in the same run.
 
-    Each stays open on its own file of the same size, zero-filled; every slice runs all four,
+    Each stays open on its own file of the same size, zero-filled; every slice runs all of them,
     ``duration_s / PAIRED_SLICES`` each, in an order that alternates, so all see the same moments of
-    a noisy shared machine. Returns the rates over all slices, the per-slice ratios WAL / minimal
-    loop and other-aio WAL / minimal loop, and how many groups the AIO one wrote by AIO.
+    a noisy shared machine.
     """
+    others = _other_settings(config.aio)
     wal_path = work / "wal-paired.dat"
-    other_path = work / "wal-other-aio-paired.dat"
+    other_paths = {setting: work / f"wal-aio-{setting}-paired.dat" for setting in others}
     base_path = work / "baseline-paired.dat"
     fmt_path = work / "format-paired.dat"
     wal = await BlockWAL.open(wal_path, config)
     await wal.recover_all()
-    other = await BlockWAL.open(
-        other_path, dataclasses.replace(config, aio="auto" if config.aio == "off" else "off")
-    )
-    await other.recover_all()
+    other_wals: dict[str, BlockWAL] = {}
+    for setting in others:
+        setting_config = dataclasses.replace(config, aio=setting)  # type: ignore[arg-type]
+        other_wals[setting] = await BlockWAL.open(other_paths[setting], setting_config)
+        await other_wals[setting].recover_all()
     base = MinimalGroupCommit(base_path, create_bytes=config.device_bytes)
     fmt = FormattedGroupCommit(fmt_path, create_bytes=config.device_bytes)
-    trimmers = [asyncio.ensure_future(_trimmer(w)) for w in (wal, other)]
+    trimmers = [asyncio.ensure_future(_trimmer(w)) for w in (wal, *other_wals.values())]
     slice_s = duration_s / PAIRED_SLICES
-    totals = {"wal": [0, 0.0], "base": [0, 0.0], "format": [0, 0.0], "other_aio": [0, 0.0]}
+    runs = [("wal", wal.append), ("base", base.append), ("format", fmt.append)]
+    runs += [(f"aio={setting}", w.append) for setting, w in other_wals.items()]
+    totals = {name: [0, 0.0] for name, _ in runs}
     ratios: list[float] = []
-    other_ratios: list[float] = []
+    other_ratios: dict[str, list[float]] = {setting: [] for setting in others}
+    loop_writes: dict[str, int] = {}
     try:
         for i in range(PAIRED_SLICES):
-            runs = [
-                ("wal", wal.append),
-                ("base", base.append),
-                ("format", fmt.append),
-                ("other_aio", other.append),
-            ]
             rates: dict[str, float] = {}
             for name, append in runs if i % 2 == 0 else runs[::-1]:
                 started = time.perf_counter()
@@ -287,19 +311,24 @@ async def _paired_appends(
                 totals[name][1] += elapsed
                 rates[name] = n / elapsed
             ratios.append(rates["wal"] / rates["base"])
-            other_ratios.append(rates["other_aio"] / rates["base"])
+            for setting in others:
+                other_ratios[setting].append(rates[f"aio={setting}"] / rates["base"])
     finally:
         for trimmer in trimmers:
             trimmer.cancel()
         await asyncio.gather(*trimmers, return_exceptions=True)
-        aio_writes = wal.stats["aio_writes"] + other.stats["aio_writes"]
+        loop_writes[config.aio] = wal.stats["aio_writes"]
         await wal.close()
-        await other.close()
+        for setting, w in other_wals.items():
+            loop_writes[setting] = w.stats["aio_writes"]
+            await w.close()
         await base.close()
         await fmt.close()
-        for path in (wal_path, other_path, base_path, fmt_path):
+        for path in (wal_path, *other_paths.values(), base_path, fmt_path):
             os.remove(path)
-    return {name: n / elapsed for name, (n, elapsed) in totals.items()}, ratios, other_ratios, aio_writes
+    return PairedRates(
+        {name: n / elapsed for name, (n, elapsed) in totals.items()}, ratios, other_ratios, loop_writes
+    )
 
 
 async def _trimmer(wal: BlockWAL) -> None:
@@ -545,7 +574,8 @@ async def run(ctx: Context) -> list[Result]:
     work = ctx.scratch(WORKLOAD)
     results: list[Result] = []
     capacity = ctx.scale(quick=256 * MiB, full=1024 * MiB + 8192)
-    # --param aio=auto: the WAL writes its groups with Linux AIO (WalConfig.aio; off by default)
+    # --param aio=auto|uring: the WAL writes its groups with Linux AIO or io_uring from the loop
+    # (WalConfig.aio; off by default: the I/O threads); every run measures the other settings too
     config = _config(capacity, ctx.param("aio", "off"))
     path = work / "wal.dat"
     duration_s = ctx.scale(quick=1.0, full=3.0)
@@ -588,11 +618,32 @@ async def run(ctx: Context) -> list[Result]:
     best_rate = 0.0
     for producers in (1, 16, 256):
         ctx.status(f"wal: 1 KiB appends, {producers} producers")
-        rates, ratios, other_ratios, aio_writes = await _paired_appends(
-            work, config, producers, 3 * duration_s, small
-        )
+        paired = await _paired_appends(work, config, producers, 3 * duration_s, small)
+        rates, ratios = paired.rates, paired.ratios
         rate, base = rates["wal"], rates["base"]
         best_rate = max(best_rate, rate)
+        others = _other_settings(config.aio)
+        extra: dict[str, Any] = {
+            "goal_ratio": 1.0,
+            "slice_ratios": ratios,
+            "median_slice_ratio": statistics.median(ratios),
+            "format_loop_appends_per_s": rates["format"],
+            "ratio_vs_format_loop": rate / rates["format"],
+            # the same WAL with the first other WalConfig.aio setting, in the same turns
+            # (wal_aio_writes: groups written from the loop by both; 0 where the kernel offers none)
+            "other_aio_setting": others[0],
+            "other_aio_appends_per_s": rates[f"aio={others[0]}"],
+            "other_aio_ratio": rates[f"aio={others[0]}"] / base,
+            "other_aio_median_slice_ratio": statistics.median(paired.other_ratios[others[0]]),
+            "wal_aio_writes": paired.loop_writes[config.aio] + paired.loop_writes[others[0]],
+        }
+        # every other setting, in the same turns: aio_<setting>_* (loop_writes: groups written
+        # from the loop, by AIO or io_uring, the rest on I/O threads)
+        for setting in others:
+            extra[f"aio_{setting}_appends_per_s"] = rates[f"aio={setting}"]
+            extra[f"aio_{setting}_ratio"] = rates[f"aio={setting}"] / base
+            extra[f"aio_{setting}_median_slice_ratio"] = statistics.median(paired.other_ratios[setting])
+            extra[f"aio_{setting}_loop_writes"] = paired.loop_writes[setting]
         results.append(
             Result(
                 WORKLOAD,
@@ -601,20 +652,7 @@ async def run(ctx: Context) -> list[Result]:
                 "appends/s",
                 "minimal asyncio group-commit loop (one pwrite + fdatasync per cycle), own file, alternating slices",
                 base,
-                extra={
-                    "goal_ratio": 1.0,
-                    "slice_ratios": ratios,
-                    "median_slice_ratio": statistics.median(ratios),
-                    "format_loop_appends_per_s": rates["format"],
-                    "ratio_vs_format_loop": rate / rates["format"],
-                    # the same WAL with the other WalConfig.aio setting, in the same turns
-                    # (wal_aio_writes: groups written by AIO; 0 where the kernel offers none)
-                    "other_aio_setting": "auto" if config.aio == "off" else "off",
-                    "other_aio_appends_per_s": rates["other_aio"],
-                    "other_aio_ratio": rates["other_aio"] / base,
-                    "other_aio_median_slice_ratio": statistics.median(other_ratios),
-                    "wal_aio_writes": aio_writes,
-                },
+                extra=extra,
             )
         )
 
@@ -669,21 +707,30 @@ async def run(ctx: Context) -> list[Result]:
         floor = await _paced_latency(
             _NoopAppend(), target_rate, duration_s, small, send_lag=floor_lag, stats=floor_stats
         )
-    # the same paced run on a WAL with the other WalConfig.aio setting (its own file)
-    other_path = work / "wal-other-aio.dat"
-    other = await BlockWAL.open(
-        other_path, dataclasses.replace(config, aio="auto" if config.aio == "off" else "off")
-    )
-    await other.recover_all()
-    other.group_write_s = []
-    other_lag = LatencyRecorder()
-    with _frozen_heap():
-        other_rec = await _paced_latency(other, target_rate, duration_s, small, wal=other, send_lag=other_lag)
-    other_groups = LatencyRecorder()
-    other_groups.extend(other.group_write_s)
-    other_aio_writes = other.stats["aio_writes"]
-    await other.close()
-    os.remove(other_path)
+    # the same paced run on a WAL with each other WalConfig.aio setting (its own file)
+    other_runs: dict[str, dict[str, Any]] = {}
+    for setting in _other_settings(config.aio):
+        other_path = work / f"wal-aio-{setting}.dat"
+        other = await BlockWAL.open(other_path, dataclasses.replace(config, aio=setting))  # type: ignore[arg-type]
+        await other.recover_all()
+        other.group_write_s = []
+        other_lag = LatencyRecorder()
+        with _frozen_heap():
+            other_rec = await _paced_latency(
+                other, target_rate, duration_s, small, wal=other, send_lag=other_lag
+            )
+        other_groups = LatencyRecorder()
+        other_groups.extend(other.group_write_s)
+        other_runs[setting] = {
+            "latency_ms": other_rec.summary_ms(),
+            "send_lag_ms": other_lag.summary_ms(),
+            "group_write_ms": other_groups.summary_ms(),
+            "loop_writes": other.stats["aio_writes"],
+            "mode": other.mode,
+        }
+        await other.close()
+        os.remove(other_path)
+    first_other = _other_settings(config.aio)[0]
     stalls = await asyncio.to_thread(_stall_probe, 1.0)
     raw_lat = await asyncio.to_thread(_raw_sync_latency, path, 2000)
     summary = rec.summary_ms()
@@ -723,12 +770,18 @@ async def run(ctx: Context) -> list[Result]:
                 "wal_aio_writes": aio_writes,
                 "group_write_ms": group_writes.summary_ms(),
                 "group_writes_over_5ms_count": sum(1 for w in wal.group_write_s if w > 0.005),
-                # the same paced run (after the floor's) on a WAL with the other aio setting
-                "other_aio_setting": "auto" if config.aio == "off" else "off",
-                "other_aio_latency_ms": other_rec.summary_ms(),
-                "other_aio_send_lag_ms": other_lag.summary_ms(),
-                "other_aio_group_write_ms": other_groups.summary_ms(),
-                "other_aio_wal_aio_writes": other_aio_writes,
+                # the same paced run (after the floor's) on a WAL with the first other aio setting,
+                # and on one with each other setting (aio_<setting>_*)
+                "other_aio_setting": first_other,
+                "other_aio_latency_ms": other_runs[first_other]["latency_ms"],
+                "other_aio_send_lag_ms": other_runs[first_other]["send_lag_ms"],
+                "other_aio_group_write_ms": other_runs[first_other]["group_write_ms"],
+                "other_aio_wal_aio_writes": other_runs[first_other]["loop_writes"],
+                **{
+                    f"aio_{setting}_{key}": value
+                    for setting, run in other_runs.items()
+                    for key, value in run.items()
+                },
                 **stalls,
             },
         )

@@ -13,6 +13,7 @@ from benchmarks.measure import LatencyRecorder
 from benchmarks.workloads.wal import PAIRED_SLICES, _NoopAppend, _paced_latency, _paired_appends
 from wal import BlockWAL, MemoryDevice, WalConfig
 from wal.aio import Aio
+from wal.uring import Uring
 
 
 class _DelayedAppend:
@@ -108,7 +109,7 @@ async def test_a_failed_send_fails_the_run() -> None:
         await _paced_latency(Refusing(), 1000, 0.05, b"x")
 
 
-async def test_the_paired_rates_run_the_wal_with_both_aio_settings(tmp_path: Path) -> None:
+async def test_the_paired_rates_run_the_wal_with_every_aio_setting(tmp_path: Path) -> None:
     config = WalConfig(
         capacity_bytes=2 << 20,
         record_max_bytes=8 << 10,
@@ -117,12 +118,21 @@ async def test_the_paired_rates_run_the_wal_with_both_aio_settings(tmp_path: Pat
         on_full="wait",  # (the trimmer runs every 50 ms)
     )
     assert config.aio == "off"
-    rates, ratios, other_ratios, aio_writes = await _paired_appends(tmp_path, config, 4, 0.4, b"x" * 1024)
-    assert set(rates) == {"wal", "base", "format", "other_aio"}
-    assert all(rate > 0 for rate in rates.values())
-    assert len(ratios) == len(other_ratios) == PAIRED_SLICES
+    paired = await _paired_appends(tmp_path, config, 4, 0.4, b"x" * 1024)
+    assert set(paired.rates) == {"wal", "base", "format", "aio=auto", "aio=uring"}
+    assert all(rate > 0 for rate in paired.rates.values())
+    assert len(paired.ratios) == PAIRED_SLICES
+    assert {k: len(v) for k, v in paired.other_ratios.items()} == {
+        "auto": PAIRED_SLICES,
+        "uring": PAIRED_SLICES,
+    }
+    assert paired.loop_writes["off"] == 0
     if Aio.create(1) is not None and _direct_io(tmp_path):
-        assert aio_writes > 0  # the other WAL wrote by AIO
+        assert paired.loop_writes["auto"] > 0  # the AIO WAL wrote from the loop
+    ring = Uring.create(1)
+    if ring is not None and _direct_io(tmp_path):
+        ring.close()
+        assert paired.loop_writes["uring"] > 0  # and so did the io_uring one
     assert not list(tmp_path.iterdir())  # every file removed
 
 

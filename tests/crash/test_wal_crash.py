@@ -22,6 +22,7 @@ from crc32c import crc32c
 
 from tests.crash.wal_writer import CONFIG
 from wal import BlockWAL, WalLockedError
+from wal.uring import Uring
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = int(os.environ.get("S3STREAM_WAL_CRASH_ITERATIONS", "30"))
@@ -81,16 +82,37 @@ def start_writer(wal: Path, logs: Path, iteration: int, seed: int, aio: str = "o
     )
 
 
-def wait_ready(proc: subprocess.Popen[str]) -> int:
+def wait_ready(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """The writer's next offset and its WAL's write mode, once it recovered."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("READY"), f"writer did not start: {line!r} (exit {proc.poll()})"
-    return int(line.split()[1])
+    _, offset, mode = line.split()
+    return int(offset), mode
+
+
+def _uring_writes(path: Path) -> bool:
+    """Whether a WAL with aio="uring" at ``path`` gets its ring (io_uring and O_DIRECT here)."""
+    ring = Uring.create(1)
+    if ring is None:
+        return False
+    ring.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    probe = path.parent / "direct-probe"
+    probe.write_bytes(b"")
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+    return True
 
 
 @pytest.mark.crash
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("aio", ["off", "auto"])  # the I/O threads (default), Linux AIO where there is
+# the I/O threads (default), Linux AIO and io_uring where there are
+@pytest.mark.parametrize("aio", ["off", "auto", "uring"])
 async def test_sigkill_at_random_moments_loses_no_acknowledged_record(
     tmp_path: Path, rng_seed: int, aio: str
 ) -> None:
@@ -107,7 +129,9 @@ async def test_sigkill_at_random_moments_loses_no_acknowledged_record(
     ):
         proc = start_writer(wal_path, tmp_path, i, rng.randrange(1 << 30), aio)
         try:
-            wait_ready(proc)
+            _, mode = wait_ready(proc)
+            if aio == "uring" and _uring_writes(wal_path):
+                assert "io_uring" in mode, mode
             history.check(read_recovered(tmp_path / f"recovered.{i}"), f"iteration {i} (seed {rng_seed})")
             time.sleep(rng.uniform(0.01, 0.5))
         finally:
@@ -162,6 +186,7 @@ _PROBE = """
 import asyncio, sys
 from tests.crash.wal_writer import CONFIG
 from wal import BlockWAL, WalLockedError
+from wal.uring import Uring
 async def main():
     try:
         wal = await BlockWAL.open(sys.argv[1], CONFIG)

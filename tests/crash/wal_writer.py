@@ -1,9 +1,9 @@
 """Crash-test writer: recover a WAL, log what came back, then append and trim until SIGKILLed.
 
-Usage: python -m tests.crash.wal_writer WAL_PATH LOG_DIR ITERATION SEED
+Usage: python -m tests.crash.wal_writer WAL_PATH LOG_DIR ITERATION SEED [AIO]
 
 Writes ``LOG_DIR/recovered.<ITERATION>`` (one ``offset crc length`` line per recovered record, renamed
-into place when complete), prints ``READY`` and then logs, to ``LOG_DIR/log.<ITERATION>``:
+into place when complete), prints ``READY``, its next offset and the WAL's write mode, and then logs, to ``LOG_DIR/log.<ITERATION>``:
 ``I crc length`` before each append (intent), ``A offset crc length`` after it is acknowledged,
 ``t offset`` before a trim and ``T offset`` after it returned. Lines are written with one
 ``os.write`` each: a SIGKILL loses nothing already written (the page cache outlives the process).
@@ -43,7 +43,7 @@ async def main(wal_path: str, log_dir: str, iteration: int, seed: int, aio: str 
     os.rename(tmp, os.path.join(log_dir, f"recovered.{iteration}"))
     log = os.open(os.path.join(log_dir, f"log.{iteration}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     acked: list[int] = [r.offset for r in recovered]  # trimmable too: a full ring must not stall us
-    print("READY", wal.next_offset, flush=True)
+    print("READY", wal.next_offset, wal.mode, flush=True)
 
     async def producer(p: int) -> None:
         n = 0

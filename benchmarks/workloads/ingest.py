@@ -152,9 +152,12 @@ async def _wal_alone(
     producers: int,
     rate_per_s: float = 0,
     capacity_bytes: int = Config().wal_capacity_bytes,
+    times: ThreadTimes | None = None,
+    pacer: PacerStats | None = None,
 ) -> tuple[float, LatencyRecorder]:
     """MB/s (or latency at ``rate_per_s`` appends/s) of BlockWAL appends of engine-sized bodies, in a
-    WAL of ``capacity_bytes`` (trimmed by half of it whenever that much is written)."""
+    WAL of ``capacity_bytes`` (trimmed by half of it whenever that much is written). ``times`` and
+    ``pacer`` are filled in over the recorded paced run."""
     config = _config(ctx, wal_capacity_bytes=capacity_bytes)
     path = ctx.scratch(name) / "wal"
     wal = await open_block_wal(Path(path), config, node_epoch=1)
@@ -180,7 +183,8 @@ async def _wal_alone(
             latency = LatencyRecorder()
         started = time.perf_counter()
         if rate_per_s:
-            await _paced(one, appends, rate_per_s)
+            with times if times is not None else contextlib.nullcontext():
+                await _paced(one, appends, rate_per_s, stats=pacer)
         else:
 
             async def producer(index: int) -> None:
@@ -201,27 +205,76 @@ commit, the caches' and the allocator's first growth are start-up costs, not the
 figure is about (the S3 client is created when the engine opens). The heap is frozen after it."""
 
 
-async def _paced(one: object, count: int, rate_per_s: float, send_lag: LatencyRecorder | None = None) -> None:
+class PacerStats:
+    """How busy :func:`_paced`'s producers were: a send slips either because the loop woke its producer
+    late, or because every producer still waited for an earlier call (the generator's concurrency,
+    ``PACED_PRODUCERS``, was used up: at 56,000 appends/s that happens once the calls in flight take
+    256 / 56,000 s = 4.6 ms on average). ``all_busy_s`` is the wall time with every producer in a call,
+    ``overdue_taken_count`` the slots that were already due when a producer came back for them from its
+    previous call (they waited for a free producer, not for the loop)."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+        self.busy_max = 0
+        self.all_busy_s = 0.0
+        self.all_busy_since = 0.0
+        self.overdue_taken_count = 0
+        self.slot_count = 0
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "producers": PACED_PRODUCERS,
+            "busy_max": self.busy_max,
+            "all_busy_s": self.all_busy_s,
+            "overdue_taken_share": self.overdue_taken_count / self.slot_count if self.slot_count else 0.0,
+        }
+
+
+async def _paced(
+    one: object,
+    count: int,
+    rate_per_s: float,
+    send_lag: LatencyRecorder | None = None,
+    stats: PacerStats | None = None,
+) -> None:
     """``count`` calls of ``one()`` at ``rate_per_s``: ``PACED_PRODUCERS`` coroutines take the next send
     slot, wait for its time, and call (no task per call; a producer that is late sends at once).
 
     ``one(due)`` gets its slot's due time and measures its latency from the earlier of that and the
     call (no coordinated omission: when every producer is busy or the loop is held, sends slip, and
     the lateness is part of the latency of the calls that slipped). ``send_lag`` records how late
-    each call started against its slot: the generator's own share of those latencies."""
+    each call started against its slot: the generator's own share of those latencies; ``stats``
+    tells which of the two made it late (:class:`PacerStats`)."""
     assert callable(one)
     slots = iter(range(count))
     started = time.perf_counter()
+    pacer = stats if stats is not None else PacerStats()
 
     async def producer() -> None:
+        returning = False  # back from a call: a slot already due waited for a free producer
         for n in slots:
             due = started + n / rate_per_s
             delay = due - time.perf_counter()
+            pacer.slot_count += 1
             if delay > 0:
                 await asyncio.sleep(delay)
+            elif returning:
+                pacer.overdue_taken_count += 1
+            returning = True
+            now = time.perf_counter()
             if send_lag is not None:
-                send_lag.record(max(0.0, time.perf_counter() - due))
-            await one(due)
+                send_lag.record(max(0.0, now - due))
+            pacer.busy += 1
+            if pacer.busy > pacer.busy_max:
+                pacer.busy_max = pacer.busy
+            if pacer.busy == PACED_PRODUCERS:
+                pacer.all_busy_since = now
+            try:
+                await one(due)
+            finally:
+                if pacer.busy == PACED_PRODUCERS:
+                    pacer.all_busy_s += time.perf_counter() - pacer.all_busy_since
+                pacer.busy -= 1
 
     await asyncio.gather(*(producer() for _ in range(PACED_PRODUCERS)))
 
@@ -299,6 +352,51 @@ class GcPauses:
         }
 
 
+class ThreadTimes:
+    """The calling (event-loop) thread's CPU time while active, the time Linux kept it runnable but
+    off every CPU (``/proc/thread-self/schedstat``: a loop that is late without being busy was not
+    run: other processes, such as the local Ceph RGW serving the uploads, or the process's own
+    threads held the CPUs), and the CPU time of the process's other threads (WAL I/O, metadata,
+    hashing: they share the cores and take the GIL). ``runqueue_wait_s`` is None where schedstat
+    is not available."""
+
+    def __init__(self) -> None:
+        self.loop_cpu_s = 0.0
+        self.runqueue_wait_s: float | None = None
+        self.other_threads_cpu_s = 0.0
+        self._start: tuple[float, float, int | None] = (0.0, 0.0, None)
+
+    @staticmethod
+    def _runqueue_wait_ns() -> int | None:
+        try:
+            with open("/proc/thread-self/schedstat", "rb") as f:
+                return int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _now(self) -> tuple[float, float, int | None]:
+        return time.thread_time(), time.process_time(), self._runqueue_wait_ns()
+
+    def __enter__(self) -> ThreadTimes:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        thread_s, process_s, wait_ns = self._now()
+        start_thread_s, start_process_s, start_wait_ns = self._start
+        self.loop_cpu_s = thread_s - start_thread_s
+        self.other_threads_cpu_s = max(0.0, (process_s - start_process_s) - self.loop_cpu_s)
+        if wait_ns is not None and start_wait_ns is not None:
+            self.runqueue_wait_s = (wait_ns - start_wait_ns) / 1e9
+
+    def summary_s(self) -> dict[str, float | None]:
+        return {
+            "loop_thread_cpu": self.loop_cpu_s,
+            "loop_thread_runqueue_wait": self.runqueue_wait_s,
+            "other_threads_cpu": self.other_threads_cpu_s,
+        }
+
+
 class YoungCollections:
     """Young (generation 0 and 1) garbage collections while active, per generation: count, and the
     collecting thread's CPU time in all and at most. Uploads drive most of them in the latency run
@@ -342,12 +440,20 @@ class YoungCollections:
 
 
 async def _engine_latency(
-    ctx: Context, *, record_bytes: int, stream_count: int, rate_per_s: float, duration_s: float
+    ctx: Context,
+    *,
+    record_bytes: int,
+    stream_count: int,
+    rate_per_s: float,
+    duration_s: float,
+    times: ThreadTimes | None = None,
+    pacer: PacerStats | None = None,
 ) -> tuple[LatencyRecorder, int, LatencyRecorder, GcPauses, int, YoungCollections]:
     """Append latency at ``rate_per_s`` after :data:`WARMUP_S` of unrecorded appends and
     :func:`~s3stream.assembly.freeze_startup_heap`; also returns the uploads that ran, the
     generator's send lag, the full collections during the recorded run, the objects frozen and the
-    young collections during the recorded run."""
+    young collections during the recorded run. ``times`` and ``pacer`` are filled in over the
+    recorded run."""
     config = _config(ctx, wal_upload_threshold_bytes=8 * MiB)
     client, _ = await _open_engine(ctx, "engine-latency", config)
     latency = LatencyRecorder()
@@ -367,8 +473,12 @@ async def _engine_latency(
         frozen = freeze_startup_heap()  # start-up is over: what the application is told to do
         latency = LatencyRecorder()
         uploads_before = client.engine.stats.uploads
-        with GcPauses() as gc_pauses, YoungCollections() as young:
-            await _paced(one, int(rate_per_s * duration_s), rate_per_s, send_lag)
+        with (
+            GcPauses() as gc_pauses,
+            YoungCollections() as young,
+            times if times is not None else contextlib.nullcontext(),
+        ):
+            await _paced(one, int(rate_per_s * duration_s), rate_per_s, send_lag, pacer)
         uploads = client.engine.stats.uploads - uploads_before
     finally:
         await client.close()
@@ -447,18 +557,21 @@ async def run(ctx: Context) -> list[Result]:
     rate = max(max_rate_1k / 2, 100.0)
     duration = ctx.param("latency_s", ctx.scale(quick=3.0, full=10.0))
     ctx.status(f"ingest: append latency at {rate:.0f} appends/s (half of max), WAL alone")
+    wal_times, wal_pacer = ThreadTimes(), PacerStats()
     with _frozen_heap():
         _, wal_lat = await _wal_alone(
             ctx, "wal-latency", record_bytes=1 * KiB, total_bytes=int(rate * duration) * KiB, producers=1,
-            rate_per_s=rate,
+            rate_per_s=rate, times=wal_times, pacer=wal_pacer,
         )  # fmt: skip
     ctx.status("ingest: append latency, engine with uploads running")
+    eng_times, eng_pacer = ThreadTimes(), PacerStats()
     with _frozen_heap():
         eng_lat, uploads, send_lag, gc_pauses, frozen, young = await _engine_latency(
-            ctx, record_bytes=1 * KiB, stream_count=stream_count, rate_per_s=rate, duration_s=duration
-        )
+            ctx, record_bytes=1 * KiB, stream_count=stream_count, rate_per_s=rate, duration_s=duration,
+            times=eng_times, pacer=eng_pacer,
+        )  # fmt: skip
     ctx.status("ingest: the latency method's floor (a target that only yields once)")
     with _frozen_heap():
         floor = await _paced_floor(rate, min(duration, 3.0))
-    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "wal_aio": wal_aio, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
+    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "wal_aio": wal_aio, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "pacer": eng_pacer.summary(), "wal_pacer": wal_pacer.summary(), "thread_times_s": eng_times.summary_s(), "wal_thread_times_s": wal_times.summary_s(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
     return results

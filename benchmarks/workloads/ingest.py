@@ -31,7 +31,12 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   due time and the actual call, so a loop that falls behind shows in the figure (as in the ``wal``
   workload). The extras give the generator's send lag, the method's floor (a no-op target at the same rate),
   the full garbage collections of the recorded engine run, its young ones (per generation: count,
-  collector CPU in all and at most) and the objects frozen.
+  collector CPU in all and at most) and the objects frozen; for the engine and the WAL alone, how
+  busy the generator's producers were (:class:`PacerStats`) and the loop thread's CPU and run-queue
+  wait beside the other threads' CPU (:class:`ThreadTimes`); and ``wal_under_put_load``: the WAL
+  alone again, at the same rate, while another process PUTs 8 MiB objects into the same store at the
+  engine run's upload rate (:func:`_wal_alone_under_put_load`): what the uploads cost the appends
+  through the machine (the store's CPU, its disk) without any upload work on the loop.
   ``--param latency_rate=N`` runs this section alone at N appends/s (``latency_s=S``: its duration).
 
 ``--param wal_aio=auto|off`` sets ``s3.wal.aio`` (default: the Config default) for every WAL of the
@@ -43,8 +48,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import math
 import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -485,6 +493,119 @@ async def _engine_latency(
     return latency, uploads, send_lag, gc_pauses, frozen, young
 
 
+PUT_LOAD_ENV = "S3STREAM_BENCH_PUT_LOAD"
+"""The environment variable handing :func:`put_load_main` its spec (JSON; it may hold S3 keys, so
+not on the command line)."""
+
+
+def _put_load_spec(
+    ctx: Context, *, rate_per_s: float, object_bytes: int, duration_s: float
+) -> dict[str, Any]:
+    """What :func:`put_load_main` needs to PUT into the run's object store (the target's bucket under
+    a key prefix of its own, or a local store in the scratch dir)."""
+    spec: dict[str, Any] = {"rate_per_s": rate_per_s, "object_bytes": object_bytes, "duration_s": duration_s}
+    if ctx.s3 is None:
+        spec["local_root"] = str(ctx.scratch("objects-put-load"))
+    else:
+        spec["s3"] = {
+            "bucket": ctx.s3.bucket,
+            "endpoint": ctx.s3.endpoint,
+            "region": ctx.s3.region,
+            "path_style": True,
+            "access_key": ctx.s3.access_key,
+            "secret_key": ctx.s3.secret_key,
+            "prefix": ctx.key_prefix("put-load"),
+            "checksum_mode": os.environ.get("S3STREAM_BENCH_CHECKSUM_MODE", "when_required"),
+        }
+    return spec
+
+
+async def _put_load(spec: dict[str, Any], stop: asyncio.Event) -> int:
+    """PUT objects of ``object_bytes`` at ``rate_per_s`` for ``duration_s`` or until ``stop`` is set (each
+    as the engine writes an object: ``upload`` / ``write`` / ``complete``); returns the count."""
+    storage: ObjectStorage
+    if "s3" in spec:
+        from s3stream.storage.s3 import S3Config
+
+        storage = S3ObjectStorage(S3Config(**spec["s3"]))
+        await storage.connect()
+    else:
+        from s3stream.storage.local import LocalObjectStorage
+
+        storage = LocalObjectStorage(Path(spec["local_root"]))
+    body = os.urandom(spec["object_bytes"])
+    rate, count = spec["rate_per_s"], 0
+    started = time.perf_counter()
+    try:
+        while not stop.is_set() and (due := started + count / rate) < started + spec["duration_s"]:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, due - time.perf_counter()))
+            if stop.is_set():
+                break
+            upload = storage.upload(f"put-load-{count}")
+            await upload.write(body)
+            await upload.complete()
+            count += 1
+    finally:
+        await storage.close()
+    return count
+
+
+def put_load_main() -> None:
+    """Entry of the PUT-load process (:func:`_wal_alone_under_put_load`): PUTs until its spec's duration
+    ends or its stdin closes, then prints the PUTs made."""
+    from s3stream._loop import run as run_loop
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wait_for_eof() -> None:
+            sys.stdin.buffer.read()
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=wait_for_eof, daemon=True).start()
+        return await _put_load(json.loads(os.environ[PUT_LOAD_ENV]), stop)
+
+    print(json.dumps({"puts": run_loop(main())}), flush=True)
+
+
+async def _wal_alone_under_put_load(
+    ctx: Context, *, rate_per_s: float, duration_s: float, put_rate_per_s: float, object_bytes: int
+) -> tuple[LatencyRecorder, ThreadTimes, PacerStats, int]:
+    """The WAL alone at ``rate_per_s`` (as the latency baseline) while another process PUTs objects of
+    ``object_bytes`` at ``put_rate_per_s`` into the run's object store: what the engine's uploads cost
+    the machine outside the engine's process (the store's CPU and disk, e.g. a local Ceph RGW on the
+    same cores and disk as the WAL), without any of the engine's own upload work on its loop. Returns
+    the latency, the thread times, the pacer stats and the PUTs made."""
+    spec = _put_load_spec(
+        ctx, rate_per_s=put_rate_per_s, object_bytes=object_bytes, duration_s=WARMUP_S + duration_s + 1.0
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from benchmarks.workloads.ingest import put_load_main; put_load_main()",
+        env={**os.environ, PUT_LOAD_ENV: json.dumps(spec)},
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    times, pacer = ThreadTimes(), PacerStats()
+    try:
+        with _frozen_heap():
+            _, latency = await _wal_alone(
+                ctx, "wal-latency-put-load", record_bytes=1 * KiB, total_bytes=int(rate_per_s * duration_s) * KiB,
+                producers=1, rate_per_s=rate_per_s, times=times, pacer=pacer,
+            )  # fmt: skip
+        out, _ = await process.communicate(b"")  # closes its stdin: the load stops
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    if process.returncode != 0:
+        raise RuntimeError(f"the PUT-load process failed with exit code {process.returncode}")
+    return latency, times, pacer, int(json.loads(out)["puts"])
+
+
 async def _raw_put(ctx: Context) -> tuple[str, Measured]:
     """The object store's PUT ceiling (:func:`benchmarks.baselines.raw_put_ceiling`) in the engine's
     request shapes, measured right after the engine run it is compared with; and its label."""
@@ -570,8 +691,13 @@ async def run(ctx: Context) -> list[Result]:
             ctx, record_bytes=1 * KiB, stream_count=stream_count, rate_per_s=rate, duration_s=duration,
             times=eng_times, pacer=eng_pacer,
         )  # fmt: skip
+    put_rate = uploads / duration
+    ctx.status(f"ingest: append latency, WAL alone while another process PUTs {put_rate:.1f} 8 MiB objects/s")
+    put_lat, put_times, put_pacer, puts = await _wal_alone_under_put_load(
+        ctx, rate_per_s=rate, duration_s=duration, put_rate_per_s=max(put_rate, 0.1), object_bytes=8 * MiB
+    )
     ctx.status("ingest: the latency method's floor (a target that only yields once)")
     with _frozen_heap():
         floor = await _paced_floor(rate, min(duration, 3.0))
-    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "wal_aio": wal_aio, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "pacer": eng_pacer.summary(), "wal_pacer": wal_pacer.summary(), "thread_times_s": eng_times.summary_s(), "wal_thread_times_s": wal_times.summary_s(), "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
+    results.append(Result(W, "append p99 latency at half max rate (1 KiB records, uploads running)", eng_lat.percentile_s(0.99) * 1000, "ms", "WAL alone at the same rate", wal_lat.percentile_s(0.99) * 1000, False, {"backend": backend, "wal_aio": wal_aio, "rate_per_s": rate, "uploads_during_run": uploads, "engine_latency_ms": eng_lat.summary_ms(), "wal_latency_ms": wal_lat.summary_ms(), "send_lag_ms": send_lag.summary_ms(), "pacer": eng_pacer.summary(), "wal_pacer": wal_pacer.summary(), "thread_times_s": eng_times.summary_s(), "wal_thread_times_s": wal_times.summary_s(), "wal_under_put_load": {"latency_ms": put_lat.summary_ms(), "put_rate_per_s": put_rate, "puts": puts, "object_bytes": 8 * MiB, "pacer": put_pacer.summary(), "thread_times_s": put_times.summary_s()}, "method_floor_ms": floor.summary_ms(), "gc_full_collections_ms": gc_pauses.summary_ms(), "gc_young_collections_ms": young.summary_ms(), "heap_frozen_after_warmup": True, "frozen_objects": frozen, "warmup_s": WARMUP_S, "goal_ms": 3.0}))  # fmt: skip
     return results

@@ -1,5 +1,6 @@
 """The ingest latency run's diagnostics: which of the loop and the generator's producers made sends
-late (PacerStats), and the loop thread's CPU and run-queue wait beside the other threads' CPU."""
+late (PacerStats), the loop thread's CPU and run-queue wait beside the other threads' CPU, and the
+WAL-alone baseline run while another process PUTs objects into the store."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import asyncio
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from benchmarks.core import Context
+from benchmarks.workloads import ingest
 from benchmarks.workloads.ingest import PACED_PRODUCERS, PacerStats, ThreadTimes, _paced
 
 
@@ -62,3 +66,18 @@ def test_thread_times_split_the_callers_cpu_from_the_other_threads() -> None:
     wait = summary["loop_thread_runqueue_wait"]
     assert wait is not None
     assert wait >= 0
+
+
+async def test_the_wal_alone_baseline_under_put_load_runs_beside_a_process_putting_objects(
+    tmp_path: Path,
+) -> None:
+    ctx = Context(quick=True, work_dir=tmp_path, s3=None)
+    latency, times, pacer, puts = await ingest._wal_alone_under_put_load(
+        ctx, rate_per_s=1000.0, duration_s=0.2, put_rate_per_s=20.0, object_bytes=64 * 1024
+    )
+    assert latency.count == 200
+    assert puts >= 1
+    stored = [p for p in (tmp_path / "objects-put-load").rglob("*") if p.is_file()]
+    assert len(stored) >= puts
+    assert times.loop_cpu_s > 0
+    assert pacer.slot_count == 200

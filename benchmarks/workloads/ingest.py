@@ -561,8 +561,10 @@ def put_load_main() -> None:
         loop = asyncio.get_running_loop()
 
         def wait_for_eof() -> None:
-            sys.stdin.buffer.read()
-            loop.call_soon_threadsafe(stop.set)
+            while os.read(0, 65536):  # the descriptor, not sys.stdin: no buffer lock held at exit
+                pass
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the load is over anyway
+                loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=wait_for_eof, daemon=True).start()
         return await _put_load(json.loads(os.environ[PUT_LOAD_ENV]), stop)

@@ -643,6 +643,7 @@ async def run(ctx: Context) -> list[Result]:
             extra[f"aio_{setting}_appends_per_s"] = rates[f"aio={setting}"]
             extra[f"aio_{setting}_ratio"] = rates[f"aio={setting}"] / base
             extra[f"aio_{setting}_median_slice_ratio"] = statistics.median(paired.other_ratios[setting])
+            extra[f"aio_{setting}_slice_ratios"] = paired.other_ratios[setting]
             extra[f"aio_{setting}_loop_writes"] = paired.loop_writes[setting]
         results.append(
             Result(

@@ -680,7 +680,12 @@ def encode_tail_rows(
     rows: Sequence[IndexRow], block_crcs: Sequence[int] | None, *, index_position: int
 ) -> bytes:
     """:func:`encode_tail` of entries given as :data:`IndexRow` tuples."""
-    index = encode_index_rows(rows)
+    return encode_tail_index(encode_index_rows(rows), block_crcs, index_position=index_position)
+
+
+def encode_tail_index(index: bytes, block_crcs: Sequence[int] | None, *, index_position: int) -> bytes:
+    """:func:`encode_tail` of an index block already encoded (``INDEX_ENTRY`` after ``INDEX_ENTRY``)."""
+    assert len(index) % INDEX_ENTRY_SIZE == 0
     if block_crcs is None:
         return index + encode_footer(Footer(index_position, len(index)))
     section = encode_checksum_section(crc32c(index), block_crcs)

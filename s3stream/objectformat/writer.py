@@ -28,10 +28,10 @@ from s3stream.objectformat.codec import (
     DATA_BLOCK_MAGIC,
     I32_MAX,
     I64_MAX,
+    INDEX_ENTRY,
     IndexEntry,
-    IndexRow,
     check_block_header,
-    encode_tail_rows,
+    encode_tail_index,
 )
 from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch
 from s3stream.storage.base import MIN_PART_SIZE_BYTES, Upload
@@ -147,9 +147,11 @@ class ObjectWriter:
         page faults on the fresh pages).
         It grows by appending (realloc, no zero-filling)."""
         self._flushed_bytes = 0
-        self._entries: list[IndexRow] = []
-        """The index so far, as plain tuples (untracked by the garbage collector while the object is
-        written; the IndexEntry objects are built once, at close)."""
+        self._index = bytearray()
+        """The index block so far, each entry encoded as its data block is cut: no object per entry
+        while the object is written (a tuple per entry was one more object per stream for the
+        garbage collector to count and scan, 1,000 per upload of 1,000 streams; the IndexEntry
+        objects are built once, at close)."""
         self._crcs: list[int] = []
         self._last_stream = -1
         self._last_end = 0
@@ -253,15 +255,13 @@ class ObjectWriter:
             self._cut_block()
             position = self._flushed_bytes + self._bio.tell()
             self._bio.write(block)
-            self._entries.append(
-                (
-                    entry.stream_id,
-                    entry.start_offset,
-                    entry.end_offset,
-                    entry.record_count,
-                    position,
-                    entry.size_bytes,
-                )
+            self._index += INDEX_ENTRY.pack(
+                entry.stream_id,
+                entry.start_offset,
+                entry.end_offset - entry.start_offset,
+                entry.record_count,
+                position,
+                entry.size_bytes,
             )
             self._crcs.append(crc32c(block))
             self._last_stream, self._last_end = entry.stream_id, entry.end_offset
@@ -272,7 +272,11 @@ class ObjectWriter:
     async def close(self) -> WrittenObject:
         """Write the remaining blocks, the index block, the checksum section and the footer; publish."""
         size_bytes = await self.finish()
-        return WrittenObject(self._upload.key, size_bytes, tuple(IndexEntry(*row) for row in self._entries))
+        entries = tuple(
+            IndexEntry(stream_id, start, start + delta, count, position, size)
+            for stream_id, start, delta, count, position, size in INDEX_ENTRY.iter_unpack(self._index)
+        )
+        return WrittenObject(self._upload.key, size_bytes, entries)
 
     async def finish(self) -> int:
         """:meth:`close`, returning only the object's size: no :class:`IndexEntry` object is built
@@ -281,7 +285,7 @@ class ObjectWriter:
         try:
             self._cut_block()
             index_position = self._flushed_bytes + self._bio.tell()
-            self._bio.write(encode_tail_rows(self._entries, self._crcs, index_position=index_position))
+            self._bio.write(encode_tail_index(bytes(self._index), self._crcs, index_position=index_position))
             expected_size = self._flushed_bytes + self._bio.tell()
             self._closed = True  # one attempt: after a failure here the caller aborts
             await self._flush_part()
@@ -535,15 +539,13 @@ class ObjectWriter:
             return
         at = self._open_at
         size = self._bio.tell() - at
-        self._entries.append(
-            (
-                self._open_stream,
-                self._open_start_offset,
-                self._last_end,
-                self._open_count,
-                self._flushed_bytes + at,
-                size,
-            )
+        self._index += INDEX_ENTRY.pack(
+            self._open_stream,
+            self._open_start_offset,
+            self._last_end - self._open_start_offset,
+            self._open_count,
+            self._flushed_bytes + at,
+            size,
         )
         with self._bio.getbuffer() as view:  # released at once: the buffer cannot grow meanwhile
             DATA_BLOCK_HEADER.pack_into(

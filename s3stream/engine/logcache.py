@@ -21,7 +21,7 @@ from the columns (``ObjectWriter.write_columns``).
 A block that takes no more records (committed and marked free: it stays for reads) is *frozen*
 (:meth:`LogCache.freeze_steps`, a slice of streams per step): its stream caches become one
 :data:`StreamRow` tuple per stream in a plain dict (:class:`FrozenStreams`), holding only ints,
-bytes and a tuple of payloads, which the collector stops tracking (tuples after the first collection
+bytes and the payloads, which the collector stops tracking (tuples after the first collection
 that sees them, the dict after the first full one). A StreamCache, its payload list and its base
 offsets array were three tracked objects per stream and block, all walked by every full collection
 (14 uploaded blocks of 1,000 streams: 42,000 objects, ~8 ms a collection); a frozen block keeps
@@ -60,9 +60,14 @@ STAGED_FIELDS = 5
 """Entries per staged record in :attr:`LogCacheBlock.staged`: stream id, epoch, base offset, count,
 payload."""
 
-StreamRow = tuple[int, int, "int | None", "bytes | None", bytes, int, "tuple[bytes, ...]"]
+StreamRow = tuple[Any, ...]
 """A frozen :class:`StreamCache`: (start offset, end offset, epoch, epochs, base offsets, size in
-bytes, payloads), the int arrays as their bytes (``array.tobytes``): nothing the collector tracks."""
+bytes, then the payloads, one item each: ``ROW_PAYLOADS_AT``), the int arrays as their bytes
+(``array.tobytes``): one tuple of nothing the collector tracks (the payloads in a tuple of their own
+were a second tracked object per stream, counted toward the young collections when a block freezes)."""
+
+ROW_PAYLOADS_AT = 6
+"""Where a :data:`StreamRow`'s payloads start."""
 
 
 class StreamCache:
@@ -130,19 +135,19 @@ class StreamCache:
             None if epochs is None else epochs.tobytes(),
             self.bases.tobytes(),
             self.size_bytes,
-            tuple(self.payloads),
+            *self.payloads,
         )
 
     @classmethod
     def of_row(cls, stream_id: int, row: StreamRow) -> StreamCache:
         """A stream cache holding a :data:`StreamRow`'s records (its own columns: a copy)."""
-        _start, end, epoch, epochs, bases, size_bytes, payloads = row
+        _start, end, epoch, epochs, bases, size_bytes = row[:ROW_PAYLOADS_AT]
         cache = cls(stream_id, 0)
         cache.epoch = epoch
         if epochs is not None:
             cache.epochs = array("q")
             cache.epochs.frombytes(epochs)
-        cache.payloads = list(payloads)
+        cache.payloads = list(row[ROW_PAYLOADS_AT:])
         cache.bases.frombytes(bases)
         cache.end = end
         cache.size_bytes = size_bytes

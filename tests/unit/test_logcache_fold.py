@@ -1,8 +1,10 @@
 """LogCacheBlock.fold: the stream caches a fold makes enter the block's sorted streams in one update at
-its end (not one sorted insert each), and the block reads as if every record had been put in line."""
+its end (not one sorted insert each), and the block reads as if every record had been put in line.
+A frozen stream's row is one tuple with nothing the collector tracks in it."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from sortedcontainers import SortedDict
@@ -67,3 +69,14 @@ def test_a_fold_mixing_known_and_new_streams_keeps_offsets_epochs_and_order() ->
     assert streams[10].fields() == [(10, 1, 0, 1, b"a"), (10, 1, 1, 1, b"b")]
     assert streams[20].end == 2
     assert block.staged == []
+
+
+def test_a_frozen_row_is_one_tuple_holding_nothing_the_collector_tracks() -> None:
+    block = LogCacheBlock(0, 0.0)
+    for base in range(3):
+        _stage(block, 4, 1, base, b"p%d" % base)
+    block.fold()
+    row = block.folded[4].row()
+    assert not any(gc.is_tracked(item) for item in row)  # a tuple of payloads was one more per stream
+    rebuilt = StreamCache.of_row(4, row)
+    assert rebuilt.fields() == block.folded[4].fields()

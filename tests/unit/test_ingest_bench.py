@@ -91,11 +91,8 @@ async def test_the_held_back_engine_gets_the_held_back_wal_capacity(
     assert capacities == [ingest._held_wal_capacity(total)]
 
 
-async def test_the_held_back_rows_wal_alone_has_the_held_back_engines_wal_capacity(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The held-back engine writes once into a WAL of _held_wal_capacity; its baseline does too (not
-    around the default 256 MiB WAL, which this VM's disk wrote faster than a fresh 2 GiB one)."""
+def _fake_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every measurement ingest.run makes, faked: the WAL alone's MB/s is its capacity in MiB."""
     default = Config().wal_capacity_bytes
 
     async def wal_alone(ctx: Context, name: str, **kw: int) -> tuple[float, LatencyRecorder]:
@@ -122,6 +119,15 @@ async def test_the_held_back_rows_wal_alone_has_the_held_back_engines_wal_capaci
     for name, fake in (("_wal_alone", wal_alone), ("_engine_ingest", engine), ("_raw_put", raw_put),
                        ("_engine_latency", engine_latency), ("_paced_floor", floor)):  # fmt: skip
         monkeypatch.setattr(ingest, name, fake)
+
+
+async def test_the_held_back_rows_wal_alone_has_the_held_back_engines_wal_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-back engine writes once into a WAL of _held_wal_capacity; its baseline does too (not
+    around the default 256 MiB WAL, which this VM's disk wrote faster than a fresh 2 GiB one)."""
+    default = Config().wal_capacity_bytes
+    _fake_measurements(monkeypatch)
     results = await ingest.run(Context(quick=False, work_dir=tmp_path, s3=None))
     baselines = {r.metric: r.baseline_value for r in results}
     for size, total in ((1, 64 * MiB), (64, 1024 * MiB)):
@@ -131,3 +137,63 @@ async def test_the_held_back_rows_wal_alone_has_the_held_back_engines_wal_capaci
             ingest._held_wal_capacity(total) // MiB
         )
     assert ingest._held_wal_capacity(1024 * MiB) == 2048 * MiB
+
+
+async def test_the_held_back_pairs_alternate_in_fresh_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    async def wal_alone(ctx: Context, name: str, **kw: int) -> tuple[float, LatencyRecorder]:
+        calls.append(name)
+        (ctx.scratch(name) / "wal").write_bytes(b"x")
+        return 100.0 + len(calls), LatencyRecorder()
+
+    async def engine(ctx: Context, **kw: object) -> dict[str, float]:
+        assert kw["hold_uploads"] is True
+        calls.append(f"engine{kw['tag']}")
+        return {"ingest_mb_s": 10.0 * len(calls)}
+
+    monkeypatch.setattr(ingest, "_wal_alone", wal_alone)
+    monkeypatch.setattr(ingest, "_engine_ingest", engine)
+    ctx = Context(quick=True, work_dir=tmp_path, s3=None)
+    wal_runs, engine_runs = await ingest._held_back_rounds(
+        ctx, record_bytes=KiB, total_bytes=MiB, stream_count=2, producers=2, rounds=3
+    )
+    assert calls == [
+        "wal-held-1024-r0",
+        "engine-r0",
+        "engine-r1",
+        "wal-held-1024-r1",
+        "wal-held-1024-r2",
+        "engine-r2",
+    ]
+    assert wal_runs == [101.0, 104.0, 105.0]
+    assert [run["ingest_mb_s"] for run in engine_runs] == [20.0, 30.0, 60.0]
+    assert not any(tmp_path.iterdir())  # each round's scratch removed
+
+
+async def test_the_held_back_row_gives_the_median_of_each_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def rounds(
+        ctx: Context, *, record_bytes: int, rounds: int, **kw: int
+    ) -> tuple[list[float], list[dict[str, float]]]:
+        if record_bytes == KiB:
+            assert rounds == ingest.HELD_ROUNDS_1K == 3
+            return [300.0, 100.0, 200.0], [
+                {"ingest_mb_s": v, "uploads": i} for i, v in enumerate((90.0, 250.0, 150.0))
+            ]
+        assert rounds == 1
+        return [1000.0], [{"ingest_mb_s": 900.0, "uploads": 7}]
+
+    _fake_measurements(monkeypatch)
+    monkeypatch.setattr(ingest, "_held_back_rounds", rounds)
+    results = await ingest.run(Context(quick=False, work_dir=tmp_path, s3=None))
+    rows = {r.metric: r for r in results}
+    small = rows["ingest MB/s, uploads held back until the end (1 KiB records, 1000 streams)"]
+    assert (small.value, small.baseline_value) == (150.0, 200.0)
+    assert small.extra["uploads"] == 2  # the median engine run's own extras
+    assert small.extra["ratio_rounds"] == [0.3, 2.5, 0.75]
+    large = rows["ingest MB/s, uploads held back until the end (64 KiB records, 1000 streams)"]
+    assert (large.value, large.baseline_value, large.extra["rounds"]) == (900.0, 1000.0, 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import resource
 import threading
 import time
@@ -25,6 +26,7 @@ from array import array
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from s3stream.storage.base import ObjectInfo, ObjectStorage, Upload
@@ -160,8 +162,43 @@ def _reaped_children_cpu_s() -> float:
     return children.ru_utime + children.ru_stime
 
 
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def _sample_process_tree(live_children_cpu_s: dict[int, float]) -> int:
-    """RSS of this process and its live children; records each live child's CPU seconds so far."""
+    """RSS of this process and its live children; records each live child's CPU seconds so far.
+
+    Reads /proc directly: only this process's threads' children files and each descendant's statm
+    and stat (~0.1 ms a sample). psutil's ``children(recursive=True)`` reads every process's stat
+    to find them, ~1.3 ms of CPU a sample, 20 times a second in the process being measured, partly
+    holding the GIL its event loop needs; it is the fallback where /proc has no children files."""
+    try:
+        total = _proc_rss_bytes("self")
+        pending = _proc_child_pids("self")
+    except OSError:
+        return _sample_process_tree_psutil(live_children_cpu_s)
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(OSError, ValueError, IndexError):  # the child exited meanwhile
+            total += _proc_rss_bytes(str(pid))
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            live_children_cpu_s[pid] = (int(stat[11]) + int(stat[12])) / _CLOCK_TICKS  # utime, stime
+            pending.extend(_proc_child_pids(str(pid)))
+    return total
+
+
+def _proc_rss_bytes(pid: str) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_BYTES
+
+
+def _proc_child_pids(pid: str) -> list[int]:
+    """Direct children of every thread of ``pid`` (/proc/<pid>/task/<tid>/children)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split()]
+
+
+def _sample_process_tree_psutil(live_children_cpu_s: dict[int, float]) -> int:
     try:
         import psutil
     except ImportError:  # the bench extra is missing: fall back to the lifetime peak

@@ -437,6 +437,52 @@ def test_resource_meter_counts_the_cpu_of_child_processes() -> None:
     assert meter.usage.cpu_s >= 0.35
 
 
+def test_process_tree_sample_reads_proc_and_agrees_with_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from benchmarks import measure
+
+    grandchild = (
+        "import time\nblock = bytearray(40 << 20)\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\nprint('ready', flush=True)\ntime.sleep(30)"
+    )
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {grandchild!r}])",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+        own = measure._proc_rss_bytes("self")
+        seen: dict[int, float] = {}
+        seen_by_psutil: dict[int, float] = {}
+        read: list[str] = []
+        read_text = Path.read_text
+        monkeypatch.setattr(
+            Path, "read_text", lambda path, *a, **k: read.append(str(path)) or read_text(path, *a, **k)
+        )
+        total = measure._sample_process_tree(seen)
+        monkeypatch.undo()
+        total_by_psutil = measure._sample_process_tree_psutil(seen_by_psutil)
+    finally:
+        child.kill()
+        child.wait()
+    assert set(seen) == set(seen_by_psutil)
+    assert child.pid in seen
+    assert len(seen) == 2
+    assert total >= own + 40 * MIB
+    assert abs(total - total_by_psutil) < 8 * MIB
+    assert max(seen.values()) >= 0.25  # the grandchild's CPU seconds, from its stat
+    tree = {"self", *map(str, seen)}
+    assert {path.split("/")[2] for path in read} == tree  # no other process's files: no scan of /proc
+
+
 async def test_ingest_latency_rate_param_runs_the_latency_section_alone(tmp_path: Path) -> None:
     from benchmarks.workloads import ingest
 

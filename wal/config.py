@@ -41,6 +41,12 @@ class WalConfig:
     through a kernel worker bound to one CPU that issues the cache flush, and while other processes
     keep the CPUs busy that worker waits to run: 1 KiB appends from one producer took 2-6x longer
     than on the I/O threads (load 7 on 2 cores), although AIO was faster on a less loaded machine.
+    ``"uring"`` does not collapse that way (no O_DSYNC write, the fdatasync runs on an io-wq thread
+    of this process) but is not the default either: in the ``wal`` benchmark's alternating slices it
+    ran 1 KiB appends with 1 / 16 / 256 producers at 1.02 / 0.93 / 1.24x the I/O threads on a quiet
+    machine (AIO 1.27 / 1.22 / 1.40x) and 0.77 / 0.87 / 0.82x with two CPU-bound processes running
+    (AIO 0.11 / 0.19 / 0.90x): its write's completion is posted by task work on the submitting (loop)
+    thread, so each group waits twice for the loop thread to be scheduled.
     """
 
     capacity_bytes: int = 2 * GiB

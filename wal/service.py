@@ -23,6 +23,9 @@ the loop polls, so neither the write's start nor its completion waits for the GI
 the GIL only once the loop blocks: a write sealed in a busy loop turn waited for the turn's end to
 start, and a finished one for the next idle moment to report). A group that wraps (its padding record
 first), header writes and any submission the kernel refuses still go to the I/O threads.
+``aio="uring"`` does the same with io_uring (:mod:`wal.uring`): the pump submits the group's write,
+linked to an fdatasync, on a second O_DIRECT descriptor without O_DSYNC, and one completion per group
+comes back on the ring's eventfd; ``stats["aio_writes"]`` counts the groups either path wrote.
 
 The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them and
 closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``
@@ -239,8 +242,9 @@ class BlockWAL:
         # WAL still alive then may be mid-write on a daemon I/O thread).
         self._close_device = weakref.finalize(self, device.close)
         self._close_device.atexit = False
-        # Linux AIO (see _start_writer): the context, the descriptor it writes to, the write buffers'
-        # addresses (and the ctypes views that pin them), the groups in flight by write slot
+        # Linux AIO or io_uring (see _start_writer): the context or ring, the descriptor it writes to
+        # (io_uring: its own), the write buffers' addresses (and the ctypes views that pin them), the
+        # groups in flight by write slot
         self._aio: Aio | Uring | None = None
         self._aio_fd = -1
         self._aio_addrs: list[int] = []
@@ -413,11 +417,13 @@ class BlockWAL:
                 self._loop.remove_reader(aio.fd)
                 if self._stop_aio is not None:
                     self._stop_aio.detach()
-                await self._loop.run_in_executor(self._pool, aio.close)
-                self._aio_pins = []
-                if isinstance(aio, Uring):
-                    os.close(self._aio_fd)
-                self._aio_fd = -1
+                try:
+                    await self._loop.run_in_executor(self._pool, aio.close)
+                finally:
+                    self._aio_pins = []
+                    if isinstance(aio, Uring):
+                        os.close(self._aio_fd)
+                    self._aio_fd = -1
             if self._threads:
                 self._stop_threads()
                 await self._loop.run_in_executor(self._pool, self._join_threads)

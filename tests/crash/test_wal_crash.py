@@ -21,8 +21,8 @@ import pytest
 from crc32c import crc32c
 
 from tests.crash.wal_writer import CONFIG
+from tests.directio import loop_writes_work
 from wal import BlockWAL, WalLockedError
-from wal.uring import Uring
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = int(os.environ.get("S3STREAM_WAL_CRASH_ITERATIONS", "30"))
@@ -91,24 +91,6 @@ def wait_ready(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return int(offset), mode
 
 
-def _uring_writes(path: Path) -> bool:
-    """Whether a WAL with aio="uring" at ``path`` gets its ring (io_uring and O_DIRECT here)."""
-    ring = Uring.create(1)
-    if ring is None:
-        return False
-    ring.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    probe = path.parent / "direct-probe"
-    probe.write_bytes(b"")
-    try:
-        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return False
-    finally:
-        probe.unlink()
-    return True
-
-
 @pytest.mark.crash
 @pytest.mark.timeout(400)
 # the I/O threads (default), Linux AIO and io_uring where there are
@@ -130,7 +112,7 @@ async def test_sigkill_at_random_moments_loses_no_acknowledged_record(
         proc = start_writer(wal_path, tmp_path, i, rng.randrange(1 << 30), aio)
         try:
             _, mode = wait_ready(proc)
-            if aio == "uring" and _uring_writes(wal_path):
+            if aio == "uring" and loop_writes_work(wal_path.parent, "uring"):
                 assert "io_uring" in mode, mode
             history.check(read_recovered(tmp_path / f"recovered.{i}"), f"iteration {i} (seed {rng_seed})")
             time.sleep(rng.uniform(0.01, 0.5))

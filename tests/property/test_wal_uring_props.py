@@ -4,7 +4,6 @@ recovers exactly the untrimmed records that a dict model holds, across wraps, tr
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 from pathlib import Path
 
@@ -12,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.directio import loop_writes_work
 from wal import BlockWAL, WalConfig
-from wal.uring import Uring
 
 CONFIG = WalConfig(
     capacity_bytes=1 << 20,
@@ -35,22 +34,6 @@ ROUNDS = st.lists(
     min_size=1,
     max_size=12,
 )
-
-
-def _uring_and_direct(directory: Path) -> bool:
-    ring = Uring.create(1)
-    if ring is None:
-        return False
-    ring.close()
-    probe = directory / "direct-probe"
-    probe.write_bytes(b"")
-    try:
-        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return False
-    finally:
-        probe.unlink()
-    return True
 
 
 async def _run(path: Path, rounds: list[tuple[list[int], bool, bool]], seed: int) -> None:
@@ -86,6 +69,6 @@ def test_a_uring_wal_recovers_what_the_model_holds(
     rounds: list[tuple[list[int], bool, bool]], seed: int
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        if not _uring_and_direct(Path(directory)):
+        if not loop_writes_work(Path(directory), "uring"):
             pytest.skip("no io_uring or no O_DIRECT here")
         asyncio.run(_run(Path(directory) / "wal.dat", rounds, seed))

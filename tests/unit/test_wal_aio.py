@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.directio import loop_writes_work
 from wal import BlockWAL, MemoryDevice, WalClosedError, WalConfig, WalIOError
 from wal.aio import Aio
 from wal.uring import Uring
@@ -42,18 +43,8 @@ def _config(mode: str, **changes: Any) -> WalConfig:
 
 
 def _aio_or_skip(path: Path, mode: str = "auto") -> None:
-    aio = Aio.create(1) if mode == "auto" else Uring.create(1)
-    if aio is None:
-        pytest.skip(f"no {mode} write path here")
-    aio.close()
-    probe = path.parent / "direct-probe"
-    probe.write_bytes(b"")
-    try:
-        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        pytest.skip("no O_DIRECT here")
-    os.close(fd)
-    probe.unlink()
+    if not loop_writes_work(path.parent, mode):
+        pytest.skip(f"no {mode} write path or no O_DIRECT here")
 
 
 async def _open(path: Path, config: WalConfig = CONFIG) -> tuple[BlockWAL, list[tuple[int, bytes]]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
@@ -11,9 +10,8 @@ import pytest
 
 from benchmarks.measure import LatencyRecorder
 from benchmarks.workloads.wal import PAIRED_SLICES, _NoopAppend, _paced_latency, _paired_appends
+from tests.directio import loop_writes_work
 from wal import BlockWAL, MemoryDevice, WalConfig
-from wal.aio import Aio
-from wal.uring import Uring
 
 
 class _DelayedAppend:
@@ -127,22 +125,8 @@ async def test_the_paired_rates_run_the_wal_with_every_aio_setting(tmp_path: Pat
         "uring": PAIRED_SLICES,
     }
     assert paired.loop_writes["off"] == 0
-    if Aio.create(1) is not None and _direct_io(tmp_path):
+    if loop_writes_work(tmp_path, "auto"):
         assert paired.loop_writes["auto"] > 0  # the AIO WAL wrote from the loop
-    ring = Uring.create(1)
-    if ring is not None and _direct_io(tmp_path):
-        ring.close()
+    if loop_writes_work(tmp_path, "uring"):
         assert paired.loop_writes["uring"] > 0  # and so did the io_uring one
     assert not list(tmp_path.iterdir())  # every file removed
-
-
-def _direct_io(directory: Path) -> bool:
-    probe = directory / "direct-probe"
-    probe.write_bytes(b"")
-    try:
-        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-    except OSError:
-        return False
-    finally:
-        probe.unlink()
-    return True

@@ -47,7 +47,8 @@ def test_freeze_startup_heap_moves_live_objects_out_of_the_collectors_scans() ->
     del garbage
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # (frozen objects that die later leave the count, e.g. another thread's of an earlier test)
+        assert 0 < gc.get_freeze_count() <= frozen
         assert gc.isenabled()  # the collector stays on
         assert not any(obj is kept for obj in gc.get_objects())  # frozen: out of every generation
         assert not any(type(obj) is Node for obj in gc.get_objects())  # the cycle was collected first

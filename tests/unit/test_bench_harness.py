@@ -438,6 +438,8 @@ def test_resource_meter_counts_the_cpu_of_child_processes() -> None:
 
 
 def test_process_tree_sample_reads_proc_and_agrees_with_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
     import subprocess
     import sys
 
@@ -468,17 +470,20 @@ def test_process_tree_sample_reads_proc_and_agrees_with_psutil(monkeypatch: pyte
             Path, "read_text", lambda path, *a, **k: read.append(str(path)) or read_text(path, *a, **k)
         )
         total = measure._sample_process_tree(seen)
+        (grandchild_pid,) = measure._proc_child_pids(str(child.pid))
         monkeypatch.undo()
         total_by_psutil = measure._sample_process_tree_psutil(seen_by_psutil)
     finally:
+        for pid in measure._proc_child_pids(str(child.pid)):
+            os.kill(pid, signal.SIGKILL)
         child.kill()
         child.wait()
-    assert set(seen) == set(seen_by_psutil)
+    assert set(seen) == set(seen_by_psutil)  # every descendant (a test session may have others, e.g. a JVM)
     assert child.pid in seen
-    assert len(seen) == 2
+    assert grandchild_pid in seen
     assert total >= own + 40 * MIB
-    assert abs(total - total_by_psutil) < 8 * MIB
-    assert max(seen.values()) >= 0.25  # the grandchild's CPU seconds, from its stat
+    assert abs(total - total_by_psutil) < max(8 * MIB, total // 20)  # (two samples, moments apart)
+    assert seen[grandchild_pid] >= 0.25  # its CPU seconds, from its stat
     tree = {"self", *map(str, seen)}
     assert {path.split("/")[2] for path in read} == tree  # no other process's files: no scan of /proc
 

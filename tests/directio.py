@@ -25,8 +25,8 @@ def direct_io_works(directory: Path) -> bool:
 
 def loop_writes_work(directory: Path, mode: str) -> bool:
     """Whether a WAL in ``directory`` with ``WalConfig.aio = mode`` ("auto": Linux AIO, "uring":
-    io_uring) writes its groups from the event loop rather than falling back to its I/O threads."""
-    kernel = Aio.create(1) if mode == "auto" else Uring.create(1)
+    io_uring, "adaptive": Linux AIO beside the I/O threads) writes its groups from the event loop rather than falling back to its I/O threads."""
+    kernel = Aio.create(1) if mode in ("auto", "adaptive") else Uring.create(1)
     if kernel is None:
         return False
     kernel.close()

@@ -35,6 +35,8 @@ class WalConfig:
     groups to an O_DIRECT file or block device with Linux native AIO from the event loop (no I/O
     thread, no GIL hand-off: :mod:`wal.aio`) where the kernel offers it; ``aio="uring"`` writes them
     with io_uring, a write linked to an fdatasync (:mod:`wal.uring`), where the kernel offers it;
+    ``aio="adaptive"`` writes them with Linux AIO while AIO completes them faster than the I/O threads
+    would and on the threads otherwise, measuring both as it runs (:mod:`wal.adaptive`);
     ``"off"`` (the default), or a buffered or in-memory device, writes them on the I/O threads, as
     does either mode where its kernel interface is missing (``BlockWAL.mode`` tells). Off by default: on a device
     without FUA (a write-back cache, e.g. this VM's virtio disk) an O_DSYNC AIO write completes
@@ -57,7 +59,7 @@ class WalConfig:
     io_threads: int = 2
     on_full: Literal["error", "wait"] = "error"
     direct_io: Literal["auto", "on", "off"] = "auto"
-    aio: Literal["auto", "uring", "off"] = "off"
+    aio: Literal["auto", "uring", "adaptive", "off"] = "off"
     node_id: int = 0
     node_epoch: int = 0
 
@@ -106,8 +108,8 @@ class WalConfig:
             raise bad(f"on_full must be 'error' or 'wait', got {self.on_full!r}")
         if self.direct_io not in ("auto", "on", "off"):
             raise bad(f"direct_io must be 'auto', 'on' or 'off', got {self.direct_io!r}")
-        if self.aio not in ("auto", "uring", "off"):
-            raise bad(f"aio must be 'auto', 'uring' or 'off', got {self.aio!r}")
+        if self.aio not in ("auto", "uring", "adaptive", "off"):
+            raise bad(f"aio must be 'auto', 'uring', 'adaptive' or 'off', got {self.aio!r}")
         if not 0 <= self.node_id < 1 << 32:
             raise bad(f"node_id {self.node_id} not in [0, 2**32)")
         if not 0 <= self.node_epoch < 1 << 63:

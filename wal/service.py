@@ -26,6 +26,11 @@ first), header writes and any submission the kernel refuses still go to the I/O 
 ``aio="uring"`` does the same with io_uring (:mod:`wal.uring`): the pump submits the group's write,
 linked to an fdatasync, on a second O_DIRECT descriptor without O_DSYNC, and one completion per group
 comes back on the ring's eventfd; ``stats["aio_writes"]`` counts the groups either path wrote.
+``aio="adaptive"`` uses Linux AIO and the I/O threads side by side and writes each group with the one
+that completes groups faster now, as it measures (:mod:`wal.adaptive`: each path's latency from
+hand-over to completion on the loop, compared per group-size class; the other path probed with one
+group now and then; switches with hysteresis); ``mode`` tells the path in use and ``stats`` counts
+``adaptive_switches`` and ``adaptive_probes``.
 
 The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them and
 closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``
@@ -59,6 +64,7 @@ from typing import Any
 
 from crc32c import crc32c
 
+from wal.adaptive import PathChooser
 from wal.aio import Aio, buffer_address
 from wal.config import WalConfig
 from wal.device import Device, aligned_buffer, open_device
@@ -155,6 +161,7 @@ class _Group:
         "futs",
         "nbytes",
         "offs",
+        "on_aio",
         "pad_len",
         "records",
         "req_bytes",
@@ -177,6 +184,7 @@ class _Group:
         self.done = False  # its write returned (durable unless ``error``)
         self.error: BaseException | None = None
         self.submitted = 0.0  # when its write was handed over (perf_counter; only if timed)
+        self.on_aio = False  # written by AIO or io_uring from the loop (else on an I/O thread)
 
 
 class BlockWAL:
@@ -234,8 +242,9 @@ class BlockWAL:
         self._pbuf = aligned_buffer(config.block_size_bytes)  # a wrapping group's padding record
         self._hbuf = aligned_buffer(config.block_size_bytes)  # header writes (may overlap a padding write)
         self._zeros = bytes(config.block_size_bytes)
-        self.mode = device.mode
+        self._mode = device.mode
         self.stats = {"groups": 0, "records": 0, "bytes_written": 0, "headers": 0, "aio_writes": 0}
+        self._chooser: PathChooser | None = None  # aio="adaptive" with AIO available
         # A WAL dropped without close() closes its device (a file's descriptor and lock) once it is
         # unreachable: no job is queued or running then (every job holds the WAL), so nothing can
         # still use the descriptor. Not at interpreter exit (the process releases it anyway, and a
@@ -445,6 +454,15 @@ class BlockWAL:
 
     # ------------------------------------------------------------------ properties
     @property
+    def mode(self) -> str:
+        """How groups are written: the device's mode, the loop write path if any and, with
+        ``aio="adaptive"``, the path in use now and how often it switched."""
+        chooser = self._chooser
+        if chooser is None:
+            return self._mode
+        return f"{self._mode}+adaptive(aio|threads,now={chooser.path},switches={chooser.switches})"
+
+    @property
     def next_offset(self) -> int:
         """The end of the last appended record: every assigned offset is below it."""
         return self._tail
@@ -633,8 +651,12 @@ class BlockWAL:
     def _open_aio(self, fd: int) -> tuple[Aio | Uring | None, int]:
         """The loop's write path for the O_DIRECT descriptor ``fd`` as configured (``aio``), and the
         descriptor it writes to; (None, -1) where the kernel does not offer it (the I/O threads write)."""
-        if self._config.aio == "auto":
-            return Aio.create(self._k_max), fd
+        if self._config.aio in ("auto", "adaptive"):
+            aio = Aio.create(self._k_max)
+            if aio is not None and self._config.aio == "adaptive":
+                self._chooser = PathChooser()
+                self.stats["adaptive_switches"] = self.stats["adaptive_probes"] = 0
+            return aio, fd
         ring = Uring.create(self._k_max)
         if ring is None:
             return None, -1
@@ -643,7 +665,7 @@ class BlockWAL:
         except OSError:
             ring.close()
             return None, -1
-        self.mode = f"{self.mode.replace('+O_DSYNC', '')}+io_uring(write+fdatasync)"
+        self._mode = f"{self._mode.replace('+O_DSYNC', '')}+io_uring(write+fdatasync)"
         return ring, plain_fd
 
     def _pump(self) -> None:
@@ -700,10 +722,11 @@ class BlockWAL:
             return False
         self._free_slots.pop()
         self._inflight.append(group)
-        if self.group_write_s is not None:
+        chooser = self._chooser
+        if self.group_write_s is not None or chooser is not None:
             group.submitted = time.perf_counter()
         aio = self._aio
-        if aio is not None and not group.pad_len:
+        if aio is not None and not group.pad_len and (chooser is None or chooser.use_aio(group.submitted)):
             try:
                 aio.submit_write(
                     self._aio_fd,
@@ -716,6 +739,7 @@ class BlockWAL:
                 pass  # (e.g. EAGAIN) this one goes to an I/O thread, which reports any lasting error
             else:
                 self._aio_groups[group.slot] = group
+                group.on_aio = True
                 self.stats["aio_writes"] += 1
                 return True
         self._jobs.put((self._write_group, group, self._write_done))
@@ -748,8 +772,16 @@ class BlockWAL:
         after the appenders just woken (what they append next, in this turn, joins one group)."""
         if self._failure is not None:
             return
-        if self.group_write_s is not None:
-            self.group_write_s.append(time.perf_counter() - group.submitted)
+        if self.group_write_s is not None or self._chooser is not None:
+            now = time.perf_counter()
+            if self.group_write_s is not None:
+                self.group_write_s.append(now - group.submitted)
+            chooser = self._chooser
+            if chooser is not None and error is None and not group.pad_len:
+                # (a wrapping group writes its padding record first: not comparable)
+                chooser.record(group.on_aio, group.end, now - group.submitted, now)
+                self.stats["adaptive_switches"] = chooser.switches
+                self.stats["adaptive_probes"] = chooser.probes
         group.error = error
         group.done = True
         if error is None:

@@ -1,5 +1,6 @@
-"""The block WAL's write paths from the loop, Linux AIO (wal.aio, ``aio="auto"``) and io_uring
-(wal.uring, ``aio="uring"``): used for O_DIRECT devices, same log as the I/O threads."""
+"""The block WAL's write paths from the loop, Linux AIO (wal.aio, ``aio="auto"``), io_uring
+(wal.uring, ``aio="uring"``) and AIO beside the I/O threads (``aio="adaptive"``): used for O_DIRECT
+devices, same log as the I/O threads."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ CONFIG = WalConfig(
 )
 
 
-MODES = {"auto": "O_DIRECT+O_DSYNC", "uring": "O_DIRECT+io_uring(write+fdatasync)"}
+MODES = {
+    "auto": "O_DIRECT+O_DSYNC",
+    "uring": "O_DIRECT+io_uring(write+fdatasync)",
+    "adaptive": "O_DIRECT+O_DSYNC+adaptive(aio|threads,now=aio,switches=0)",
+}
 """Each loop write path and the mode the WAL reports with it."""
 
 

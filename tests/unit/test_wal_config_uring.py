@@ -13,7 +13,7 @@ from wal import InvalidWalConfig, WalConfig
 def test_the_wal_takes_uring_and_still_refuses_other_values() -> None:
     assert WalConfig(aio="uring").aio == "uring"
     assert WalConfig().aio == "off"
-    with pytest.raises(InvalidWalConfig, match="'auto', 'uring' or 'off'"):
+    with pytest.raises(InvalidWalConfig, match="'auto', 'uring', 'adaptive' or 'off'"):
         WalConfig(aio="io_uring")  # type: ignore[arg-type]
 
 

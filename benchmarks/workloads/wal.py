@@ -32,8 +32,9 @@
 - **recovery** of a full WAL of 64 KiB records (1 GiB; 128 MiB under --quick): MB/s of ``open`` +
   ``recover`` vs a raw O_DIRECT sequential read of the file in 1 MiB reads (goal >= 0.25x).
 
-``--param aio=auto`` (or ``uring``) runs every section with ``WalConfig.aio="auto"`` (group writes by
-Linux AIO from the loop) or ``"uring"`` (io_uring write + linked fdatasync from the loop); the default
+``--param aio=auto`` (or ``uring``, ``adaptive``) runs every section with ``WalConfig.aio="auto"``
+(group writes by Linux AIO from the loop), ``"uring"`` (io_uring write + linked fdatasync from the loop)
+or ``"adaptive"`` (AIO or the I/O threads, whichever measures faster as it runs); the default
 is the WAL's default, the I/O threads. The 1 KiB rates and the paced latency also run a WAL with each
 other setting (rates in the same alternating slices, latency as one more paced run each) and report
 them in ``extra`` under ``aio_<setting>_*``, the first other one (``auto`` for the default, ``off``
@@ -245,9 +246,10 @@ class FormattedGroupCommit(MinimalGroupCommit):
         super()._write([(b"".join(pieces), items[0][1])])
 
 
-AIO_SETTINGS = ("off", "auto", "uring")
+AIO_SETTINGS = ("off", "auto", "uring", "adaptive")
 """The WAL's write paths (``WalConfig.aio``): I/O threads, Linux AIO from the loop, io_uring from the
-loop. Every run measures all three: the one chosen with ``--param aio`` in the rows, the others in
+loop, and AIO or the threads by measurement. Every run measures all four: the one chosen with
+``--param aio`` in the rows, the others in
 the extras (the first of them, ``other_aio_*``, as before io_uring existed)."""
 
 

@@ -93,8 +93,8 @@ def wait_ready(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 @pytest.mark.crash
 @pytest.mark.timeout(400)
-# the I/O threads (default), Linux AIO and io_uring where there are
-@pytest.mark.parametrize("aio", ["off", "auto", "uring"])
+# the I/O threads (default), Linux AIO, io_uring and AIO beside the threads (adaptive) where there are
+@pytest.mark.parametrize("aio", ["off", "auto", "uring", "adaptive"])
 async def test_sigkill_at_random_moments_loses_no_acknowledged_record(
     tmp_path: Path, rng_seed: int, aio: str
 ) -> None:
@@ -114,6 +114,8 @@ async def test_sigkill_at_random_moments_loses_no_acknowledged_record(
             _, mode = wait_ready(proc)
             if aio == "uring" and loop_writes_work(wal_path.parent, "uring"):
                 assert "io_uring" in mode, mode
+            if aio == "adaptive" and loop_writes_work(wal_path.parent, "adaptive"):
+                assert "+adaptive(" in mode, mode
             history.check(read_recovered(tmp_path / f"recovered.{i}"), f"iteration {i} (seed {rng_seed})")
             time.sleep(rng.uniform(0.01, 0.5))
         finally:

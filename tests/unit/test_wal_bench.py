@@ -117,16 +117,19 @@ async def test_the_paired_rates_run_the_wal_with_every_aio_setting(tmp_path: Pat
     )
     assert config.aio == "off"
     paired = await _paired_appends(tmp_path, config, 4, 0.4, b"x" * 1024)
-    assert set(paired.rates) == {"wal", "base", "format", "aio=auto", "aio=uring"}
+    assert set(paired.rates) == {"wal", "base", "format", "aio=auto", "aio=uring", "aio=adaptive"}
     assert all(rate > 0 for rate in paired.rates.values())
     assert len(paired.ratios) == PAIRED_SLICES
     assert {k: len(v) for k, v in paired.other_ratios.items()} == {
         "auto": PAIRED_SLICES,
         "uring": PAIRED_SLICES,
+        "adaptive": PAIRED_SLICES,
     }
     assert paired.loop_writes["off"] == 0
     if loop_writes_work(tmp_path, "auto"):
         assert paired.loop_writes["auto"] > 0  # the AIO WAL wrote from the loop
     if loop_writes_work(tmp_path, "uring"):
         assert paired.loop_writes["uring"] > 0  # and so did the io_uring one
+    if loop_writes_work(tmp_path, "adaptive"):
+        assert paired.loop_writes["adaptive"] > 0  # the adaptive one starts on AIO
     assert not list(tmp_path.iterdir())  # every file removed

@@ -9,7 +9,7 @@ as this chooser measures it:
 - a group's latency is the time from its hand-over (submission or job queue) to its completion being
   handled on the loop, the delay each path adds to every append of the group;
 - latencies are kept as an exponentially weighted mean of their logarithm (a geometric mean: one
-  outlier moves it by a bounded factor) per path and per group-size class (sizes within a factor of
+  outlier moves it by a bounded factor, each sample's step clipped to a factor of four) per path and per group-size class (sizes within a factor of
   four), and the paths are compared only within a class: a 4 KiB group is not compared with 256 KiB;
 - the path not in use gets one group of its own now and then (time-based: one probe per
   ``probe_interval_s``, doubled up to ``probe_interval_max_s`` while probes come back well slower than
@@ -31,6 +31,10 @@ THREADS = "threads"
 
 _CLASSES = 5
 """Group-size classes: up to 4 KiB, 16 KiB, 64 KiB, 256 KiB, and larger (a factor of four each)."""
+
+
+_CLIP = math.log(4)
+"""The largest step of one sample in the log-latency mean (a factor of four)."""
 
 
 def size_class(nbytes: int) -> int:
@@ -94,7 +98,9 @@ class PathChooser:
         ests = self._est[path]
         old = ests[cls]
         alpha = self._alpha_current if path == self.path else self._alpha_probe
-        ests[cls] = sample if old is None else old + alpha * (sample - old)
+        # (a step is clipped to a factor of 4: a disk stall that holds the groups in flight for
+        # 100x their usual time moves the estimate as much as a group 4x slower)
+        ests[cls] = sample if old is None else old + alpha * max(-_CLIP, min(_CLIP, sample - old))
         self._count[path][cls] += 1
         if path != self.path:  # a probe: back off while the probed path stays well slower
             mine = self._est[self.path][cls]

@@ -132,6 +132,19 @@ def test_noise_and_single_outliers_do_not_flap_it() -> None:
     assert chooser.path == AIO
 
 
+def test_a_disk_stall_holding_a_few_groups_does_not_switch() -> None:
+    chooser = PathChooser()
+    run = _Run(chooser)
+    run.lat = {AIO: FAST, THREADS: 1.5 * FAST}
+    run.until(1.0)
+    for _ in range(5):  # a 45 ms stall holds three groups in flight, then they finish in a burst
+        run.lat = {AIO: 0.045, THREADS: 1.5 * FAST}
+        run.steps(3)
+        run.lat = {AIO: FAST, THREADS: 1.5 * FAST}
+        run.until(0.2)
+    assert chooser.switches == 0
+
+
 def test_groups_of_other_sizes_are_not_compared() -> None:
     chooser = PathChooser()
     run = _Run(chooser, nbytes=256 << 10)

@@ -107,7 +107,7 @@ def test_wal_aio_is_off_by_default_and_loads_auto_from_toml_and_env(tmp_path: Pa
 
 
 @pytest.mark.parametrize("value", ["on", "AUTO", "", 1, True])
-def test_wal_aio_takes_only_auto_or_off(value: object) -> None:
+def test_wal_aio_refuses_anything_but_its_write_paths(value: object) -> None:
     with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.aio"):
         Config(wal_aio=value)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.aio"):

@@ -9,15 +9,17 @@ as this chooser measures it:
 - a group's latency is the time from its hand-over (submission or job queue) to its completion being
   handled on the loop, the delay each path adds to every append of the group;
 - latencies are kept as an exponentially weighted mean of their logarithm (a geometric mean: one
-  outlier moves it by a bounded factor, each sample's step clipped to a factor of four) per path and per group-size class (sizes within a factor of
-  four), and the paths are compared only within a class: a 4 KiB group is not compared with 256 KiB;
+  outlier moves it by a bounded factor, each sample's step clipped to a factor of four) per path and
+  per group-size class (sizes within a factor of four), and the paths are compared only within a
+  class: a 4 KiB group is not compared with 256 KiB;
 - the path not in use gets one group of its own now and then (time-based: one probe per
   ``probe_interval_s``, doubled up to ``probe_interval_max_s`` while probes come back well slower than
   the path in use, since completions resolve in offset order and a slow probe holds the groups after
   it), so its estimate stays fresh without sending it a share of the groups;
-- the WAL switches when the other path (with two samples at least in the class) has been ``margin`` times faster on ``confirm`` consecutive
-  comparable samples of the path in use and the last switch is at least ``min_dwell_s`` old
-  (hysteresis: noise and single outliers do not flip it back and forth).
+- the WAL switches when the other path (with two samples at least in the class) has been ``margin``
+  times faster on ``confirm`` consecutive comparable samples of the path in use and the last switch
+  is at least ``min_dwell_s`` old (hysteresis: noise and single outliers do not flip it back and
+  forth).
 
 Pure logic with the clock passed in: the tests drive it with made-up latencies.
 """

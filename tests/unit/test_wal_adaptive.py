@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from s3stream.config import Config, env_var
 from tests.directio import loop_writes_work
-from wal import BlockWAL, InvalidWalConfig, MemoryDevice, WalConfig
+from wal import BlockWAL, MemoryDevice, WalConfig
 from wal.adaptive import AIO, THREADS, PathChooser, size_class
 
 KB4 = 4096
@@ -184,19 +183,6 @@ CONFIG = WalConfig(
     on_full="wait",
     aio="adaptive",
 )
-
-
-def test_the_config_takes_adaptive() -> None:
-    assert WalConfig(aio="adaptive").aio == "adaptive"
-    with pytest.raises(InvalidWalConfig, match="'adaptive'"):
-        WalConfig(aio="adapt")  # type: ignore[arg-type]
-
-
-def test_the_engine_key_takes_adaptive(tmp_path: Path) -> None:
-    path = tmp_path / "s3stream.toml"
-    path.write_text('[s3.wal]\naio = "adaptive"\n')
-    assert Config.from_sources(path, env={}).wal_aio == "adaptive"
-    assert Config.from_sources(env={env_var("s3.wal.aio"): "adaptive"}).wal_aio == "adaptive"
 
 
 async def test_a_memory_device_writes_on_the_threads_without_a_chooser() -> None:

@@ -55,5 +55,5 @@ async def test_each_round_starts_after_the_previous_rounds_garbage_is_collected(
     monkeypatch.setattr(read, "_baseline_round", baseline)
     ctx = Context(quick=True, work_dir=tmp_path, s3=None, params={"total_mib": "1", "object_mib": "1"})
     await read.run(ctx)
-    assert rounds.count("engine") == 2 * 2  # two rounds per record size
+    assert rounds.count("engine") == 2 * 2 * 2  # per record size: two rounds, one pass beside each baseline's
     assert rounds.count("baseline") == 2 * (2 * 2 + 2)  # 4 and 16 in flight, then sequential, per round

@@ -35,8 +35,9 @@ class WalConfig:
     groups to an O_DIRECT file or block device with Linux native AIO from the event loop (no I/O
     thread, no GIL hand-off: :mod:`wal.aio`) where the kernel offers it; ``aio="uring"`` writes them
     with io_uring, a write linked to an fdatasync (:mod:`wal.uring`), where the kernel offers it;
-    ``aio="adaptive"`` writes them with Linux AIO while AIO completes them faster than the I/O threads
-    would and on the threads otherwise, measuring both as it runs (:mod:`wal.adaptive`);
+    ``aio="adaptive"`` writes them with Linux AIO while other processes leave the CPUs room (about
+    one CPU free) and AIO is not measured slower than the I/O threads, and on the threads otherwise
+    (:mod:`wal.adaptive`);
     ``"off"`` (the default), or a buffered or in-memory device, writes them on the I/O threads, as
     does either mode where its kernel interface is missing (``BlockWAL.mode`` tells). Off by default: on a device
     without FUA (a write-back cache, e.g. this VM's virtio disk) an O_DSYNC AIO write completes

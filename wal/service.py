@@ -27,10 +27,12 @@ first), header writes and any submission the kernel refuses still go to the I/O 
 linked to an fdatasync, on a second O_DIRECT descriptor without O_DSYNC, and one completion per group
 comes back on the ring's eventfd; ``stats["aio_writes"]`` counts the groups either path wrote.
 ``aio="adaptive"`` uses Linux AIO and the I/O threads side by side and writes each group with the one
-that completes groups faster now, as it measures (:mod:`wal.adaptive`: each path's latency from
-hand-over to completion on the loop, compared per group-size class; the other path probed with one
-group now and then; switches with hysteresis); ``mode`` tells the path in use and ``stats`` counts
-``adaptive_switches`` and ``adaptive_probes``.
+that suits the machine now (:mod:`wal.adaptive`): the threads while other processes leave less than
+about one CPU free (read from ``/proc/stat`` every 0.1 s), else AIO unless the threads measure twice
+as fast (each path's latency from hand-over to completion on the loop, compared per group-size class;
+the other path probed with one group now and then; switches with hysteresis); ``mode`` tells the
+path in use and ``stats`` counts ``adaptive_switches``, ``adaptive_probes`` and
+``adaptive_contended`` (how often CPU load sent the groups to the threads).
 
 The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them and
 closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``
@@ -64,7 +66,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-from wal.adaptive import PathChooser
+from wal.adaptive import CpuLoad, PathChooser
 from wal.aio import Aio, buffer_address
 from wal.config import WalConfig
 from wal.device import Device, aligned_buffer, open_device
@@ -654,8 +656,12 @@ class BlockWAL:
         if self._config.aio in ("auto", "adaptive"):
             aio = Aio.create(self._k_max)
             if aio is not None and self._config.aio == "adaptive":
-                self._chooser = PathChooser()
+                load = CpuLoad.open()  # (None without /proc/stat: by latency alone)
+                if load is not None:
+                    load.free_cpus(time.perf_counter())  # the first window starts now
+                self._chooser = PathChooser(load=load)
                 self.stats["adaptive_switches"] = self.stats["adaptive_probes"] = 0
+                self.stats["adaptive_contended"] = 0
             return aio, fd
         ring = Uring.create(self._k_max)
         if ring is None:
@@ -782,6 +788,7 @@ class BlockWAL:
                 chooser.record(group.on_aio, group.end, now - group.submitted, now)
                 self.stats["adaptive_switches"] = chooser.switches
                 self.stats["adaptive_probes"] = chooser.probes
+                self.stats["adaptive_contended"] = chooser.contended_count
         group.error = error
         group.done = True
         if error is None:

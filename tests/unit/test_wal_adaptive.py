@@ -4,6 +4,8 @@ clock, and the WAL writing with it (groups on the path it picks, its measurement
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 
 from tests.directio import loop_writes_work
 from wal import BlockWAL, MemoryDevice, WalConfig
-from wal.adaptive import AIO, THREADS, PathChooser, size_class
+from wal.adaptive import AIO, THREADS, CpuLoad, PathChooser, parse_cpu_ticks, size_class
 
 KB4 = 4096
 FAST = 0.0005
@@ -79,15 +81,24 @@ def test_it_probes_the_other_path_once_per_interval() -> None:
     assert chooser.estimate_s(THREADS, KB4) == pytest.approx(SLOW)
 
 
-def test_probes_stay_at_the_interval_while_the_other_path_is_close() -> None:
+def test_probes_stay_at_the_interval_while_the_other_path_is_faster_but_below_the_margin() -> None:
     chooser = PathChooser(probe_interval_s=0.05)
     run = _Run(chooser)
-    run.lat = {AIO: FAST, THREADS: FAST * 1.1}
+    run.lat = {AIO: FAST, THREADS: FAST / 1.5}
     paths = run.until(1.0)
     probe_at = [i for i, p in enumerate(paths) if p == THREADS]
     assert len(probe_at) == 19
     assert all(49 <= b - a <= 51 for a, b in zip([0, *probe_at], probe_at, strict=False))  # (float steps)
     assert chooser.path == AIO
+    assert chooser.switches == 0
+
+
+def test_probes_back_off_while_the_other_path_is_no_faster() -> None:
+    chooser = PathChooser(probe_interval_s=0.05, probe_interval_max_s=0.4)
+    run = _Run(chooser)
+    run.lat = {AIO: FAST, THREADS: FAST * 1.1}  # (the old rule kept probing a path this close)
+    paths = run.until(1.0)
+    assert [i for i, p in enumerate(paths) if p == THREADS] == [50, 150, 350, 750]
 
 
 def test_it_switches_to_the_threads_when_aio_slows_well_below_them_and_back_when_it_recovers() -> None:
@@ -103,8 +114,8 @@ def test_it_switches_to_the_threads_when_aio_slows_well_below_them_and_back_when
     assert chooser.estimate_s(AIO, KB4) == pytest.approx(10 * FAST, rel=0.3)
     run.until(2.0)
     assert chooser.switches == 1  # probes of a slow AIO do not bring it back
-    run.lat = {AIO: FAST, THREADS: 2 * FAST}  # the hogs stop
-    run.until(2.0)
+    run.lat = {AIO: FAST, THREADS: 3 * FAST}  # the hogs stop (AIO 3x faster: above the margin of 2)
+    run.until(5.0)  # (the probes of AIO backed off to 3.2 s while it was slow)
     assert chooser.path == AIO
     assert chooser.switches == 2
 
@@ -172,6 +183,144 @@ def test_it_waits_the_dwell_time_between_switches() -> None:
     assert chooser.switches == 2
 
 
+# ------------------------------------------------------------------------ CPU load first
+
+STAT = b"cpu  {user} 0 {system} {idle} {iowait} 0 0 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n"
+
+
+def _stat(user: int, system: int, idle: int, iowait: int = 0, steal: int = 0) -> bytes:
+    return (
+        STAT.replace(b"{user}", b"%d" % user)
+        .replace(b"{system}", b"%d" % system)
+        .replace(b"{idle}", b"%d" % idle)
+        .replace(b"{iowait}", b"%d" % iowait)
+        .replace(b"{steal}", b"%d" % steal)
+    )
+
+
+def test_the_cpu_line_gives_all_and_busy_ticks() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice (guest is in user already)
+    text = b"cpu  100 5 50 800 40 1 4 7 30 0\ncpu0 50 2 25 400 20 0 2 3 15 0\n"
+    assert parse_cpu_ticks(text) == (1007, 167)  # busy: all but idle and iowait (steal counts)
+    for bad in (b"", b"intr 1 2 3\n", b"cpu0 1 2 3 4 5 6 7 8\n", b"cpu 1 2\n"):
+        with pytest.raises(ValueError, match="cpu line"):
+            parse_cpu_ticks(bad)
+
+
+class _Proc:
+    """/proc/stat and this process's CPU time, advanced by hand: ``tick(wall_s, others, ours)`` runs
+    ``wall_s`` of a 2-CPU machine where others keep ``others`` CPUs busy and this process ``ours``."""
+
+    def __init__(self) -> None:
+        self.busy = 0.0
+        self.all = 0.0
+        self.own = 0.0
+        self.now = 10.0
+
+    def read(self) -> bytes:
+        busy = round(self.busy * 100)
+        return _stat(busy // 2, busy - busy // 2, round(self.all * 100) - busy)
+
+    def tick(self, wall_s: float, others: float, ours: float) -> None:
+        self.now += wall_s
+        self.all += 2 * wall_s
+        self.busy += (others + ours) * wall_s
+        self.own += ours * wall_s
+
+
+def test_cpu_load_is_the_cpus_that_others_left_free() -> None:
+    proc = _Proc()
+    load = CpuLoad(proc.read, own_cpu_s=lambda: proc.own, ticks_per_s=100)
+    assert load.free_cpus(proc.now) is None  # the first call starts the window
+    proc.tick(0.2, others=0.1, ours=0.9)  # quiet: our loop busy, others barely
+    assert load.free_cpus(proc.now) == pytest.approx(1.9, abs=0.06)
+    proc.tick(0.01, others=2, ours=0)
+    assert load.free_cpus(proc.now) is None  # a window too short to tell
+    proc.tick(0.3, others=1.6, ours=0.4)  # two CPU hogs
+    assert load.free_cpus(proc.now) == pytest.approx(0.4, abs=0.1)
+
+
+def test_cpu_load_reads_the_real_proc_stat_where_there_is_one(tmp_path: Path) -> None:
+    assert CpuLoad.open(str(tmp_path / "missing")) is None
+    (tmp_path / "stat").write_bytes(b"no cpu line here\n")
+    assert CpuLoad.open(str(tmp_path / "stat")) is None
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat here")
+    load = CpuLoad.open()
+    assert load is not None
+    assert load.free_cpus(time.perf_counter()) is None
+    time.sleep(0.1)  # (some ticks to count)
+    free = load.free_cpus(time.perf_counter())
+    assert free is not None
+    assert 0 <= free <= (os.cpu_count() or 1) * 1.2
+
+
+class _Load:
+    """Free CPUs as the test sets them; counts the readings."""
+
+    def __init__(self, free: float) -> None:
+        self.free: float | None = free
+        self.reads = 0
+
+    def free_cpus(self, now: float) -> float | None:
+        self.reads += 1
+        return self.free
+
+
+def test_with_a_cpu_load_it_uses_the_threads_until_the_first_reading_and_aio_once_calm() -> None:
+    load = _Load(1.8)
+    load.free = None  # the first call only starts the window
+    chooser = PathChooser(load=load)  # type: ignore[arg-type]
+    run = _Run(chooser)
+    assert run.steps(50) == [THREADS] * 50
+    assert chooser.contended is None
+    load.free = 1.8
+    run.until(0.2)
+    assert chooser.path == AIO
+    assert chooser.contended is False
+    assert chooser.switches == 1
+    assert chooser.contended_count == 0
+    assert load.reads <= 4  # one reading per 0.1 s of groups, not one per group
+
+
+def test_cpu_contention_sends_every_group_to_the_threads_at_once_and_stops_probing_aio() -> None:
+    load = _Load(1.8)
+    chooser = PathChooser(load=load)  # type: ignore[arg-type]
+    run = _Run(chooser)
+    run.until(1.0)
+    assert chooser.path == AIO
+    load.free = 0.4  # two CPU hogs; AIO's groups still look fast (its signal lags under CPU load)
+    paths = run.until(0.2)
+    assert paths[-90:] == [THREADS] * 90  # from the next reading on
+    assert chooser.contended is True
+    assert chooser.contended_count == 1
+    probes = chooser.probes
+    assert run.until(3.0) == [THREADS] * 3000  # no AIO probe while contended
+    assert chooser.probes == probes
+    assert chooser.estimate_s(AIO, KB4) is None  # estimates start afresh on a change of CPU state
+
+
+def test_it_returns_to_aio_only_after_calm_windows_in_a_row() -> None:
+    load = _Load(0.4)
+    chooser = PathChooser(load=load, calm_windows=3)  # type: ignore[arg-type]
+    run = _Run(chooser)
+    run.until(0.5)
+    assert chooser.contended is True
+    for free in (1.8, 1.8, 1.3, 1.8, 1.8):  # (1.3: between the two bounds, not calm)
+        load.free = free
+        assert run.until(0.1) == [THREADS] * 100
+    load.free = 1.8
+    run.until(0.1)  # the third calm window in a row
+    assert chooser.contended is False
+    assert chooser.path == AIO
+    assert run.until(0.1).count(AIO) >= 99
+    assert chooser.contended_count == 1
+    load.free = 1.1  # below free_cpus_min: contended again at once
+    run.until(0.1)
+    assert chooser.path == THREADS
+    assert chooser.contended_count == 2
+
+
 # ---------------------------------------------------------------------------------- the WAL
 
 
@@ -202,6 +351,7 @@ class _Scripted:
         self.path = AIO
         self.switches = 0
         self.probes = 0
+        self.contended_count = 0
         self.records: list[tuple[bool, int, float]] = []
 
     def use_aio(self, now: float) -> bool:
@@ -218,7 +368,9 @@ async def test_the_wal_writes_each_group_on_the_chosen_path_and_reports_its_late
         pytest.skip("no Linux AIO or no O_DIRECT here")
     wal = await BlockWAL.open(path, CONFIG)
     _ = [r async for r in wal.recover()]
-    assert wal.mode == "O_DIRECT+O_DSYNC+adaptive(aio|threads,now=aio,switches=0)"
+    # (with /proc/stat it starts on the threads until the first CPU reading)
+    start = "threads" if CpuLoad.open() is not None else "aio"
+    assert wal.mode == f"O_DIRECT+O_DSYNC+adaptive(aio|threads,now={start},switches=0)"
     scripted: Any = _Scripted([True, False, False, True])
     wal._chooser = scripted
     offsets = [await wal.append(bytes([i]) * 100) for i in range(4)]
@@ -253,4 +405,31 @@ async def test_groups_on_both_paths_at_once_complete_in_offset_order(tmp_path: P
     await asyncio.gather(*(producer(k) for k in range(16)))
     assert done == sorted(done)  # futures resolve in offset order across both paths
     assert 0 < wal.stats["aio_writes"] < wal.stats["groups"]
+    await wal.close()
+
+
+async def test_the_wal_writes_on_the_threads_while_the_cpus_are_contended(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    if not loop_writes_work(tmp_path, "adaptive"):
+        pytest.skip("no Linux AIO or no O_DIRECT here")
+    wal = await BlockWAL.open(path, CONFIG)
+    _ = [r async for r in wal.recover()]
+    load = _Load(0.3)
+    wal._chooser = PathChooser(load=load)  # type: ignore[arg-type]
+    offsets = [await wal.append(bytes([i]) * 100) for i in range(50)]
+    assert wal.stats["aio_writes"] == 0
+    assert wal.stats["groups"] == 50
+    assert wal.stats["adaptive_contended"] == 1
+    assert "now=threads" in wal.mode
+    load.free = 1.9
+    wal._chooser.load_interval_s = 0.0  # (a reading per group: calm after three groups)
+    wal._chooser.calm_windows = 3
+    offsets += [await wal.append(bytes([i]) * 100) for i in range(50, 60)]
+    assert wal.stats["aio_writes"] >= 7
+    assert "now=aio" in wal.mode
+    await wal.close()
+    wal = await BlockWAL.open(path, CONFIG)
+    assert [(r.offset, r.data) async for r in wal.recover()] == [
+        (o, bytes([i]) * 100) for i, o in enumerate(offsets)
+    ]
     await wal.close()

@@ -40,7 +40,12 @@ other setting (rates in the same alternating slices, latency as one more paced r
 them in ``extra`` under ``aio_<setting>_*``, the first other one (``auto`` for the default, ``off``
 otherwise) also under ``other_aio_*`` as before: the loop paths are faster on a quiet machine and
 can be slower when other processes keep the CPUs busy (see ``WalConfig``), so all are measured each
-run.
+run. The 1 KiB rows and the latency row also tell what the adaptive WAL's chooser did
+(``adaptive_chooser``: its groups, of them by AIO, switches, probes, and how often CPU load sent its
+groups to the threads), so a ratio of the adaptive setting can be read with the path it took.
+
+``--param sections=small,latency`` runs only the named sections (of ``large``, ``small``, ``many``,
+``latency``, ``recovery``; the latency run needs ``small``'s best rate), e.g. for quick comparisons.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ from wal import BlockWAL, WalConfig
 KiB = 1024
 MiB = 1024 * KiB
 WORKLOAD = "wal"
+SECTIONS = ("large", "small", "many", "latency", "recovery")
+"""The sections in order: 64 KiB appends, 1 KiB appends, append_many, latency at half load, recovery."""
 
 
 def _config(capacity_bytes: int, aio: str = "off") -> WalConfig:
@@ -268,6 +275,24 @@ class PairedRates(NamedTuple):
     """per other setting, per slice: that WAL / minimal loop"""
     loop_writes: dict[str, int]
     """per setting (the WAL's own too): groups written from the loop (AIO or io_uring)"""
+    chooser: dict[str, int]
+    """the ``aio="adaptive"`` WAL's (the row's or the other): :func:`_chooser_stats`"""
+
+
+def _chooser_stats(wal: BlockWAL) -> dict[str, int]:
+    """What an ``aio="adaptive"`` WAL's chooser did (empty for the other settings, or without AIO):
+    groups written, of them by AIO (the rest on the I/O threads), switches of path, probes of the
+    path not in use, and how often CPU load sent the groups to the threads (``contended``)."""
+    stats = wal.stats
+    if "adaptive_switches" not in stats:
+        return {}
+    return {
+        "groups": stats["groups"],
+        "aio_groups": stats["aio_writes"],
+        "switches": stats["adaptive_switches"],
+        "probes": stats["adaptive_probes"],
+        "contended": stats["adaptive_contended"],
+    }
 
 
 async def _paired_appends(
@@ -302,6 +327,7 @@ async def _paired_appends(
     ratios: list[float] = []
     other_ratios: dict[str, list[float]] = {setting: [] for setting in others}
     loop_writes: dict[str, int] = {}
+    chooser: dict[str, int] = {}
     try:
         for i in range(PAIRED_SLICES):
             rates: dict[str, float] = {}
@@ -320,16 +346,22 @@ async def _paired_appends(
             trimmer.cancel()
         await asyncio.gather(*trimmers, return_exceptions=True)
         loop_writes[config.aio] = wal.stats["aio_writes"]
+        chooser |= _chooser_stats(wal)
         await wal.close()
         for setting, w in other_wals.items():
             loop_writes[setting] = w.stats["aio_writes"]
+            chooser |= _chooser_stats(w)
             await w.close()
         await base.close()
         await fmt.close()
         for path in (wal_path, *other_paths.values(), base_path, fmt_path):
             os.remove(path)
     return PairedRates(
-        {name: n / elapsed for name, (n, elapsed) in totals.items()}, ratios, other_ratios, loop_writes
+        {name: n / elapsed for name, (n, elapsed) in totals.items()},
+        ratios,
+        other_ratios,
+        loop_writes,
+        chooser,
     )
 
 
@@ -581,243 +613,259 @@ async def run(ctx: Context) -> list[Result]:
     config = _config(capacity, ctx.param("aio", "off"))
     path = work / "wal.dat"
     duration_s = ctx.scale(quick=1.0, full=3.0)
+    # --param sections=small,latency runs only those (the latency run needs the 1 KiB rates)
+    sections = set(ctx.param("sections", ",".join(SECTIONS)).split(","))
+    if not sections <= set(SECTIONS) or ("latency" in sections and "small" not in sections):
+        raise ValueError(f"sections: a subset of {SECTIONS} (latency with small), got {sections}")
 
     # 1. 64 KiB durable appends vs raw O_DIRECT 64 KiB writes of the same bytes to the same file
-    ctx.status("wal: 64 KiB appends")
-    total = ctx.scale(quick=128 * MiB, full=512 * MiB)
-    record = os.urandom(64 * KiB)
-    wal = await BlockWAL.open(path, config)
-    mode = wal.mode
-    count = total // len(record)
-    per_producer = count // 16
+    if "large" in sections:
+        ctx.status("wal: 64 KiB appends")
+        total = ctx.scale(quick=128 * MiB, full=512 * MiB)
+        record = os.urandom(64 * KiB)
+        wal = await BlockWAL.open(path, config)
+        mode = wal.mode
+        count = total // len(record)
+        per_producer = count // 16
 
-    async def producer() -> None:
-        for _ in range(per_producer):
-            await wal.append(record)
+        async def producer() -> None:
+            for _ in range(per_producer):
+                await wal.append(record)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(producer() for _ in range(16)))
-    wal_s = time.perf_counter() - started
-    groups = wal.stats["groups"]
-    await wal.close()
-    written = per_producer * 16 * len(record)
-    raw_s = await asyncio.to_thread(_raw_write, path, written, 64 * KiB)
-    results.append(
-        Result(
-            WORKLOAD,
-            "durable 64 KiB appends (16 producers)",
-            written / wal_s / 1e6,
-            "MB/s",
-            "raw O_DIRECT sequential 64 KiB writes + one fdatasync, same bytes, same file",
-            written / raw_s / 1e6,
-            extra={"mode": mode, "groups": groups, "goal_ratio": 0.5},
-        )
-    )
-    os.remove(path)
-
-    # 2. 1 KiB appends with 1, 16, 256 producers vs a minimal group-commit loop
-    small = os.urandom(1 * KiB)
-    best_rate = 0.0
-    for producers in (1, 16, 256):
-        ctx.status(f"wal: 1 KiB appends, {producers} producers")
-        paired = await _paired_appends(work, config, producers, 3 * duration_s, small)
-        rates, ratios = paired.rates, paired.ratios
-        rate, base = rates["wal"], rates["base"]
-        best_rate = max(best_rate, rate)
-        others = _other_settings(config.aio)
-        extra: dict[str, Any] = {
-            "goal_ratio": 1.0,
-            "slice_ratios": ratios,
-            "median_slice_ratio": statistics.median(ratios),
-            "format_loop_appends_per_s": rates["format"],
-            "ratio_vs_format_loop": rate / rates["format"],
-            # the same WAL with the first other WalConfig.aio setting, in the same turns
-            # (wal_aio_writes: groups written from the loop by both; 0 where the kernel offers none)
-            "other_aio_setting": others[0],
-            "other_aio_appends_per_s": rates[f"aio={others[0]}"],
-            "other_aio_ratio": rates[f"aio={others[0]}"] / base,
-            "other_aio_median_slice_ratio": statistics.median(paired.other_ratios[others[0]]),
-            "wal_aio_writes": paired.loop_writes[config.aio] + paired.loop_writes[others[0]],
-        }
-        # every other setting, in the same turns: aio_<setting>_* (loop_writes: groups written
-        # from the loop, by AIO or io_uring, the rest on I/O threads)
-        for setting in others:
-            extra[f"aio_{setting}_appends_per_s"] = rates[f"aio={setting}"]
-            extra[f"aio_{setting}_ratio"] = rates[f"aio={setting}"] / base
-            extra[f"aio_{setting}_median_slice_ratio"] = statistics.median(paired.other_ratios[setting])
-            extra[f"aio_{setting}_slice_ratios"] = paired.other_ratios[setting]
-            extra[f"aio_{setting}_loop_writes"] = paired.loop_writes[setting]
+        started = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(16)))
+        wal_s = time.perf_counter() - started
+        groups = wal.stats["groups"]
+        await wal.close()
+        written = per_producer * 16 * len(record)
+        raw_s = await asyncio.to_thread(_raw_write, path, written, 64 * KiB)
         results.append(
             Result(
                 WORKLOAD,
-                f"durable 1 KiB appends, {producers} producers",
-                rate,
-                "appends/s",
-                "minimal asyncio group-commit loop (one pwrite + fdatasync per cycle), own file, alternating slices",
-                base,
-                extra=extra,
+                "durable 64 KiB appends (16 producers)",
+                written / wal_s / 1e6,
+                "MB/s",
+                "raw O_DIRECT sequential 64 KiB writes + one fdatasync, same bytes, same file",
+                written / raw_s / 1e6,
+                extra={"mode": mode, "groups": groups, "goal_ratio": 0.5},
             )
         )
+        os.remove(path)
+
+    # 2. 1 KiB appends with 1, 16, 256 producers vs a minimal group-commit loop
+    if "small" in sections:
+        small = os.urandom(1 * KiB)
+        best_rate = 0.0
+        for producers in (1, 16, 256):
+            ctx.status(f"wal: 1 KiB appends, {producers} producers")
+            paired = await _paired_appends(work, config, producers, 3 * duration_s, small)
+            rates, ratios = paired.rates, paired.ratios
+            rate, base = rates["wal"], rates["base"]
+            best_rate = max(best_rate, rate)
+            others = _other_settings(config.aio)
+            extra: dict[str, Any] = {
+                "goal_ratio": 1.0,
+                "slice_ratios": ratios,
+                "median_slice_ratio": statistics.median(ratios),
+                "format_loop_appends_per_s": rates["format"],
+                "ratio_vs_format_loop": rate / rates["format"],
+                # the same WAL with the first other WalConfig.aio setting, in the same turns
+                # (wal_aio_writes: groups written from the loop by both; 0 where the kernel offers none)
+                "other_aio_setting": others[0],
+                "other_aio_appends_per_s": rates[f"aio={others[0]}"],
+                "other_aio_ratio": rates[f"aio={others[0]}"] / base,
+                "other_aio_median_slice_ratio": statistics.median(paired.other_ratios[others[0]]),
+                "wal_aio_writes": paired.loop_writes[config.aio] + paired.loop_writes[others[0]],
+            }
+            # every other setting, in the same turns: aio_<setting>_* (loop_writes: groups written
+            # from the loop, by AIO or io_uring, the rest on I/O threads)
+            for setting in others:
+                extra[f"aio_{setting}_appends_per_s"] = rates[f"aio={setting}"]
+                extra[f"aio_{setting}_ratio"] = rates[f"aio={setting}"] / base
+                extra[f"aio_{setting}_median_slice_ratio"] = statistics.median(paired.other_ratios[setting])
+                extra[f"aio_{setting}_slice_ratios"] = paired.other_ratios[setting]
+                extra[f"aio_{setting}_loop_writes"] = paired.loop_writes[setting]
+            # what the adaptive WAL's chooser did over all slices (the row's WAL or the other one):
+            # groups, of them by AIO, switches, probes, times CPU load sent its groups to the threads
+            extra["adaptive_chooser"] = paired.chooser
+            results.append(
+                Result(
+                    WORKLOAD,
+                    f"durable 1 KiB appends, {producers} producers",
+                    rate,
+                    "appends/s",
+                    "minimal asyncio group-commit loop (one pwrite + fdatasync per cycle), own file, alternating slices",
+                    base,
+                    extra=extra,
+                )
+            )
 
     # 3. append_many
-    ctx.status("wal: append_many")
-    wal = await BlockWAL.open(path, config)
-    await wal.recover_all()
-    batch = [os.urandom(100) for _ in range(10_000)]
-    rounds = ctx.scale(quick=20, full=100)
-    started = time.perf_counter()
-    for _ in range(rounds):
-        offsets = await wal.append_many(batch)
-        if wal.used_bytes > config.record_area_bytes // 2:
-            await wal.trim(offsets[-1])
-    many_rate = rounds * len(batch) / (time.perf_counter() - started)
-    await wal.close()
-    raw_bytes = rounds * len(batch) * 100
-    raw_s = await asyncio.to_thread(_raw_write, path, -(-raw_bytes // MiB) * MiB, MiB)
-    os.remove(path)
-    results.append(
-        Result(
-            WORKLOAD,
-            "append_many, 100-byte records in batches of 10,000",
-            many_rate,
-            "records/s",
-            "raw O_DIRECT write of the same record bytes in 1 MiB writes, as records/s",
-            rounds * len(batch) / raw_s,
-            extra={"goal_records_per_s": 500_000},
+    if "many" in sections:
+        ctx.status("wal: append_many")
+        wal = await BlockWAL.open(path, config)
+        await wal.recover_all()
+        batch = [os.urandom(100) for _ in range(10_000)]
+        rounds = ctx.scale(quick=20, full=100)
+        started = time.perf_counter()
+        for _ in range(rounds):
+            offsets = await wal.append_many(batch)
+            if wal.used_bytes > config.record_area_bytes // 2:
+                await wal.trim(offsets[-1])
+        many_rate = rounds * len(batch) / (time.perf_counter() - started)
+        await wal.close()
+        raw_bytes = rounds * len(batch) * 100
+        raw_s = await asyncio.to_thread(_raw_write, path, -(-raw_bytes // MiB) * MiB, MiB)
+        os.remove(path)
+        results.append(
+            Result(
+                WORKLOAD,
+                "append_many, 100-byte records in batches of 10,000",
+                many_rate,
+                "records/s",
+                "raw O_DIRECT write of the same record bytes in 1 MiB writes, as records/s",
+                rounds * len(batch) / raw_s,
+                extra={"goal_records_per_s": 500_000},
+            )
         )
-    )
 
     # 4. latency at half of the best 1 KiB rate, paced producers
-    ctx.status("wal: latency at half load")
-    target_rate = best_rate / 2
-    wal = await BlockWAL.open(path, config)
-    await wal.recover_all()
-    wal_lag, floor_lag = LatencyRecorder(), LatencyRecorder()
-    wal_stats: dict[str, float] = {}
-    floor_stats: dict[str, float] = {}
-    groups, headers, aio_writes = wal.stats["groups"], wal.stats["headers"], wal.stats["aio_writes"]
-    wal.group_write_s = []
-    with _frozen_heap():
-        rec = await _paced_latency(
-            wal, target_rate, duration_s, small, wal=wal, send_lag=wal_lag, stats=wal_stats
-        )
-    groups, headers = wal.stats["groups"] - groups, wal.stats["headers"] - headers
-    aio_writes = wal.stats["aio_writes"] - aio_writes
-    group_writes = LatencyRecorder()
-    group_writes.extend(wal.group_write_s)
-    await wal.close()
-    with _frozen_heap():
-        floor = await _paced_latency(
-            _NoopAppend(), target_rate, duration_s, small, send_lag=floor_lag, stats=floor_stats
-        )
-    # the same paced run on a WAL with each other WalConfig.aio setting (its own file)
-    other_runs: dict[str, dict[str, Any]] = {}
-    for setting in _other_settings(config.aio):
-        other_path = work / f"wal-aio-{setting}.dat"
-        other = await BlockWAL.open(other_path, dataclasses.replace(config, aio=setting))  # type: ignore[arg-type]
-        await other.recover_all()
-        other.group_write_s = []
-        other_lag = LatencyRecorder()
+    if "latency" in sections:
+        ctx.status("wal: latency at half load")
+        target_rate = best_rate / 2
+        wal = await BlockWAL.open(path, config)
+        await wal.recover_all()
+        wal_lag, floor_lag = LatencyRecorder(), LatencyRecorder()
+        wal_stats: dict[str, float] = {}
+        floor_stats: dict[str, float] = {}
+        groups, headers, aio_writes = wal.stats["groups"], wal.stats["headers"], wal.stats["aio_writes"]
+        wal.group_write_s = []
         with _frozen_heap():
-            other_rec = await _paced_latency(
-                other, target_rate, duration_s, small, wal=other, send_lag=other_lag
+            rec = await _paced_latency(
+                wal, target_rate, duration_s, small, wal=wal, send_lag=wal_lag, stats=wal_stats
             )
-        other_groups = LatencyRecorder()
-        other_groups.extend(other.group_write_s)
-        other_runs[setting] = {
-            "latency_ms": other_rec.summary_ms(),
-            "send_lag_ms": other_lag.summary_ms(),
-            "group_write_ms": other_groups.summary_ms(),
-            "loop_writes": other.stats["aio_writes"],
-            "mode": other.mode,
-        }
-        await other.close()
-        os.remove(other_path)
-    first_other = _other_settings(config.aio)[0]
-    stalls = await asyncio.to_thread(_stall_probe, 1.0)
-    raw_lat = await asyncio.to_thread(_raw_sync_latency, path, 2000)
-    summary = rec.summary_ms()
-    results.append(
-        Result(
-            WORKLOAD,
-            f"p99 latency of 1 KiB appends at {target_rate:,.0f}/s (half the best rate)",
-            summary["p99"],
-            "ms",
-            "p99 of a raw 4 KiB pwrite + fdatasync cycle",
-            raw_lat.summary_ms()["p99"],
-            higher_is_better=False,
-            extra={
-                "latency_ms": summary,
-                "baseline_latency_ms": raw_lat.summary_ms(),
-                "goal_p99_ms": 2.0,
-                # the same generator against an append that completes on the next loop turn: what
-                # the method and the machine add on their own (scheduling noise from other processes)
-                "generator_floor_latency_ms": floor.summary_ms(),
-                # how late the sends went out against their slots (part of each latency sample)
-                "send_lag_ms": wal_lag.summary_ms(),
-                "generator_floor_send_lag_ms": floor_lag.summary_ms(),
-                # CPU of this process (all threads) per send: WAL run, and the generator alone
-                "cpu_us_per_send": wal_stats["cpu_us_per_send"],
-                "generator_floor_cpu_us_per_send": floor_stats["cpu_us_per_send"],
-                # the pacer's tick and how often it woke with slots to send (timerfd; see PACER_TICK_S)
-                "pacer_tick_ms": PACER_TICK_S * 1e3,
-                "pacer_wakes": wal_stats["pacer_wakes"],
-                # how the WAL wrote them: group writes (records per group) and header writes (trims)
-                "wal_groups": groups,
-                "wal_records_per_group": rec.count / groups if groups else 0.0,
-                "wal_header_writes": headers,
-                # how many groups went to the device by Linux AIO from the loop (the rest, and the
-                # headers, on the WAL's I/O threads), and each group write's time from its hand-over
-                # to its completion reaching the loop: the device's stalls, which in-order
-                # completion passes on to every later append
-                "wal_aio_writes": aio_writes,
-                "group_write_ms": group_writes.summary_ms(),
-                "group_writes_over_5ms_count": sum(1 for w in wal.group_write_s if w > 0.005),
-                # the same paced run (after the floor's) on a WAL with the first other aio setting,
-                # and on one with each other setting (aio_<setting>_*)
-                "other_aio_setting": first_other,
-                "other_aio_latency_ms": other_runs[first_other]["latency_ms"],
-                "other_aio_send_lag_ms": other_runs[first_other]["send_lag_ms"],
-                "other_aio_group_write_ms": other_runs[first_other]["group_write_ms"],
-                "other_aio_wal_aio_writes": other_runs[first_other]["loop_writes"],
-                **{
-                    f"aio_{setting}_{key}": value
-                    for setting, run in other_runs.items()
-                    for key, value in run.items()
+        groups, headers = wal.stats["groups"] - groups, wal.stats["headers"] - headers
+        aio_writes = wal.stats["aio_writes"] - aio_writes
+        chooser = _chooser_stats(wal)  # (the paced run's WAL only wrote that run: no other groups)
+        group_writes = LatencyRecorder()
+        group_writes.extend(wal.group_write_s)
+        await wal.close()
+        with _frozen_heap():
+            floor = await _paced_latency(
+                _NoopAppend(), target_rate, duration_s, small, send_lag=floor_lag, stats=floor_stats
+            )
+        # the same paced run on a WAL with each other WalConfig.aio setting (its own file)
+        other_runs: dict[str, dict[str, Any]] = {}
+        for setting in _other_settings(config.aio):
+            other_path = work / f"wal-aio-{setting}.dat"
+            other = await BlockWAL.open(other_path, dataclasses.replace(config, aio=setting))  # type: ignore[arg-type]
+            await other.recover_all()
+            other.group_write_s = []
+            other_lag = LatencyRecorder()
+            with _frozen_heap():
+                other_rec = await _paced_latency(
+                    other, target_rate, duration_s, small, wal=other, send_lag=other_lag
+                )
+            other_groups = LatencyRecorder()
+            other_groups.extend(other.group_write_s)
+            other_runs[setting] = {
+                "latency_ms": other_rec.summary_ms(),
+                "send_lag_ms": other_lag.summary_ms(),
+                "group_write_ms": other_groups.summary_ms(),
+                "loop_writes": other.stats["aio_writes"],
+                "mode": other.mode,
+            }
+            chooser = chooser or _chooser_stats(other)
+            await other.close()
+            os.remove(other_path)
+        first_other = _other_settings(config.aio)[0]
+        stalls = await asyncio.to_thread(_stall_probe, 1.0)
+        raw_lat = await asyncio.to_thread(_raw_sync_latency, path, 2000)
+        summary = rec.summary_ms()
+        results.append(
+            Result(
+                WORKLOAD,
+                f"p99 latency of 1 KiB appends at {target_rate:,.0f}/s (half the best rate)",
+                summary["p99"],
+                "ms",
+                "p99 of a raw 4 KiB pwrite + fdatasync cycle",
+                raw_lat.summary_ms()["p99"],
+                higher_is_better=False,
+                extra={
+                    "latency_ms": summary,
+                    "baseline_latency_ms": raw_lat.summary_ms(),
+                    "goal_p99_ms": 2.0,
+                    # the same generator against an append that completes on the next loop turn: what
+                    # the method and the machine add on their own (scheduling noise from other processes)
+                    "generator_floor_latency_ms": floor.summary_ms(),
+                    # how late the sends went out against their slots (part of each latency sample)
+                    "send_lag_ms": wal_lag.summary_ms(),
+                    "generator_floor_send_lag_ms": floor_lag.summary_ms(),
+                    # CPU of this process (all threads) per send: WAL run, and the generator alone
+                    "cpu_us_per_send": wal_stats["cpu_us_per_send"],
+                    "generator_floor_cpu_us_per_send": floor_stats["cpu_us_per_send"],
+                    # the pacer's tick and how often it woke with slots to send (timerfd; see PACER_TICK_S)
+                    "pacer_tick_ms": PACER_TICK_S * 1e3,
+                    "pacer_wakes": wal_stats["pacer_wakes"],
+                    # how the WAL wrote them: group writes (records per group) and header writes (trims)
+                    "wal_groups": groups,
+                    "wal_records_per_group": rec.count / groups if groups else 0.0,
+                    "wal_header_writes": headers,
+                    # how many groups went to the device by Linux AIO from the loop (the rest, and the
+                    # headers, on the WAL's I/O threads), and each group write's time from its hand-over
+                    # to its completion reaching the loop: the device's stalls, which in-order
+                    # completion passes on to every later append
+                    "wal_aio_writes": aio_writes,
+                    "group_write_ms": group_writes.summary_ms(),
+                    "group_writes_over_5ms_count": sum(1 for w in wal.group_write_s if w > 0.005),
+                    # what the adaptive WAL's chooser did in its paced run (this row's or the other's)
+                    "adaptive_chooser": chooser,
+                    # the same paced run (after the floor's) on a WAL with the first other aio setting,
+                    # and on one with each other setting (aio_<setting>_*)
+                    "other_aio_setting": first_other,
+                    "other_aio_latency_ms": other_runs[first_other]["latency_ms"],
+                    "other_aio_send_lag_ms": other_runs[first_other]["send_lag_ms"],
+                    "other_aio_group_write_ms": other_runs[first_other]["group_write_ms"],
+                    "other_aio_wal_aio_writes": other_runs[first_other]["loop_writes"],
+                    **{
+                        f"aio_{setting}_{key}": value
+                        for setting, run in other_runs.items()
+                        for key, value in run.items()
+                    },
+                    **stalls,
                 },
-                **stalls,
-            },
+            )
         )
-    )
-    os.remove(path)
+        os.remove(path)
 
     # 5. recovery of a full WAL vs a raw sequential read
-    ctx.status("wal: recovery")
-    wal = await BlockWAL.open(path, config)
-    fill = config.record_area_bytes - config.write_max_bytes
-    records = [os.urandom(64 * KiB) for _ in range(16)]
-    while wal.next_offset + 16 * (64 * KiB + 64) < fill:
-        await wal.append_many(records)
-    filled = wal.next_offset
-    await wal.close()
-    started = time.perf_counter()
-    wal = await BlockWAL.open(path, config)
-    n = 0
-    async for _ in wal.recover():
-        n += 1
-    rec_s = time.perf_counter() - started
-    await wal.close()
-    raw_s = await asyncio.to_thread(_raw_read, path, config.device_bytes)
-    results.append(
-        Result(
-            WORKLOAD,
-            f"recovery of a full {filled / MiB:,.0f} MiB WAL ({n} records of 64 KiB)",
-            filled / rec_s / 1e6,
-            "MB/s",
-            "raw O_DIRECT sequential read of the file, 1 MiB reads",
-            config.device_bytes / raw_s / 1e6,
-            extra={"goal_ratio": 0.25, "recovery_s": rec_s},
+    if "recovery" in sections:
+        ctx.status("wal: recovery")
+        wal = await BlockWAL.open(path, config)
+        fill = config.record_area_bytes - config.write_max_bytes
+        records = [os.urandom(64 * KiB) for _ in range(16)]
+        while wal.next_offset + 16 * (64 * KiB + 64) < fill:
+            await wal.append_many(records)
+        filled = wal.next_offset
+        await wal.close()
+        started = time.perf_counter()
+        wal = await BlockWAL.open(path, config)
+        n = 0
+        async for _ in wal.recover():
+            n += 1
+        rec_s = time.perf_counter() - started
+        await wal.close()
+        raw_s = await asyncio.to_thread(_raw_read, path, config.device_bytes)
+        results.append(
+            Result(
+                WORKLOAD,
+                f"recovery of a full {filled / MiB:,.0f} MiB WAL ({n} records of 64 KiB)",
+                filled / rec_s / 1e6,
+                "MB/s",
+                "raw O_DIRECT sequential read of the file, 1 MiB reads",
+                config.device_bytes / raw_s / 1e6,
+                extra={"goal_ratio": 0.25, "recovery_s": rec_s},
+            )
         )
-    )
-    os.remove(path)
+        os.remove(path)
     return results

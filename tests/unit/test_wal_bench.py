@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.core import Context
 from benchmarks.measure import LatencyRecorder
+from benchmarks.workloads import wal as wal_workload
 from benchmarks.workloads.wal import PAIRED_SLICES, _NoopAppend, _paced_latency, _paired_appends
 from tests.directio import loop_writes_work
 from wal import BlockWAL, MemoryDevice, WalConfig
@@ -131,5 +133,22 @@ async def test_the_paired_rates_run_the_wal_with_every_aio_setting(tmp_path: Pat
     if loop_writes_work(tmp_path, "uring"):
         assert paired.loop_writes["uring"] > 0  # and so did the io_uring one
     if loop_writes_work(tmp_path, "adaptive"):
-        assert paired.loop_writes["adaptive"] > 0  # the adaptive one starts on AIO
+        # the adaptive one wrote from the loop unless CPU load kept it on the threads, and says so
+        chooser = paired.chooser
+        assert set(chooser) == {"groups", "aio_groups", "switches", "probes", "contended"}
+        assert chooser["aio_groups"] == paired.loop_writes["adaptive"]
+        assert chooser["groups"] > 0
+        assert paired.loop_writes["adaptive"] > 0 or chooser["contended"] > 0
+    else:
+        assert paired.chooser == {}
     assert not list(tmp_path.iterdir())  # every file removed
+
+
+async def test_only_the_sections_asked_for_run(tmp_path: Path) -> None:
+    for bad in ("small,bogus", "latency", "large,latency"):  # (latency needs the 1 KiB rates)
+        with pytest.raises(ValueError, match="sections"):
+            await wal_workload.run(Context(quick=True, work_dir=tmp_path, s3=None, params={"sections": bad}))
+    results = await wal_workload.run(
+        Context(quick=True, work_dir=tmp_path, s3=None, params={"sections": "many"})
+    )
+    assert [r.metric for r in results] == ["append_many, 100-byte records in batches of 10,000"]

@@ -26,8 +26,11 @@ keep the CPUs busy. So the WAL writes its groups with the path that suits the ma
   the path in use, since completions resolve in offset order and a slow probe holds the groups after
   it), so its estimate stays fresh without sending it a share of the groups;
 - the WAL switches when the other path (with two samples at least in the class) has been ``margin``
-  (2) times faster on ``confirm`` consecutive comparable samples of the path in use and the last
-  switch is at least ``min_dwell_s`` old. The margin is wide on purpose: a group's latency leaves out
+  (2) times faster on ``confirm`` consecutive comparable samples of the path in use, for
+  ``confirm_s`` (0.5 s) at least, with a probe of the other path during that time, and the last
+  switch is at least ``min_dwell_s`` old. (Eight samples alone are a millisecond at one producer: a
+  short disk stall on AIO against a threads estimate from before it switched a quiet run to the
+  threads for the rest of it.) The margin is wide on purpose: a group's latency leaves out
   what each path costs the loop (an I/O thread's GIL hand-offs), so the threads can show shorter
   groups and still append slower (1 producer, quiet: threads' groups 0.14 ms against AIO probes'
   0.17-0.25 ms, yet AIO appended 1.4x faster); only a gross difference is worth a switch.
@@ -153,6 +156,7 @@ class PathChooser:
         probe_interval_max_s: float = 3.2,
         margin: float = 2.0,
         confirm: int = 8,
+        confirm_s: float = 0.5,
         min_dwell_s: float = 0.25,
         alpha_current: float = 0.2,
         alpha_probe: float = 0.5,
@@ -167,6 +171,7 @@ class PathChooser:
         self.probe_interval_max_s = probe_interval_max_s
         self._log_margin = math.log(margin)
         self.confirm = confirm
+        self.confirm_s = confirm_s
         self.min_dwell_s = min_dwell_s
         self._alpha_current = alpha_current
         self._alpha_probe = alpha_probe
@@ -192,6 +197,8 @@ class PathChooser:
         self._last_probe: float | None = None  # (None: no group chosen yet)
         self._last_switch = -math.inf
         self._agree = 0  # consecutive comparable samples of the path in use where the other was faster
+        self._agree_since = 0.0  # when that streak began
+        self._sampled_at = {AIO: -math.inf, THREADS: -math.inf}  # each path's last sample
 
     def _forget(self) -> None:
         self._est = {AIO: [None] * _CLASSES, THREADS: [None] * _CLASSES}
@@ -266,6 +273,7 @@ class PathChooser:
         # 100x their usual time moves the estimate as much as a group 4x slower)
         ests[cls] = sample if old is None else old + alpha * max(-_CLIP, min(_CLIP, sample - old))
         self._count[path][cls] += 1
+        self._sampled_at[path] = now
         if path != self.path:  # a probe: back off while the probed path is no faster
             mine = self._est[self.path][cls]
             if mine is not None and sample >= mine:
@@ -277,8 +285,16 @@ class PathChooser:
         if theirs is None or self._count[other][cls] < 2:
             return  # not comparable (yet): neither counts for nor against a switch
         if ests[cls] - theirs > self._log_margin:  # type: ignore[operator]
+            if not self._agree:  # a streak begins: probe the other path again soon
+                self._agree_since = now
+                self._interval = self.probe_interval_s
             self._agree += 1
-            if self._agree >= self.confirm and now - self._last_switch >= self.min_dwell_s:
+            if (
+                self._agree >= self.confirm
+                and now - self._agree_since >= self.confirm_s
+                and self._sampled_at[other] > self._agree_since  # (measured during the streak)
+                and now - self._last_switch >= self.min_dwell_s
+            ):
                 self.path = other
                 self.switches += 1
                 self._last_switch = now

@@ -169,7 +169,7 @@ def test_groups_of_other_sizes_are_not_compared() -> None:
 
 
 def test_it_waits_the_dwell_time_between_switches() -> None:
-    chooser = PathChooser(min_dwell_s=0.5, probe_interval_s=0.01, confirm=2)
+    chooser = PathChooser(min_dwell_s=0.5, probe_interval_s=0.01, confirm=2, confirm_s=0.0)
     run = _Run(chooser)
     run.lat = {AIO: 10 * FAST, THREADS: FAST}
     while chooser.path == AIO:
@@ -181,6 +181,33 @@ def test_it_waits_the_dwell_time_between_switches() -> None:
         run.steps(1)
     assert run.now - switched_at >= 0.5
     assert chooser.switches == 2
+
+
+def test_a_short_slowdown_of_the_path_in_use_does_not_switch() -> None:
+    for confirm_s, switches in ((0.0, 1), (0.5, 0)):  # (0.0: the old rule, eight samples)
+        chooser = PathChooser(confirm_s=confirm_s)
+        run = _Run(chooser, step_s=0.000125)  # one producer: 8,000 groups/s
+        run.lat = {AIO: FAST, THREADS: 1.5 * FAST}
+        run.until(1.0)
+        run.lat = {AIO: 4 * FAST, THREADS: 1.5 * FAST}  # 30 ms of slow AIO groups (a disk hiccup)
+        run.until(0.03)
+        run.lat = {AIO: FAST, THREADS: 1.5 * FAST}
+        run.until(1.0)
+        assert chooser.switches == switches
+        assert chooser.path == (THREADS if switches else AIO)
+
+
+def test_a_switch_needs_a_probe_of_the_other_path_during_the_streak() -> None:
+    chooser = PathChooser(confirm_s=0.5, probe_interval_s=2.0, probe_interval_max_s=2.0)
+    run = _Run(chooser)
+    run.lat = {AIO: FAST, THREADS: 0.6 * FAST}  # (threads faster, below the margin)
+    run.until(4.1)  # probes at 2.0 and 4.0 s
+    run.lat = {AIO: 3 * FAST, THREADS: 0.6 * FAST}  # now 5x: well past the margin
+    run.until(1.5)  # the estimates say switch, but no probe of the threads since AIO slowed
+    assert chooser.path == AIO
+    run.until(0.5)  # the probe at 6.0 s confirms it
+    assert chooser.path == THREADS
+    assert chooser.switches == 1
 
 
 # ------------------------------------------------------------------------ CPU load first

@@ -53,7 +53,7 @@ class Config:
     wal_thread_count: int = 8
     wal_record_size_max_bytes: int = 16 * MiB
     wal_append_timeout_ms: int = 30_000
-    wal_aio: Literal["auto", "uring", "adaptive", "off"] = "off"
+    wal_aio: Literal["auto", "uring", "adaptive", "off"] = "adaptive"
     # -- LogCache and uploads ------------------------------------------------------------------
     wal_cache_size_bytes: int = 128 * MiB
     wal_upload_threshold_bytes: int = 32 * MiB
@@ -164,10 +164,10 @@ KEYS: tuple[Key, ...] = (
         "AutoMQ WAL append timeout 30 s"),
     Key("s3.wal.aio", "wal_aio", str, None, None,
         "group writes by Linux native AIO (auto) or io_uring (uring) from the event loop where the WAL "
-        "file is O_DIRECT, by whichever of AIO and the I/O threads measures faster as it runs "
-        "(adaptive), or on the WAL's I/O threads (off); ours off: auto is faster with many "
-        "concurrent appends, but one producer's appends were 2.5-6x slower with the CPUs busy "
-        "(wal.WalConfig.aio)",
+        "file is O_DIRECT, by AIO while other processes leave about one CPU free and on the I/O "
+        "threads otherwise (adaptive), or on the WAL's I/O threads (off); ours adaptive: AIO is "
+        "1.2-1.4x faster with room on the CPUs, but one producer's appends were 2.5-16x slower with "
+        "the CPUs busy, where the threads do not slow down (wal.WalConfig.aio)",
         choices=("auto", "uring", "adaptive", "off")),
     Key("s3.wal.cache.size", "wal_cache_size_bytes", int, 1 * MiB, 1 << 40,
         "LogCache byte limit; AutoMQ library 200 MiB, ours 128 MiB"),

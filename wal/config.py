@@ -38,12 +38,17 @@ class WalConfig:
     ``aio="adaptive"`` writes them with Linux AIO while other processes leave the CPUs room (about
     one CPU free) and AIO is not measured slower than the I/O threads, and on the threads otherwise
     (:mod:`wal.adaptive`);
-    ``"off"`` (the default), or a buffered or in-memory device, writes them on the I/O threads, as
-    does either mode where its kernel interface is missing (``BlockWAL.mode`` tells). Off by default: on a device
-    without FUA (a write-back cache, e.g. this VM's virtio disk) an O_DSYNC AIO write completes
-    through a kernel worker bound to one CPU that issues the cache flush, and while other processes
-    keep the CPUs busy that worker waits to run: 1 KiB appends from one producer took 2-6x longer
-    than on the I/O threads (load 7 on 2 cores), although AIO was faster on a less loaded machine.
+    ``"off"``, or a buffered or in-memory device, writes them on the I/O threads, as does any mode
+    where its kernel interface is missing (``BlockWAL.mode`` tells). ``"adaptive"`` is the default:
+    on a device without FUA (a write-back cache, e.g. this VM's virtio disk) an O_DSYNC AIO write
+    completes through a kernel worker bound to one CPU that issues the cache flush, and while other
+    processes keep the CPUs busy that worker waits to run (``"auto"``: 1 KiB appends at 0.06-0.8x
+    the minimal loop with two CPU hogs on 2 cores), although AIO is faster on a machine with room
+    (1.2-1.4x). The adaptive chooser takes AIO's speed where the CPUs have room and the threads
+    where they do not: in the ``wal`` benchmark's alternating slices (two full runs each) 1.20-1.27 /
+    1.25-1.27 / 1.22-1.37x the minimal group-commit loop with 1 / 16 / 256 producers and a p99 of
+    0.98-1.65 ms at half the best rate on a quiet 2-core VM, and with two CPU hogs
+    1.00-1.05 / 0.97-1.16 / 1.00-1.03x the I/O threads in the same slices (no group on AIO).
     ``"uring"`` does not collapse that way (no O_DSYNC write, the fdatasync runs on an io-wq thread
     of this process) but is not the default either: in the ``wal`` benchmark's alternating slices it
     ran 1 KiB appends with 1 / 16 / 256 producers at 1.02 / 0.93 / 1.24x the I/O threads on a quiet
@@ -60,7 +65,7 @@ class WalConfig:
     io_threads: int = 2
     on_full: Literal["error", "wait"] = "error"
     direct_io: Literal["auto", "on", "off"] = "auto"
-    aio: Literal["auto", "uring", "adaptive", "off"] = "off"
+    aio: Literal["auto", "uring", "adaptive", "off"] = "adaptive"
     node_id: int = 0
     node_epoch: int = 0
 

@@ -26,13 +26,13 @@ first), header writes and any submission the kernel refuses still go to the I/O 
 ``aio="uring"`` does the same with io_uring (:mod:`wal.uring`): the pump submits the group's write,
 linked to an fdatasync, on a second O_DIRECT descriptor without O_DSYNC, and one completion per group
 comes back on the ring's eventfd; ``stats["aio_writes"]`` counts the groups either path wrote.
-``aio="adaptive"`` uses Linux AIO and the I/O threads side by side and writes each group with the one
-that suits the machine now (:mod:`wal.adaptive`): the threads while other processes leave less than
-about one CPU free (read from ``/proc/stat`` every 0.1 s), else AIO unless the threads measure twice
-as fast (each path's latency from hand-over to completion on the loop, compared per group-size class;
-the other path probed with one group now and then; switches with hysteresis); ``mode`` tells the
-path in use and ``stats`` counts ``adaptive_switches``, ``adaptive_probes`` and
-``adaptive_contended`` (how often CPU load sent the groups to the threads).
+``aio="adaptive"`` (the default) uses Linux AIO and the I/O threads side by side and writes each
+group with the one that suits the machine now (:mod:`wal.adaptive`): the threads while other
+processes leave less than about one CPU free (read from ``/proc/stat`` every 0.1 s), else AIO unless
+the threads measure twice as fast (each path's latency from hand-over to completion on the loop,
+compared per group-size class; the other path probed with one group now and then; switches with
+hysteresis); ``mode`` tells the path in use and ``stats`` counts ``adaptive_switches``,
+``adaptive_probes`` and ``adaptive_contended`` (how often CPU load sent the groups to the threads).
 
 The I/O threads hold the job queue, not the WAL: a WAL dropped without ``close()`` stops them and
 closes its device (descriptor and lock) once it is unreachable (``weakref.finalize``), as ``close()``

@@ -32,13 +32,13 @@
 - **recovery** of a full WAL of 64 KiB records (1 GiB; 128 MiB under --quick): MB/s of ``open`` +
   ``recover`` vs a raw O_DIRECT sequential read of the file in 1 MiB reads (goal >= 0.25x).
 
-``--param aio=auto`` (or ``uring``, ``adaptive``) runs every section with ``WalConfig.aio="auto"``
-(group writes by Linux AIO from the loop), ``"uring"`` (io_uring write + linked fdatasync from the loop)
-or ``"adaptive"`` (AIO or the I/O threads, whichever measures faster as it runs); the default
-is the WAL's default, the I/O threads. The 1 KiB rates and the paced latency also run a WAL with each
-other setting (rates in the same alternating slices, latency as one more paced run each) and report
-them in ``extra`` under ``aio_<setting>_*``, the first other one (``auto`` for the default, ``off``
-otherwise) also under ``other_aio_*`` as before: the loop paths are faster on a quiet machine and
+``--param aio=off`` (or ``auto``, ``uring``, ``adaptive``) runs every section with ``WalConfig.aio="off"``
+(group writes on the I/O threads), ``"auto"`` (by Linux AIO from the loop), ``"uring"`` (io_uring
+write + linked fdatasync from the loop) or ``"adaptive"`` (AIO while the CPUs have room, else the I/O
+threads); the default is the WAL's default, ``adaptive``. The 1 KiB rates and the paced latency also
+run a WAL with each other setting (rates in the same alternating slices, latency as one more paced
+run each) and report them in ``extra`` under ``aio_<setting>_*``, the first other one (``off`` for
+the default, ``off`` or ``auto`` otherwise) also under ``other_aio_*`` as before: the loop paths are faster on a quiet machine and
 can be slower when other processes keep the CPUs busy (see ``WalConfig``), so all are measured each
 run. The 1 KiB rows and the latency row also tell what the adaptive WAL's chooser did
 (``adaptive_chooser``: its groups, of them by AIO, switches, probes, and how often CPU load sent its
@@ -78,7 +78,7 @@ SECTIONS = ("large", "small", "many", "latency", "recovery")
 """The sections in order: 64 KiB appends, 1 KiB appends, append_many, latency at half load, recovery."""
 
 
-def _config(capacity_bytes: int, aio: str = "off") -> WalConfig:
+def _config(capacity_bytes: int, aio: str = WalConfig.aio) -> WalConfig:
     return WalConfig(
         capacity_bytes=capacity_bytes,
         record_max_bytes=4 * MiB,
@@ -608,9 +608,9 @@ async def run(ctx: Context) -> list[Result]:
     work = ctx.scratch(WORKLOAD)
     results: list[Result] = []
     capacity = ctx.scale(quick=256 * MiB, full=1024 * MiB + 8192)
-    # --param aio=auto|uring: the WAL writes its groups with Linux AIO or io_uring from the loop
-    # (WalConfig.aio; off by default: the I/O threads); every run measures the other settings too
-    config = _config(capacity, ctx.param("aio", "off"))
+    # --param aio=off|auto|uring|adaptive: the WAL's write path (WalConfig.aio; by default the WAL's
+    # default, adaptive); every run measures the other settings too
+    config = _config(capacity, ctx.param("aio", WalConfig.aio))
     path = work / "wal.dat"
     duration_s = ctx.scale(quick=1.0, full=3.0)
     # --param sections=small,latency runs only those (the latency run needs the 1 KiB rates)

@@ -96,9 +96,9 @@ def test_keys_are_unique_and_have_docs() -> None:
     assert all(k.doc for k in KEYS)
 
 
-def test_wal_aio_is_off_by_default_and_loads_auto_from_toml_and_env(tmp_path: Path) -> None:
-    assert Config().wal_aio == "off"
-    assert Config().as_keys()["s3.wal.aio"] == "off"
+def test_wal_aio_is_adaptive_by_default_and_loads_auto_from_toml_and_env(tmp_path: Path) -> None:
+    assert Config().wal_aio == "adaptive"
+    assert Config().as_keys()["s3.wal.aio"] == "adaptive"
     path = tmp_path / "s3stream.toml"
     path.write_text('[s3.wal]\naio = "auto"\n')
     assert Config.from_sources(path, env={}).wal_aio == "auto"

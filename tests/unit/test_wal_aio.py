@@ -85,11 +85,11 @@ async def test_an_o_direct_wal_writes_its_groups_from_the_loop_and_recovers_them
     await wal.close()
 
 
-async def test_aio_is_off_by_default_and_then_the_io_threads_write(tmp_path: Path) -> None:
+async def test_with_aio_off_the_io_threads_write(tmp_path: Path) -> None:
     path = tmp_path / "wal.dat"
     _aio_or_skip(path)
     config = _config("off")
-    assert WalConfig().aio == "off"
+    assert WalConfig().aio == "adaptive"  # (the default; off is asked for)
     wal, _ = await _open(path, config)
     offset = await wal.append(b"threads")
     assert wal.stats["aio_writes"] == 0

@@ -116,8 +116,8 @@ async def test_the_paired_rates_run_the_wal_with_every_aio_setting(tmp_path: Pat
         batch_max_bytes=64 << 10,
         inflight_max_bytes=1 << 20,
         on_full="wait",  # (the trimmer runs every 50 ms)
+        aio="off",
     )
-    assert config.aio == "off"
     paired = await _paired_appends(tmp_path, config, 4, 0.4, b"x" * 1024)
     assert set(paired.rates) == {"wal", "base", "format", "aio=auto", "aio=uring", "aio=adaptive"}
     assert all(rate > 0 for rate in paired.rates.values())

@@ -13,7 +13,7 @@ from wal import InvalidWalConfig, WalConfig
 @pytest.mark.parametrize(("value", "near_miss"), [("uring", "io_uring"), ("adaptive", "adapt")])
 def test_the_wal_takes_the_setting_and_still_refuses_other_values(value: str, near_miss: str) -> None:
     assert WalConfig(aio=value).aio == value  # type: ignore[arg-type]
-    assert WalConfig().aio == "off"
+    assert WalConfig().aio == "adaptive"  # (the default)
     with pytest.raises(InvalidWalConfig, match="'auto', 'uring', 'adaptive' or 'off'"):
         WalConfig(aio=near_miss)  # type: ignore[arg-type]
 
@@ -24,4 +24,4 @@ def test_the_engine_key_loads_the_setting_from_toml_and_env(tmp_path: Path, valu
     path.write_text(f'[s3.wal]\naio = "{value}"\n')
     assert Config.from_sources(path, env={}).wal_aio == value
     assert Config.from_sources(env={env_var("s3.wal.aio"): value}).wal_aio == value
-    assert Config().wal_aio == "off"
+    assert Config().wal_aio == "adaptive"  # (the default)

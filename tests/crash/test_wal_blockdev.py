@@ -34,7 +34,7 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
 
 async def test_wal_on_a_block_device_round_trips_and_is_exclusive(loop_device: str) -> None:
     wal = await BlockWAL.open(loop_device, CONFIG)
-    assert wal.mode.endswith("O_DSYNC")
+    assert "O_DSYNC" in wal.mode  # (the default aio="adaptive" appends "+adaptive(...)")
     with pytest.raises(WalLockedError):
         await BlockWAL.open(loop_device, CONFIG)
     offsets = await wal.append_many([bytes([i]) * (1000 + i) for i in range(100)])

@@ -12,10 +12,14 @@ keep the CPUs busy. So the WAL writes its groups with the path that suits the ma
   one CPU busy, the one the loop itself needs) it is *contended*: every group goes to the I/O threads
   and AIO is not probed; it is calm again once ``calm_windows`` windows in a row left at least
   ``free_cpus_calm`` free. Until the first window is read the chooser uses the threads. Other
-  signals were tried and not kept: a group's own latency (below) did not follow the appends' under
-  CPU load, the loop thread's run-queue wait (``/proc/thread-self/schedstat``) reads 0 without
-  schedstats, and CPU pressure (``/proc/pressure/cpu``) counts this process's own wake-up waits: the
-  I/O threads alone drove it to 0.28 on a quiet 2-core VM where two CPU hogs gave 0.27-0.87.
+  signals were measured and not kept (scratch paired slices, share of wall time, quiet / two CPU
+  hogs): a group's own latency (below) did not follow the appends' under CPU load; the loop
+  thread's run-queue wait (``/proc/thread-self/schedstat``) does not see AIO's weakness, since on
+  AIO the loop sleeps while the kernel worker waits (1 and 16 producers on AIO: 0.011-0.013 quiet,
+  0.013-0.030 with hogs, while one producer's AIO appends ran at 0.45-0.65x the threads'), and on
+  the threads it overlaps (0.07-0.11 quiet, 0.12-0.21 with hogs); CPU pressure (``/proc/pressure/cpu``, "some") counts
+  this process's own wake-up waits: the I/O threads alone drove it to 0.28 quiet, where two hogs
+  gave 0.27-0.87. Free CPUs read 1.6-1.9 quiet and 0.35-0.66 with two hogs.
 - **latency while calm**: a group's latency is the time from its hand-over (submission or job queue)
   to its completion being handled on the loop; latencies are kept as an exponentially weighted mean
   of their logarithm (a geometric mean: one outlier moves it by a bounded factor, each sample's step

@@ -624,7 +624,6 @@ async def run(ctx: Context) -> list[Result]:
         total = ctx.scale(quick=128 * MiB, full=512 * MiB)
         record = os.urandom(64 * KiB)
         wal = await BlockWAL.open(path, config)
-        mode = wal.mode
         count = total // len(record)
         per_producer = count // 16
 
@@ -636,6 +635,8 @@ async def run(ctx: Context) -> list[Result]:
         await asyncio.gather(*(producer() for _ in range(16)))
         wal_s = time.perf_counter() - started
         groups = wal.stats["groups"]
+        mode = wal.mode  # (after the run: the adaptive WAL's path then, not before its first reading)
+        chooser = _chooser_stats(wal)
         await wal.close()
         written = per_producer * 16 * len(record)
         raw_s = await asyncio.to_thread(_raw_write, path, written, 64 * KiB)
@@ -647,7 +648,7 @@ async def run(ctx: Context) -> list[Result]:
                 "MB/s",
                 "raw O_DIRECT sequential 64 KiB writes + one fdatasync, same bytes, same file",
                 written / raw_s / 1e6,
-                extra={"mode": mode, "groups": groups, "goal_ratio": 0.5},
+                extra={"mode": mode, "groups": groups, "goal_ratio": 0.5, "adaptive_chooser": chooser},
             )
         )
         os.remove(path)

@@ -152,3 +152,16 @@ async def test_only_the_sections_asked_for_run(tmp_path: Path) -> None:
         Context(quick=True, work_dir=tmp_path, s3=None, params={"sections": "many"})
     )
     assert [r.metric for r in results] == ["append_many, 100-byte records in batches of 10,000"]
+
+
+async def test_the_64_kib_row_tells_the_mode_after_its_run_and_what_the_chooser_did(tmp_path: Path) -> None:
+    (row,) = await wal_workload.run(
+        Context(quick=True, work_dir=tmp_path, s3=None, params={"sections": "large", "aio": "adaptive"})
+    )
+    chooser = row.extra["adaptive_chooser"]
+    if not loop_writes_work(tmp_path, "adaptive"):
+        assert chooser == {}
+        return
+    assert chooser["groups"] == row.extra["groups"] > 0
+    # (the mode after the run: the path then and the switches so far, the first reading's included)
+    assert row.extra["mode"].endswith(f"switches={chooser['switches']})")

@@ -40,7 +40,7 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
   through the machine (the store's CPU, its disk) without any upload work on the loop.
   ``--param latency_rate=N`` runs this section alone at N appends/s (``latency_s=S``: its duration).
 
-``--param wal_aio=auto|off`` sets ``s3.wal.aio`` (default: the Config default) for every WAL of the
+``--param wal_aio=adaptive|auto|uring|off`` sets ``s3.wal.aio`` (default: the Config default) for every WAL of the
 run: the engine's and the WAL-alone baseline's alike, so each ratio compares like with like.
 """
 

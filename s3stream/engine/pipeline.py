@@ -81,7 +81,8 @@ class EngineStats:
     """Sum over uploads of the streams each held (what a writer with one object per stream would PUT)."""
     uploaded_bytes: int = 0
     upload_busy_s: float = 0.0
-    """Wall time during which at least one upload was in flight (prepare to commit)."""
+    """Wall time during which at least one upload was in flight (archived, not yet committed); up to
+    date whenever :meth:`UploadPipeline.force_upload` returns."""
     objects_committed: int = 0
     upload_retries: int = 0
     object_reads: int = 0
@@ -136,8 +137,7 @@ class UploadPipeline:
         self.inflight: list[UploadTask] = []
         self._last_task: UploadTask | None = None
         self._slots = asyncio.Semaphore(config.upload_inflight_max)
-        self._active_count = 0
-        self._busy_since_s = 0.0
+        self._busy_since_s = 0.0  # when ``inflight`` last became non-empty
 
     def put(self, item: CachedBatch, seq: int) -> None:
         """An acknowledged batch of WAL record ``seq`` enters the active block (archived once full)."""
@@ -153,6 +153,8 @@ class UploadPipeline:
             return None
         task = UploadTask(block=block, prev=self._last_task, stream_ids=frozenset(block.streams))
         self._last_task = task
+        if not self.inflight:
+            self._busy_since_s = self.clock()
         self.inflight.append(task)
         self.supervisor.spawn(self._upload(task), name=f"s3stream-upload-{block.block_id}")
         return task
@@ -182,9 +184,6 @@ class UploadPipeline:
             task.done.set()
 
     async def _upload(self, task: UploadTask) -> None:
-        if self._active_count == 0:
-            self._busy_since_s = self.clock()
-        self._active_count += 1
         try:
             plan = plan_upload(
                 await _streams_of(task.block), split_size_bytes=self.config.stream_object_split_size_bytes
@@ -226,9 +225,6 @@ class UploadPipeline:
             task.prev = None
             if self._last_task is task:
                 self._last_task = None
-            self._active_count -= 1
-            if self._active_count == 0:
-                self.stats.upload_busy_s += self.clock() - self._busy_since_s
 
     async def _after_commit(self, task: UploadTask, request: CommitStreamSetObjectRequest) -> None:
         self.stats.uploads += 1
@@ -252,6 +248,8 @@ class UploadPipeline:
         ]
         del blocks  # released blocks go now, their stream caches or rows (and records) in turns below
         self.inflight.remove(task)
+        if not self.inflight:
+            self.stats.upload_busy_s += self.clock() - self._busy_since_s
         task.done.set()
         self.room.set()
         self.trim_wal()

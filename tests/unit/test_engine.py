@@ -10,6 +10,7 @@ from s3stream.assembly import build_reader
 from s3stream.config import Config
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine, TestHooks
+from s3stream.engine.pipeline import FROZEN_STREAMS_PER_TURN
 from s3stream.engine.walport import MemoryWal
 from s3stream.errors import (
     CapacityError,
@@ -585,4 +586,39 @@ async def test_an_upload_outliving_its_prepared_ttl_is_uploaded_again_under_new_
     assert [b.payload for b in await stream.fetch(0, 5)] == [bytes([i]) for i in range(5)]
     committed = await node.metadata.list_objects([ObjectState.COMMITTED])
     assert {o.object_id for o in committed}.isdisjoint(expired)
+    await client.close()
+
+
+async def test_upload_busy_time_is_complete_when_force_upload_returns() -> None:
+    """The upload rate (uploaded bytes / busy time) is read right after a forced upload: the busy
+    time must already include that upload (it ended at the commit, not at the clean-up after it)."""
+    ticks = iter(range(1_000_000))
+
+    def clock() -> float:
+        return float(next(ticks))  # one second later at every look
+
+    node = Node()
+    engine = Engine(
+        node.config,
+        wal=node.wal.reopen(),
+        metadata=node.metadata,
+        storage=node.storage,
+        node_id=NodeId(0),
+        node_epoch=1,
+        reader=build_reader(node.config, node.metadata, node.storage),
+        clock=clock,
+    )
+    await engine.start()
+    client = Client(engine, node.metadata, closers=[node.wal.close])
+    # enough streams that the clean-up after the commit (freezing the block) takes several turns
+    streams = [await client.streams.create_and_open_stream() for _ in range(12 * FROZEN_STREAMS_PER_TURN)]
+    for stream in streams:
+        await stream.append(RecordBatch(b"x" * 100))
+    await engine.force_upload(None)
+    busy_s = engine.stats.upload_busy_s
+    assert engine.stats.uploads >= 1
+    assert busy_s >= 1.0
+    for _ in range(100):  # the clean-up after the commit finishes meanwhile: it adds no busy time
+        await asyncio.sleep(0)
+    assert engine.stats.upload_busy_s == busy_s
     await client.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -58,8 +60,10 @@ class Node:
         metadata: MemoryMetadataStore | None = None,
         storage: MemoryObjectStorage | None = None,
         node_id: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.clock = clock
         self.wal = wal or MemoryWal(capacity_bytes=config.wal_capacity_bytes)
         self.metadata = metadata or MemoryMetadataStore()
         self.storage = storage or MemoryObjectStorage()
@@ -76,6 +80,7 @@ class Node:
             node_id=NodeId(self.node_id),
             node_epoch=self.epoch,
             reader=build_reader(self.config, self.metadata, self.storage),
+            clock=self.clock,
         )
         await engine.start()
         return Client(engine, self.metadata, closers=[self.wal.close])
@@ -597,19 +602,8 @@ async def test_upload_busy_time_is_complete_when_force_upload_returns() -> None:
     def clock() -> float:
         return float(next(ticks))  # one second later at every look
 
-    node = Node()
-    engine = Engine(
-        node.config,
-        wal=node.wal.reopen(),
-        metadata=node.metadata,
-        storage=node.storage,
-        node_id=NodeId(0),
-        node_epoch=1,
-        reader=build_reader(node.config, node.metadata, node.storage),
-        clock=clock,
-    )
-    await engine.start()
-    client = Client(engine, node.metadata, closers=[node.wal.close])
+    client = await Node(clock=clock).open()
+    engine = client.engine
     # enough streams that the clean-up after the commit (freezing the block) takes several turns
     streams = [await client.streams.create_and_open_stream() for _ in range(12 * FROZEN_STREAMS_PER_TURN)]
     for stream in streams:

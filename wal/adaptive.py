@@ -67,19 +67,37 @@ def size_class(nbytes: int) -> int:
     return min((((max(nbytes, 1) - 1) >> 12).bit_length() + 1) >> 1, _CLASSES - 1)
 
 
-def parse_cpu_ticks(text: bytes) -> tuple[int, int]:
-    """(all ticks, busy ticks) of the aggregate ``cpu`` line that starts ``/proc/stat``.
+def parse_cpu_ticks(text: bytes, cpus: frozenset[int] | None = None) -> tuple[int, int]:
+    """(all ticks, busy ticks) of the aggregate ``cpu`` line that starts ``/proc/stat``, or summed over
+    the ``cpuN`` lines of the CPUs in ``cpus`` (the ones this process may run on, when fewer than all).
 
-    Its fields: user nice system idle iowait irq softirq steal guest guest_nice (guest time is also in
+    The fields: user nice system idle iowait irq softirq steal guest guest_nice (guest time is also in
     user). Busy is everything but idle and iowait: steal counts as busy (a CPU the hypervisor gave to
-    someone else is not free for our kernel worker either). ValueError if the line is not there.
+    someone else is not free for our kernel worker either). ValueError if the aggregate line, or the
+    line of one of ``cpus``, is not there.
     """
-    line = text.split(b"\n", 1)[0].split()
-    if len(line) < 6 or line[0] != b"cpu":
+    first, _, rest = text.partition(b"\n")
+    fields = first.split()
+    if len(fields) < 6 or fields[0] != b"cpu":
         raise ValueError(f"not a /proc/stat cpu line: {text[:80]!r}")
-    ticks = [int(v) for v in line[1:9]]
-    total = sum(ticks)
-    return total, total - ticks[3] - ticks[4]
+    rows = [fields]
+    if cpus is not None:  # (the per-CPU lines follow the aggregate one, before the long intr line)
+        wanted = {b"cpu%d" % n for n in cpus}
+        rows = []
+        for line in rest.split(b"\nintr", 1)[0].split(b"\n"):
+            if not line.startswith(b"cpu"):
+                break
+            fields = line.split()
+            if fields[0] in wanted:
+                rows.append(fields)
+        if len(rows) != len(wanted):
+            raise ValueError(f"/proc/stat lacks the line of one of the CPUs {sorted(cpus)}")
+    total = busy = 0
+    for fields in rows:
+        ticks = [int(v) for v in fields[1:9]]
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return total, busy
 
 
 class CpuLoad:
@@ -87,8 +105,10 @@ class CpuLoad:
 
     :meth:`free_cpus` gives, over the window since its previous call, the CPUs there are minus the
     CPUs that processes other than this one (and kernel work) kept busy: e.g. 2.0 on an idle 2-core
-    machine, ~0.4 with two CPU hogs. ``read`` returns the file's first bytes, ``own_cpu_s`` this
-    process's CPU seconds (all threads); both injectable for tests.
+    machine, ~0.4 with two CPU hogs. With ``cpus`` (a process pinned to fewer CPUs than the machine
+    has, see :meth:`open`) only those CPUs count: others' work on the rest takes nothing from it.
+    ``read`` returns the file's bytes, ``own_cpu_s`` this process's CPU seconds (all threads); both
+    injectable for tests.
     """
 
     def __init__(
@@ -97,8 +117,10 @@ class CpuLoad:
         own_cpu_s: Callable[[], float] = time.process_time,
         ticks_per_s: int = 100,
         window_min_s: float = 0.05,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self._read = read
+        self._cpus = cpus
         self._own_cpu_s = own_cpu_s
         self._ticks_per_s = ticks_per_s
         self._window_min_s = window_min_s
@@ -107,25 +129,29 @@ class CpuLoad:
     @classmethod
     def open(cls, path: str = "/proc/stat") -> CpuLoad | None:
         """A reader of ``path`` (opened and read on each call: no descriptor to leak), or None where it
-        is missing or not a Linux ``/proc/stat``."""
+        is missing or not a Linux ``/proc/stat``. A process whose CPU affinity leaves out some of the
+        machine's CPUs reads only its own CPUs' lines."""
 
         def read() -> bytes:
             with open(path, "rb") as f:
-                return f.read(512)
+                # (the kernel builds the whole file on the first read anyway; the CPU lines come first)
+                return f.read(1 << 16)
 
+        affinity = frozenset(os.sched_getaffinity(0))
+        cpus = affinity if len(affinity) < (os.cpu_count() or len(affinity)) else None
         try:
-            parse_cpu_ticks(read())
+            parse_cpu_ticks(read(), cpus)
             ticks_per_s = os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError):
             return None
-        return cls(read, ticks_per_s=ticks_per_s)
+        return cls(read, ticks_per_s=ticks_per_s, cpus=cpus)
 
     def free_cpus(self, now: float) -> float | None:
         """CPUs not kept busy by others since the last call (at ``now``, seconds of a monotonic clock),
         None for the first call (it starts the window), a window shorter than ``window_min_s`` or an
         unreadable file."""
         try:
-            total, busy = parse_cpu_ticks(self._read())
+            total, busy = parse_cpu_ticks(self._read(), self._cpus)
         except (OSError, ValueError):
             return None
         own = self._own_cpu_s()

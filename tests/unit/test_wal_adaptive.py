@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -232,6 +234,59 @@ def test_the_cpu_line_gives_all_and_busy_ticks() -> None:
     for bad in (b"", b"intr 1 2 3\n", b"cpu0 1 2 3 4 5 6 7 8\n", b"cpu 1 2\n"):
         with pytest.raises(ValueError, match="cpu line"):
             parse_cpu_ticks(bad)
+
+
+def test_a_pinned_process_counts_only_its_own_cpus_lines() -> None:
+    text = (
+        b"cpu  300 0 100 1600 0 0 0 0 0 0\n"
+        b"cpu0 10 0 0 490 0 0 0 0 0 0\n"  # idle but for ours
+        b"cpu1 290 0 100 110 0 0 0 0 0 0\n"  # kept busy by another process
+        b"cpu2 0 0 0 500 0 0 0 0 0 0\n"
+        b"cpu3 0 0 0 500 0 0 0 0 0 0\n"
+        b"intr 1 2 3\n"
+    )
+    assert parse_cpu_ticks(text) == (2000, 400)
+    assert parse_cpu_ticks(text, frozenset({0, 1})) == (1000, 400)
+    assert parse_cpu_ticks(text, frozenset({2, 3})) == (1000, 0)
+    with pytest.raises(ValueError, match="lacks"):
+        parse_cpu_ticks(text, frozenset({0, 7}))
+
+
+def test_cpu_load_of_a_pinned_process_leaves_out_the_other_cpus() -> None:
+    """Pinned to CPUs 0-1 of four, with CPU 1 kept busy by another process: one CPU is free for it,
+    though the machine as a whole has three."""
+    busy = [0, 0, 0, 0]
+    idle = [0, 0, 0, 0]
+
+    def read() -> bytes:
+        line = b"cpu%s %d 0 0 %d 0 0 0 0 0 0\n"
+        return line % (b"", sum(busy), sum(idle)) + b"".join(
+            line % (b"%d" % n, busy[n], idle[n]) for n in range(4)
+        )
+
+    pinned = CpuLoad(read, own_cpu_s=lambda: 0.0, ticks_per_s=100, cpus=frozenset({0, 1}))
+    whole = CpuLoad(read, own_cpu_s=lambda: 0.0, ticks_per_s=100)
+    assert pinned.free_cpus(0.0) is None
+    assert whole.free_cpus(0.0) is None
+    busy[1] += 100  # one second: CPU 1 busy with another process, the others idle
+    for n in (0, 2, 3):
+        idle[n] += 100
+    assert pinned.free_cpus(1.0) == pytest.approx(1.0)
+    assert whole.free_cpus(1.0) == pytest.approx(3.0)
+
+
+def test_open_reads_only_the_cpus_of_the_affinity_when_pinned() -> None:
+    """In a child pinned to one CPU of several, CpuLoad.open picks that CPU's line (the whole
+    machine's otherwise)."""
+    if (os.cpu_count() or 1) < 2 or not Path("/proc/stat").exists():
+        pytest.skip("needs /proc/stat and two CPUs")
+    code = (
+        "import os; from wal.adaptive import CpuLoad\n"
+        "print(CpuLoad.open()._cpus)\n"
+        "os.sched_setaffinity(0, {0}); print(CpuLoad.open()._cpus)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["None", "frozenset({0})"]
 
 
 class _Proc:

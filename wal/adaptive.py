@@ -8,7 +8,7 @@ keep the CPUs busy. So the WAL writes its groups with the path that suits the ma
 
 - **CPU load first** (:class:`CpuLoad`): every ``load_interval_s`` (on a group's hand-over) the chooser
   reads how many CPUs other processes left free over the last window (``/proc/stat``'s busy ticks of
-  all CPUs minus this process's own CPU time). Below ``free_cpus_min`` (1.2: others keep all but about
+  the CPUs this process may run on, all or those of its affinity, minus this process's own CPU time). Below ``free_cpus_min`` (1.2: others keep all but about
   one CPU busy, the one the loop itself needs) it is *contended*: every group goes to the I/O threads
   and AIO is not probed; it is calm again once ``calm_windows`` windows in a row left at least
   ``free_cpus_calm`` free. Until the first window is read the chooser uses the threads. Other
@@ -17,9 +17,10 @@ keep the CPUs busy. So the WAL writes its groups with the path that suits the ma
   thread's run-queue wait (``/proc/thread-self/schedstat``) does not see AIO's weakness, since on
   AIO the loop sleeps while the kernel worker waits (1 and 16 producers on AIO: 0.011-0.013 quiet,
   0.013-0.030 with hogs, while one producer's AIO appends ran at 0.45-0.65x the threads'), and on
-  the threads it overlaps (0.07-0.11 quiet, 0.12-0.21 with hogs); CPU pressure (``/proc/pressure/cpu``, "some") counts
-  this process's own wake-up waits: the I/O threads alone drove it to 0.28 quiet, where two hogs
-  gave 0.27-0.87. Free CPUs read 1.6-1.9 quiet and 0.35-0.66 with two hogs.
+  the threads it overlaps (0.07-0.11 quiet, 0.12-0.21 with hogs); CPU pressure
+  (``/proc/pressure/cpu``, "some") counts this process's own wake-up waits: the I/O threads alone
+  drove it to 0.28 quiet, where two hogs gave 0.27-0.87. Free CPUs read 1.6-1.9 quiet and 0.35-0.66
+  with two hogs.
 - **latency while calm**: a group's latency is the time from its hand-over (submission or job queue)
   to its completion being handled on the loop; latencies are kept as an exponentially weighted mean
   of their logarithm (a geometric mean: one outlier moves it by a bounded factor, each sample's step

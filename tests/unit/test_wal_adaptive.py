@@ -4,6 +4,7 @@ clock, and the WAL writing with it (groups on the path it picks, its measurement
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.directio import loop_writes_work
-from wal import BlockWAL, MemoryDevice, WalConfig
+from tests.unit.test_wal_aio import CONFIG as AIO_CONFIG
+from wal import BlockWAL, MemoryDevice
 from wal.adaptive import AIO, THREADS, CpuLoad, PathChooser, parse_cpu_ticks, size_class
 
 KB4 = 4096
@@ -406,14 +408,17 @@ def test_it_returns_to_aio_only_after_calm_windows_in_a_row() -> None:
 # ---------------------------------------------------------------------------------- the WAL
 
 
-CONFIG = WalConfig(
-    capacity_bytes=2 << 20,
-    record_max_bytes=64 << 10,
-    batch_max_bytes=64 << 10,
-    inflight_max_bytes=1 << 20,
-    on_full="wait",
-    aio="adaptive",
-)
+CONFIG = dataclasses.replace(AIO_CONFIG, aio="adaptive")
+
+
+async def _open_on_a_file(path: Path) -> BlockWAL:
+    """A recovered adaptive WAL on an O_DIRECT file at ``path`` (the test skips where the kernel or
+    the filesystem has no Linux AIO or no O_DIRECT)."""
+    if not loop_writes_work(path.parent, "adaptive"):
+        pytest.skip("no Linux AIO or no O_DIRECT here")
+    wal = await BlockWAL.open(path, CONFIG)
+    _ = [r async for r in wal.recover()]
+    return wal
 
 
 async def test_a_memory_device_writes_on_the_threads_without_a_chooser() -> None:
@@ -446,10 +451,7 @@ class _Scripted:
 
 async def test_the_wal_writes_each_group_on_the_chosen_path_and_reports_its_latency(tmp_path: Path) -> None:
     path = tmp_path / "wal.dat"
-    if not loop_writes_work(tmp_path, "adaptive"):
-        pytest.skip("no Linux AIO or no O_DIRECT here")
-    wal = await BlockWAL.open(path, CONFIG)
-    _ = [r async for r in wal.recover()]
+    wal = await _open_on_a_file(path)
     # (with /proc/stat it starts on the threads until the first CPU reading)
     start = "threads" if CpuLoad.open() is not None else "aio"
     assert wal.mode == f"O_DIRECT+O_DSYNC+adaptive(aio|threads,now={start},switches=0)"
@@ -472,10 +474,7 @@ async def test_the_wal_writes_each_group_on_the_chosen_path_and_reports_its_late
 
 async def test_groups_on_both_paths_at_once_complete_in_offset_order(tmp_path: Path) -> None:
     path = tmp_path / "wal.dat"
-    if not loop_writes_work(tmp_path, "adaptive"):
-        pytest.skip("no Linux AIO or no O_DIRECT here")
-    wal = await BlockWAL.open(path, CONFIG)
-    _ = [r async for r in wal.recover()]
+    wal = await _open_on_a_file(path)
     scripted: Any = _Scripted([i % 3 != 0 for i in range(10_000)])
     wal._chooser = scripted
     done: list[int] = []
@@ -492,10 +491,7 @@ async def test_groups_on_both_paths_at_once_complete_in_offset_order(tmp_path: P
 
 async def test_the_wal_writes_on_the_threads_while_the_cpus_are_contended(tmp_path: Path) -> None:
     path = tmp_path / "wal.dat"
-    if not loop_writes_work(tmp_path, "adaptive"):
-        pytest.skip("no Linux AIO or no O_DIRECT here")
-    wal = await BlockWAL.open(path, CONFIG)
-    _ = [r async for r in wal.recover()]
+    wal = await _open_on_a_file(path)
     load = _Load(0.3)
     wal._chooser = PathChooser(load=load)  # type: ignore[arg-type]
     offsets = [await wal.append(bytes([i]) * 100) for i in range(50)]

@@ -18,6 +18,7 @@ import sys
 from compaction.compactor import Compactor
 from compaction.hooks import CompactionHooks
 from s3stream.assembly import open_client
+from tests.crash.backend import bucket_uri, with_wal_aio
 from tests.crash.compaction_data import CONFIG
 
 
@@ -42,7 +43,7 @@ class KillHooks(CompactionHooks):
 
 async def main(argv: list[str]) -> None:
     data_dir, kill_at, kill_count = argv[0], argv[1], int(argv[2])
-    client = await open_client(data_dir, config=CONFIG)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     engine = client.engine
     compactor = Compactor(
         CONFIG,

@@ -5,7 +5,8 @@ Usage: python -m tests.crash.engine_producer DATA_DIR STREAMS RUN SEED [KILL_AT 
 Prints ``READY`` once open, then one line ``ACK <stream_id> <base_offset> <count>`` per acknowledged
 append (flushed before the next append). ``KILL_AT`` is ``before_upload``, ``before_commit`` or
 ``after_commit``: the process SIGKILLs itself the ``KILL_COUNT``-th time it reaches that point, so
-the test controls exactly where the crash happens. Streams are created on the first run and their
+the test controls exactly where the crash happens. The object store and WAL write path come from
+the environment (:mod:`tests.crash.backend`). Streams are created on the first run and their
 ids kept in the KV store; run ``RUN`` opens them with epoch ``2 * RUN`` (each run fences the last).
 """
 
@@ -21,6 +22,7 @@ from s3stream import RecordBatch
 from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.engine.core import TestHooks
+from tests.crash.backend import bucket_uri, with_wal_aio
 
 CONFIG = Config(
     wal_capacity_bytes=8 << 20,
@@ -69,7 +71,7 @@ async def main(argv: list[str]) -> None:
     data_dir, streams_count, run, seed = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     hooks = KillHooks(argv[4], int(argv[5])) if len(argv) > 5 else None
     rng = random.Random(seed)
-    client = await open_client(data_dir, config=CONFIG, hooks=hooks)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), hooks=hooks, bucket_uri=bucket_uri())
     ids_blob = await client.kv.get("crash/streams")
     if ids_blob is None:
         ids = [await client.streams.create_stream() for _ in range(streams_count)]

@@ -5,7 +5,9 @@ a subprocess compacts the data dir and kills itself at a chosen point. After eve
 dir is reopened: every record at or above its stream's start offset must read back identically.
 At the end, once the prepared TTL has passed, one normal compaction + GC pass must leave exactly
 the committed objects in the bucket: nothing lost, nothing leaked. The seed is printed; replay with
-S3STREAM_SEED=<seed>.
+S3STREAM_SEED=<seed>. S3STREAM_COMPACTION_CRASH_ITERATIONS sets the kills (default 6); S3STREAM_CRASH_S3=1
+puts the objects on the S3 test server, S3STREAM_CRASH_WAL_AIO picks the WAL write path
+(:mod:`tests.crash.backend`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from s3stream.ids import StreamId
 from s3stream.metadata.base import ObjectState
 from s3stream.model import RecordBatch
 from s3stream.objectformat import object_key
+from tests.crash.backend import bucket_uri, iterations, with_wal_aio
 from tests.crash.compaction_data import CONFIG, payload
 
 pytestmark = pytest.mark.crash
@@ -52,7 +55,7 @@ async def open_streams(client: Client) -> list[Stream]:
 
 
 async def append_rounds(data_dir: Path, expected: Expected, rng: random.Random) -> None:
-    client = await open_client(data_dir, config=CONFIG)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     try:
         streams = await open_streams(client)
         for _ in range(rng.randint(3, 5)):
@@ -74,7 +77,7 @@ async def append_rounds(data_dir: Path, expected: Expected, rng: random.Random) 
 
 
 async def verify(data_dir: Path, expected: Expected) -> None:
-    client = await open_client(data_dir, config=CONFIG)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     try:
         for s in await open_streams(client):
             want = {b: v for b, v in expected.get(s.stream_id, {}).items() if b + v[0] > s.start_offset}
@@ -107,7 +110,7 @@ def run_compactor(data_dir: Path, kill_at: str, kill_count: int) -> str:
 
 async def assert_nothing_leaked(data_dir: Path) -> None:
     await asyncio.sleep(CONFIG.object_prepared_ttl_ms / 1000 + 0.3)
-    client = await open_client(data_dir, config=CONFIG)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     try:
         engine = client.engine
         compactor = Compactor(
@@ -126,12 +129,14 @@ async def assert_nothing_leaked(data_dir: Path) -> None:
         await client.close()
 
 
-def test_sigkill_during_compaction_loses_nothing_and_leaks_nothing(tmp_path: Path, rng_seed: int) -> None:
+def test_sigkill_during_compaction_loses_nothing_and_leaks_nothing(
+    tmp_path: Path, rng_seed: int, crash_bucket: str | None
+) -> None:
     rng = random.Random(rng_seed)
     data_dir = tmp_path / "data"
     expected: Expected = {}
     outcomes = []
-    for i in range(6):
+    for i in range(iterations("S3STREAM_COMPACTION_CRASH_ITERATIONS", 6)):
         asyncio.run(append_rounds(data_dir, expected, rng))
         kill_at = ("before_commit", "after_commit")[i % 2]
         outcomes.append(run_compactor(data_dir, kill_at, rng.randint(1, 2)))

@@ -3,7 +3,9 @@
 After each kill the data dir is reopened (restart recovery): every acknowledged record must be
 readable exactly once, offsets contiguous from 0, payloads intact. At the end, once the prepared
 TTL has passed, no object may be left in the bucket that metadata does not reference. The seed is
-printed; replay with S3STREAM_SEED=<seed>.
+printed; replay with S3STREAM_SEED=<seed>. S3STREAM_CRASH_ITERATIONS sets the runs per chain (default 10);
+S3STREAM_CRASH_S3=1 puts the objects on the S3 test server, S3STREAM_CRASH_WAL_AIO picks the WAL write
+path (:mod:`tests.crash.backend`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import pytest
 from s3stream.assembly import PreparedObjectReaper, open_client
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
+from tests.crash.backend import bucket_uri, with_wal_aio
+from tests.crash.backend import iterations as iterations_of
 from tests.crash.engine_producer import CONFIG, payload
 
 pytestmark = pytest.mark.crash
@@ -85,7 +89,7 @@ def _kv_ack(line: str) -> tuple[int, int]:
 async def verify(
     data_dir: Path, acked: dict[int, dict[int, int]], epoch: int, kv_acked: tuple[int, int]
 ) -> None:
-    client = await open_client(data_dir, config=CONFIG)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     try:
         n, _, k = (await client.kv.get("crash/atomic") or b"0.0").decode().partition(".")
         stored = (int(n), int(k))
@@ -114,7 +118,7 @@ async def verify(
 
 async def assert_no_leaked_objects(data_dir: Path) -> None:
     await asyncio.sleep(CONFIG.object_prepared_ttl_ms / 1000 + 0.2)
-    client = await open_client(data_dir, config=CONFIG)
+    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     try:
         reaper = PreparedObjectReaper(client.engine.metadata, client.engine.storage, namespace=CONFIG.namespace,
                                       retention_ms=0)  # fmt: skip
@@ -129,10 +133,12 @@ async def assert_no_leaked_objects(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("chain", range(3))
-def test_kill_during_appends_and_uploads_loses_nothing(tmp_path: Path, rng_seed: int, chain: int) -> None:
+def test_kill_during_appends_and_uploads_loses_nothing(
+    tmp_path: Path, rng_seed: int, chain: int, crash_bucket: str | None
+) -> None:
     seed = rng_seed + chain
     rng = random.Random(seed)
-    iterations = int(os.environ.get("S3STREAM_CRASH_ITERATIONS", "10"))
+    iterations = iterations_of("S3STREAM_CRASH_ITERATIONS", 10)
     acked: dict[int, dict[int, int]] = {}
     kv_acks: list[tuple[int, int]] = [(0, 0)]
     for run in range(iterations):

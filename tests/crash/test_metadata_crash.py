@@ -41,7 +41,8 @@ NODE_EPOCH = 1
 STREAMS = (StreamId(0), StreamId(1), StreamId(2))
 STEP = 10
 """Offsets one round adds to each stream."""
-KILLS = 4
+KILLS = int(os.environ.get("S3STREAM_METADATA_CRASH_KILLS", "4"))
+"""Kills per run (CI: 4; S3STREAM_METADATA_CRASH_KILLS for long runs)."""
 REPO = Path(__file__).resolve().parents[2]
 
 

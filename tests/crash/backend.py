@@ -1,0 +1,37 @@
+"""Where the engine and compaction crash tests keep their objects and how their WAL writes.
+
+Both are read from the environment so the test and its child processes agree:
+``S3STREAM_CRASH_BUCKET_URI`` (set by the ``crash_bucket`` fixture when ``S3STREAM_CRASH_S3=1``: a fresh
+prefix on the S3 test server; unset: the data dir's local object store) and ``S3STREAM_CRASH_WAL_AIO``
+(the WAL write path, ``s3.wal.aio``: adaptive (the default), off, auto, uring).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, cast
+
+from s3stream.config import Config
+
+BUCKET_URI_ENV = "S3STREAM_CRASH_BUCKET_URI"
+WAL_AIO_ENV = "S3STREAM_CRASH_WAL_AIO"
+
+
+def bucket_uri() -> str | None:
+    """The bucket URI the crash tests' engines use, or None for the data dir's local object store."""
+    return os.environ.get(BUCKET_URI_ENV) or None
+
+
+def with_wal_aio(config: Config) -> Config:
+    """``config`` with the WAL write path of ``S3STREAM_CRASH_WAL_AIO`` (unchanged when it is unset)."""
+    aio = os.environ.get(WAL_AIO_ENV)
+    if not aio:
+        return config
+    if aio not in ("adaptive", "off", "auto", "uring"):
+        raise ValueError(f"{WAL_AIO_ENV}={aio!r}: expected adaptive, off, auto or uring")
+    return config.replace(wal_aio=cast(Literal["auto", "uring", "adaptive", "off"], aio))
+
+
+def iterations(name: str, default: int) -> int:
+    """An iteration count from the environment variable ``name`` (CI uses ``default``)."""
+    return int(os.environ.get(name, str(default)))

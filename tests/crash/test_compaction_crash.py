@@ -36,6 +36,7 @@ pytestmark = pytest.mark.crash
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = 3
+ITERATIONS = iterations("S3STREAM_COMPACTION_CRASH_ITERATIONS", 6)
 Expected = dict[int, dict[int, tuple[int, int]]]
 """stream id -> base offset -> (count, payload size)."""
 
@@ -129,6 +130,7 @@ async def assert_nothing_leaked(data_dir: Path) -> None:
         await client.close()
 
 
+@pytest.mark.timeout(max(600, 20 * ITERATIONS))  # long runs take longer
 def test_sigkill_during_compaction_loses_nothing_and_leaks_nothing(
     tmp_path: Path, rng_seed: int, crash_bucket: str | None
 ) -> None:
@@ -136,7 +138,7 @@ def test_sigkill_during_compaction_loses_nothing_and_leaks_nothing(
     data_dir = tmp_path / "data"
     expected: Expected = {}
     outcomes = []
-    for i in range(iterations("S3STREAM_COMPACTION_CRASH_ITERATIONS", 6)):
+    for i in range(ITERATIONS):
         asyncio.run(append_rounds(data_dir, expected, rng))
         kill_at = ("before_commit", "after_commit")[i % 2]
         outcomes.append(run_compactor(data_dir, kill_at, rng.randint(1, 2)))

@@ -24,8 +24,7 @@ import pytest
 from s3stream.assembly import PreparedObjectReaper, open_client
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
-from tests.crash.backend import bucket_uri, with_wal_aio
-from tests.crash.backend import iterations as iterations_of
+from tests.crash.backend import bucket_uri, iterations, with_wal_aio
 from tests.crash.engine_producer import CONFIG, payload
 
 pytestmark = pytest.mark.crash
@@ -33,6 +32,8 @@ pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = 4
 MODES = ["append", "before_upload", "before_commit", "after_commit"]
+ITERATIONS = iterations("S3STREAM_CRASH_ITERATIONS", 10)
+"""Runs (kills) per chain."""
 
 
 def run_producer(
@@ -132,16 +133,16 @@ async def assert_no_leaked_objects(data_dir: Path) -> None:
         await client.close()
 
 
+@pytest.mark.timeout(max(600, 15 * ITERATIONS))  # long runs take longer
 @pytest.mark.parametrize("chain", range(3))
 def test_kill_during_appends_and_uploads_loses_nothing(
     tmp_path: Path, rng_seed: int, chain: int, crash_bucket: str | None
 ) -> None:
     seed = rng_seed + chain
     rng = random.Random(seed)
-    iterations = iterations_of("S3STREAM_CRASH_ITERATIONS", 10)
     acked: dict[int, dict[int, int]] = {}
     kv_acks: list[tuple[int, int]] = [(0, 0)]
-    for run in range(iterations):
+    for run in range(ITERATIONS):
         mode = MODES[(run + chain) % len(MODES)]
         acks = run_producer(tmp_path, run, seed * 1000 + run, mode, rng, kv_acks)
         for sid, base, count in acks:

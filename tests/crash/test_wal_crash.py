@@ -92,7 +92,7 @@ def wait_ready(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 
 @pytest.mark.crash
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(max(400, 13 * ITERATIONS))  # long runs (S3STREAM_WAL_CRASH_ITERATIONS) take longer
 # the I/O threads (default), Linux AIO, io_uring and AIO beside the threads (adaptive) where there are
 @pytest.mark.parametrize("aio", ["off", "auto", "uring", "adaptive"])
 async def test_sigkill_at_random_moments_loses_no_acknowledged_record(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Coroutine
 from typing import Any, Literal, TypeVar
@@ -95,22 +96,48 @@ class WalMachine(RuleBasedStateMachine):
     def crash_reopen(
         self, sizes: list[int], steps: int, mode: Literal["drop", "sectors", "tear"], seed: int
     ) -> None:
-        async def go() -> bytearray:
-            datas = [self.new_data(s) for s in sizes]
-            tasks = [asyncio.ensure_future(self.wal.append(d)) for d in datas]
-            for _ in range(steps):
-                await asyncio.sleep(0)
-            for t, d in zip(tasks, datas, strict=True):
-                if t.done() and t.exception() is None:
-                    self.acked[t.result()] = d
-            image = self.device.crash(random.Random(seed), mode)
-            # the process "dies": the old handle stops (its later writes land on the old device only)
-            self.wal._fail(WalIOError("simulated crash"))
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.wal._release()
-            return image
+        self.reopen(self.run(self._crash(sizes, steps, mode, seed)))
 
-        self.reopen(self.run(go()))
+    @rule(
+        sizes=st.lists(st.integers(0, CONFIG.record_max_bytes), min_size=1, max_size=12),
+        steps=st.integers(0, 6),
+        mode=st.sampled_from(["drop", "sectors", "tear"]),
+        recovery_writes=st.integers(0, 2),
+        seed=st.integers(0, 1 << 16),
+    )
+    def crash_during_recovery(
+        self, sizes: list[int], steps: int, mode: Literal["drop", "sectors", "tear"], recovery_writes: int,
+        seed: int,
+    ) -> None:  # fmt: skip
+        """A crash, then a second one while the next open recovers, after ``recovery_writes`` of its
+        writes (the bridge over the torn tail, then the new header) landed and before the next."""
+        image = self.run(self._crash(sizes, steps, mode, seed))
+        device = FaultyDevice(len(image), image)
+        device.fail_after_writes = recovery_writes  # the write after these raises: the process dies there
+        wal = self.run(BlockWAL.open(device, CONFIG))
+        with contextlib.suppress(WalIOError):
+            self.run(wal.recover_all())  # what it returns is checked by the recovery after the crash
+        wal._fail(WalIOError("simulated crash"))
+        self.run(wal._release())
+        self.reopen(device.crash(random.Random(seed), "drop"))
+
+    async def _crash(
+        self, sizes: list[int], steps: int, mode: Literal["drop", "sectors", "tear"], seed: int
+    ) -> bytearray:
+        """Appends ``sizes``, lets the loop run ``steps`` times, and crashes: the device image left."""
+        datas = [self.new_data(s) for s in sizes]
+        tasks = [asyncio.ensure_future(self.wal.append(d)) for d in datas]
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        for t, d in zip(tasks, datas, strict=True):
+            if t.done() and t.exception() is None:
+                self.acked[t.result()] = d
+        image = self.device.crash(random.Random(seed), mode)
+        # the process "dies": the old handle stops (its later writes land on the old device only)
+        self.wal._fail(WalIOError("simulated crash"))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.wal._release()
+        return image
 
     def reopen(self, image: bytearray) -> None:
         self.cycles += 1

@@ -1,12 +1,14 @@
 """Crash-test writer: recover a WAL, log what came back, then append and trim until SIGKILLed.
 
-Usage: python -m tests.crash.wal_writer WAL_PATH LOG_DIR ITERATION SEED [AIO]
+Usage: python -m tests.crash.wal_writer WAL_PATH LOG_DIR ITERATION SEED [AIO [KILL_AFTER_WRITES]]
 
 Writes ``LOG_DIR/recovered.<ITERATION>`` (one ``offset crc length`` line per recovered record, renamed
 into place when complete), prints ``READY``, its next offset and the WAL's write mode, and then logs, to ``LOG_DIR/log.<ITERATION>``:
 ``I crc length`` before each append (intent), ``A offset crc length`` after it is acknowledged,
 ``t offset`` before a trim and ``T offset`` after it returned. Lines are written with one
 ``os.write`` each: a SIGKILL loses nothing already written (the page cache outlives the process).
+``KILL_AFTER_WRITES`` n >= 1: the process SIGKILLs itself right after the n-th device write of its
+recovery (1: the bridge over the last session's torn tail, 2: the new header), a crash while replaying.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import bisect
 import dataclasses
 import os
 import random
+import signal
 import sys
+from typing import Any
 
 from crc32c import crc32c
 
@@ -32,9 +36,29 @@ CONFIG = WalConfig(
 PRODUCERS = 32
 
 
-async def main(wal_path: str, log_dir: str, iteration: int, seed: int, aio: str = "off") -> None:
+def kill_after_writes(wal: BlockWAL, count: int) -> None:
+    """SIGKILL this process right after the ``count``-th write to ``wal``'s device from now."""
+    device: Any = wal._device  # the test reaches in: a crash at an exact write of the recovery
+    write = device.write
+    done = 0
+
+    def counted(pos: int, data: Any) -> None:
+        nonlocal done
+        write(pos, data)
+        done += 1
+        if done >= count:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    device.write = counted
+
+
+async def main(
+    wal_path: str, log_dir: str, iteration: int, seed: int, aio: str = "off", kill_after: int = 0
+) -> None:
     rng = random.Random(seed)
     wal = await BlockWAL.open(wal_path, dataclasses.replace(CONFIG, aio=aio))  # type: ignore[arg-type]
+    if kill_after > 0:
+        kill_after_writes(wal, kill_after)
     recovered = [r async for r in wal.recover()]
     lines = [f"{r.offset} {crc32c(r.data)} {len(r.data)}\n" for r in recovered]
     tmp = os.path.join(log_dir, f"recovered.{iteration}.tmp")
@@ -79,4 +103,7 @@ async def main(wal_path: str, log_dir: str, iteration: int, seed: int, aio: str 
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6]))
+    kill = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    asyncio.run(
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6], kill_after=kill)
+    )

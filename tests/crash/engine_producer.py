@@ -17,10 +17,12 @@ import os
 import random
 import signal
 import sys
+from typing import Any
 
 from s3stream import RecordBatch
 from s3stream.assembly import open_client
 from s3stream.config import Config
+from s3stream.engine.client import Stream
 from s3stream.engine.core import TestHooks
 from tests.crash.backend import bucket_uri, with_wal_aio
 
@@ -81,13 +83,29 @@ async def main(argv: list[str]) -> None:
     streams = [await client.streams.open_stream(i, epoch=2 * run) for i in ids]  # type: ignore[arg-type]
     print("READY", flush=True)
 
+    # Streams 0 and 1 get plain appends and atomic groups from two coroutines. The engine assigns
+    # offsets when an append is admitted, which under back-pressure is not call order, and payloads
+    # name their base offset: so each append holds its streams' locks until its offsets are assigned
+    # (not until it is acknowledged: plain appends and groups stay in flight together).
+    locks = [asyncio.Lock() for _ in streams]
+
+    async def assigned(task: asyncio.Future[Any], claims: list[tuple[Stream, int]]) -> None:
+        await asyncio.sleep(0)  # the common case: assigned in the append's first step
+        while not task.done() and any(s.next_offset == base for s, base in claims):
+            await asyncio.sleep(0.001)  # waiting for room (back-pressure)
+
     async def producer(stream_index: int) -> None:
         stream = streams[stream_index]
         while True:
             count = rng.randint(1, 4)
             size = rng.choice([100, 1000, 8000, 30000])
-            base = stream.next_offset
-            got = await stream.append(RecordBatch(payload(stream.stream_id, base, count, size), count))
+            async with locks[stream_index]:
+                base = stream.next_offset
+                task = asyncio.ensure_future(
+                    stream.append(RecordBatch(payload(stream.stream_id, base, count, size), count))
+                )
+                await assigned(task, [(stream, base)])
+            got = await task
             assert got == base
             sys.stdout.write(f"ACK {stream.stream_id} {base} {count}\n")
             sys.stdout.flush()
@@ -100,12 +118,15 @@ async def main(argv: list[str]) -> None:
         while True:
             n += 1
             a, b = streams[0], streams[1]
-            base_a, base_b = a.next_offset, b.next_offset
-            got = await client.append_atomic(
-                [(a, RecordBatch(payload(a.stream_id, base_a, 1, 500))),
-                 (b, RecordBatch(payload(b.stream_id, base_b, 1, 500)))],
-                kv={"crash/atomic": f"{n}.0".encode()},
-            )  # fmt: skip
+            async with locks[0], locks[1]:
+                base_a, base_b = a.next_offset, b.next_offset
+                task = asyncio.ensure_future(client.append_atomic(
+                    [(a, RecordBatch(payload(a.stream_id, base_a, 1, 500))),
+                     (b, RecordBatch(payload(b.stream_id, base_b, 1, 500)))],
+                    kv={"crash/atomic": f"{n}.0".encode()},
+                ))  # fmt: skip
+                await assigned(task, [(a, base_a), (b, base_b)])
+            got = await task
             assert got == [base_a, base_b]
             sys.stdout.write(f"ACK {a.stream_id} {base_a} 1\nACK {b.stream_id} {base_b} 1\nKV {n} 0\n")
             sys.stdout.flush()

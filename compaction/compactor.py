@@ -115,9 +115,8 @@ class Compactor:
         self.clock_ms = clock_ms
         self.limits = CompactionLimits.from_config(config)
         ttl_ms = prepared_ttl_ms if prepared_ttl_ms is not None else config.object_prepared_ttl_ms
-        target = WriteTarget(
-            metadata, storage, config.namespace, node_id, node_epoch, ttl_ms, hooks or CompactionHooks()
-        )
+        hooks = hooks or CompactionHooks()
+        target = WriteTarget(metadata, storage, config.namespace, node_id, node_epoch, ttl_ms, hooks)
         self.stream_set = StreamSetCompactionExecutor(
             target, writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes
         )
@@ -131,6 +130,7 @@ class Compactor:
             retention_ms=config.object_delete_retention_minutes * 60_000,
             orphan_ttl_ms=orphan_ttl_ms if orphan_ttl_ms is not None else 2 * ttl_ms,
             clock_ms=clock_ms,
+            hooks=hooks,
         )
         self.interval_s = config.stream_set_object_compaction_interval_minutes * 60.0
         self.stream_object_interval_ms = config.stream_object_compaction_interval_minutes * 60_000

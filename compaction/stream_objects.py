@@ -234,6 +234,7 @@ class StreamObjectCompactor(TargetedExecutor):
                 [o.object_id for o in group],
             )
         )
+        await self.hooks.after_commit()
         log.debug(
             "stream %s: merged %d stream objects into %d (%d bytes)", stream_id, len(group), object_id, size
         )

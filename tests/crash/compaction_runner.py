@@ -2,10 +2,12 @@
 
 Usage: python -m tests.crash.compaction_runner DATA_DIR KILL_AT KILL_COUNT
 
-``KILL_AT`` is ``before_commit`` (new objects written, nothing committed) or ``after_commit`` (the
-commit is durable, the replaced objects are marked but not deleted): the process SIGKILLs itself
-the ``KILL_COUNT``-th time it reaches that point, in StreamSet or stream object compaction.
-Prints ``DONE`` if the run finished before that.
+``KILL_AT`` is ``before_commit`` (new objects written, nothing committed), ``after_commit`` (the
+commit is durable, the replaced objects are marked but not deleted) or ``after_delete`` (the garbage
+collector deleted a batch of marked objects from the bucket, metadata still lists them): the process
+SIGKILLs itself the ``KILL_COUNT``-th time it reaches that point, in StreamSet or stream object
+compaction. ``random``: no stop point; the test kills it at a random moment. Prints ``STARTED`` once
+the engine is open and ``DONE`` if the run finished before the kill.
 """
 
 from __future__ import annotations
@@ -40,11 +42,15 @@ class KillHooks(CompactionHooks):
     async def after_commit(self) -> None:
         self._point("after_commit")
 
+    async def after_delete(self) -> None:
+        self._point("after_delete")
+
 
 async def main(argv: list[str]) -> None:
     data_dir, kill_at, kill_count = argv[0], argv[1], int(argv[2])
     client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
     engine = client.engine
+    print("STARTED", flush=True)
     compactor = Compactor(
         CONFIG,
         engine.metadata,

@@ -1,4 +1,5 @@
-"""SIGKILL a compacting process between upload and commit, and after commit before the deletes.
+"""SIGKILL a compacting process between upload and commit, after commit before the deletes, between
+a delete and its metadata removal, and at random moments.
 
 Each iteration appends more data (several StreamSet and stream objects per round, some trims), then
 a subprocess compacts the data dir and kills itself at a chosen point. After every kill the data
@@ -17,6 +18,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,8 @@ pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = 3
 ITERATIONS = iterations("S3STREAM_COMPACTION_CRASH_ITERATIONS", 6)
+KILL_POINTS = ("before_commit", "after_commit", "after_delete", "random")
+"""Where the compacting process dies, in turn (see tests/crash/compaction_runner.py)."""
 Expected = dict[int, dict[int, tuple[int, int]]]
 """stream id -> base offset -> (count, payload size)."""
 
@@ -97,15 +101,29 @@ async def verify(data_dir: Path, expected: Expected) -> None:
         await client.close()
 
 
-def run_compactor(data_dir: Path, kill_at: str, kill_count: int) -> str:
+def run_compactor(data_dir: Path, kill_at: str, kill_count: int, rng: random.Random) -> str:
     args = [sys.executable, "-m", "tests.crash.compaction_runner", str(data_dir), kill_at, str(kill_count)]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    print(proc.stdout.strip())
-    if "DONE" in proc.stdout:
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        started = proc.stdout.readline()
+        if kill_at == "random" and started.startswith("STARTED"):
+            time.sleep(rng.uniform(0, 0.15))  # anywhere in the run (~0.05-0.1 s): uploads, commits, deletes
+            proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = started + out
+    print(out.strip())
+    if "DONE" in out:  # (a random kill may land in the close after it)
+        assert proc.returncode == 0 or (kill_at == "random" and proc.returncode == -signal.SIGKILL), err[
+            -3000:
+        ]
         return "done"
-    assert proc.returncode == -signal.SIGKILL, f"runner exited with {proc.returncode}: {proc.stderr[-3000:]}"
-    assert f"KILL {kill_at}" in proc.stdout
+    assert proc.returncode == -signal.SIGKILL, f"runner exited with {proc.returncode}: {err[-3000:]}"
+    assert kill_at == "random" or f"KILL {kill_at}" in out
     return "killed"
 
 
@@ -140,8 +158,8 @@ def test_sigkill_during_compaction_loses_nothing_and_leaks_nothing(
     outcomes = []
     for i in range(ITERATIONS):
         asyncio.run(append_rounds(data_dir, expected, rng))
-        kill_at = ("before_commit", "after_commit")[i % 2]
-        outcomes.append(run_compactor(data_dir, kill_at, rng.randint(1, 2)))
+        kill_at = KILL_POINTS[i % len(KILL_POINTS)]
+        outcomes.append(run_compactor(data_dir, kill_at, rng.randint(1, 2), rng))
         asyncio.run(verify(data_dir, expected))
     print("outcomes:", outcomes)
     assert "killed" in outcomes

@@ -3,7 +3,8 @@
 Both are read from the environment so the test and its child processes agree:
 ``S3STREAM_CRASH_BUCKET_URI`` (set by the ``crash_bucket`` fixture when ``S3STREAM_CRASH_S3=1``: a fresh
 prefix on the S3 test server; unset: the data dir's local object store) and ``S3STREAM_CRASH_WAL_AIO``
-(the WAL write path, ``s3.wal.aio``: adaptive (the default), off, auto, uring).
+(the WAL write path, ``s3.wal.aio``: adaptive (the default), off, auto, uring); ``S3STREAM_CRASH_WAL_CAPACITY``
+(bytes; set by the small-WAL chain of the engine crash test so that its WAL wraps and fills often).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from s3stream.config import Config
 
 BUCKET_URI_ENV = "S3STREAM_CRASH_BUCKET_URI"
 WAL_AIO_ENV = "S3STREAM_CRASH_WAL_AIO"
+WAL_CAPACITY_ENV = "S3STREAM_CRASH_WAL_CAPACITY"
 
 
 def bucket_uri() -> str | None:
@@ -23,7 +25,11 @@ def bucket_uri() -> str | None:
 
 
 def with_wal_aio(config: Config) -> Config:
-    """``config`` with the WAL write path of ``S3STREAM_CRASH_WAL_AIO`` (unchanged when it is unset)."""
+    """``config`` with the WAL write path of ``S3STREAM_CRASH_WAL_AIO`` and the WAL capacity of
+    ``S3STREAM_CRASH_WAL_CAPACITY`` (each unchanged when unset)."""
+    capacity = os.environ.get(WAL_CAPACITY_ENV)
+    if capacity:
+        config = config.replace(wal_capacity_bytes=int(capacity))
     aio = os.environ.get(WAL_AIO_ENV)
     if not aio:
         return config

@@ -2,7 +2,7 @@
 
 Usage: python -m tests.crash.engine_producer DATA_DIR STREAMS RUN SEED [KILL_AT KILL_COUNT]
 
-Prints ``READY`` once open, then one line ``ACK <stream_id> <base_offset> <count>`` per acknowledged
+Prints ``OPENING`` before it opens the engine (restart recovery), ``READY`` once open, then one line ``ACK <stream_id> <base_offset> <count>`` per acknowledged
 append (flushed before the next append). ``KILL_AT`` is ``before_upload``, ``before_commit`` or
 ``after_commit``: the process SIGKILLs itself the ``KILL_COUNT``-th time it reaches that point, so
 the test controls exactly where the crash happens. The object store and WAL write path come from
@@ -73,6 +73,7 @@ async def main(argv: list[str]) -> None:
     data_dir, streams_count, run, seed = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     hooks = KillHooks(argv[4], int(argv[5])) if len(argv) > 5 else None
     rng = random.Random(seed)
+    print("OPENING", flush=True)
     client = await open_client(data_dir, config=with_wal_aio(CONFIG), hooks=hooks, bucket_uri=bucket_uri())
     ids_blob = await client.kv.get("crash/streams")
     if ids_blob is None:

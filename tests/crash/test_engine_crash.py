@@ -24,14 +24,19 @@ import pytest
 from s3stream.assembly import PreparedObjectReaper, open_client
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
-from tests.crash.backend import bucket_uri, iterations, with_wal_aio
+from tests.crash.backend import WAL_CAPACITY_ENV, bucket_uri, iterations, with_wal_aio
 from tests.crash.engine_producer import CONFIG, payload
 
 pytestmark = pytest.mark.crash
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = 4
-MODES = ["append", "before_upload", "before_commit", "after_commit"]
+MODES = ["append", "before_upload", "before_commit", "after_commit", "recovery"]
+"""Where a run dies: mid-append (killed by the test), at a hook (by itself), or in restart recovery (killed
+by the test at a random moment after it started opening the engine)."""
+SMALL_WAL_CHAIN = 3
+"""This chain's WAL is the smallest allowed (4 MiB: four of the largest records), so it wraps and
+fills often."""
 ITERATIONS = iterations("S3STREAM_CRASH_ITERATIONS", 10)
 """Runs (kills) per chain."""
 
@@ -49,7 +54,7 @@ def run_producer(
         str(run),
         str(seed),
     ]
-    if mode != "append":
+    if mode not in ("append", "recovery"):
         args += [mode, str(rng.randint(1, 3))]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -57,6 +62,10 @@ def run_producer(
     deadline = time.monotonic() + 30
     ack_target = rng.randint(20, 400) if mode == "append" else None
     for line in proc.stdout:
+        if mode == "recovery" and line.startswith("OPENING"):
+            time.sleep(rng.uniform(0, 0.3))  # replay, its upload and commit, the WAL trim
+            os.kill(proc.pid, signal.SIGKILL)
+            break
         if line.startswith("KV "):
             kv_acks.append(_kv_ack(line))
         if line.startswith("ACK "):
@@ -134,10 +143,12 @@ async def assert_no_leaked_objects(data_dir: Path) -> None:
 
 
 @pytest.mark.timeout(max(600, 15 * ITERATIONS))  # long runs take longer
-@pytest.mark.parametrize("chain", range(3))
+@pytest.mark.parametrize("chain", range(4))
 def test_kill_during_appends_and_uploads_loses_nothing(
-    tmp_path: Path, rng_seed: int, chain: int, crash_bucket: str | None
+    tmp_path: Path, rng_seed: int, chain: int, crash_bucket: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if chain == SMALL_WAL_CHAIN:
+        monkeypatch.setenv(WAL_CAPACITY_ENV, str(4 << 20))  # for the producers and our reopens
     seed = rng_seed + chain
     rng = random.Random(seed)
     acked: dict[int, dict[int, int]] = {}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,71 @@ def test_a_newer_epoch_in_another_process_fences_the_older_one(tmp_path: Path) -
     assert node(tmp_path, 1, stream_id, epoch=1) == ["ERR FencedError"]
     # Node 1 with a newer epoch takes the stream back and continues after node 2's data.
     assert node(tmp_path, 1, stream_id, epoch=3) == ["OK 2"]
+
+
+def start_node(tmp: Path, node_id: int, stream_id: int, epoch: int, action: str) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "tests.crash.engine_epoch_client", str(tmp / f"node{node_id}"), str(tmp),
+            str(node_id), str(stream_id), str(epoch), action]  # fmt: skip
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def append_until_killed(tmp: Path, node_id: int, stream_id: int, epoch: int, acks: int) -> dict[int, bytes]:
+    """Node ``node_id`` appends from 32 tasks; SIGKILLed after ``acks`` acknowledgements: what it acked."""
+    proc = start_node(tmp, node_id, stream_id, epoch, "append-many")
+    assert proc.stdout is not None
+    acked: dict[int, bytes] = {}
+    for line in proc.stdout:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "OK":
+            acked[int(parts[1])] = parts[2].encode() * 50
+            if len(acked) >= acks:
+                proc.send_signal(signal.SIGKILL)
+                break
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
+    for line in out.splitlines():  # acknowledged before the kill landed
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "OK":
+            acked[int(parts[1])] = parts[2].encode() * 50
+    return acked
+
+
+def read_all(tmp: Path, node_id: int, stream_id: int, epoch: int) -> dict[int, bytes]:
+    lines = node(tmp, node_id, stream_id, epoch, "read")
+    assert all(line.startswith("R ") for line in lines), lines
+    return {int(o): p.encode() for _, o, p in (line.split(" ", 2) for line in lines)}
+
+
+def test_a_writer_killed_then_fenced_keeps_what_it_acknowledged_and_recovers_nothing_twice(
+    tmp_path: Path, rng_seed: int
+) -> None:
+    rng = random.Random(rng_seed)
+    stream_id = asyncio.run(create_stream(tmp_path))
+    acked = append_until_killed(tmp_path, 1, stream_id, 1, rng.randint(50, 300))
+    # Node 1 died holding the stream: a newer epoch cannot take it before node 1's recovery closed it.
+    assert node(tmp_path, 2, stream_id, epoch=2) == ["ERR ConflictError"]
+    # Node 1 restarts (killed once more at a random moment of its restart recovery first), reads back
+    # everything it acknowledged, and closes.
+    proc = start_node(tmp_path, 1, stream_id, 1, "read")
+    time.sleep(rng.uniform(0.3, 1.5))
+    proc.kill()
+    proc.communicate(timeout=60)
+    got = read_all(tmp_path, 1, stream_id, 1)
+    assert {o: got.get(o) for o in acked} == acked
+    # Node 2 takes over with a newer epoch, and is killed while appending.
+    end = max(got) + 1
+    assert node(tmp_path, 2, stream_id, epoch=2) == [f"OK {end}"]
+    acked |= {end: b"node2"}
+    acked |= append_until_killed(tmp_path, 2, stream_id, 2, rng.randint(50, 300))
+    # The fenced writer comes back with its old epoch: fenced, in its own process; its WAL's records
+    # of the stream (epoch 1) are not replayed over node 2's.
+    assert node(tmp_path, 1, stream_id, epoch=1) == ["ERR FencedError"]
+    assert node(tmp_path, 1, stream_id, epoch=3) == ["ERR ConflictError"]  # node 2 still holds it
+    got = read_all(tmp_path, 2, stream_id, 2)  # node 2's restart recovery, then every record
+    assert sorted(got) == list(range(len(got))), "gap or overlap"
+    assert {o: got.get(o) for o in acked} == acked
+    assert all(p == b"node1" or p.startswith(b"node1:") for o, p in got.items() if o < end)
+    assert all(p == b"node2" or p.startswith(b"node2:") for o, p in got.items() if o >= end)
 
 
 def test_a_stream_held_open_by_one_process_cannot_be_opened_by_another(tmp_path: Path) -> None:

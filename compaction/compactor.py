@@ -83,7 +83,8 @@ class CompactionReport:
             f"{self.stream_objects_expired} expired; read {self.bytes_read} B, wrote {self.bytes_written} B, "
             f"copied {self.bytes_copied} B; {self.commit_count} commits, {self.skipped_object_count} skipped; "
             f"gc: {self.gc.prepared_expired_count} prepared expired, {self.gc.deleted_count} deleted "
-            f"({self.gc.deleted_bytes} B), {self.gc.orphan_deleted_count} orphans; "
+            f"({self.gc.deleted_bytes} B), {self.gc.orphan_deleted_count} orphans, "
+            f"{self.gc.incomplete_uploads_reclaimed} incomplete uploads; "
             f"{self.stream_set_duration_ms:.0f} + {self.stream_object_duration_ms:.0f} + "
             f"{self.gc_duration_ms:.0f} ms"
             + (f"; problems: {'; '.join(self.problems)}" if self.problems else "")

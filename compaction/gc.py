@@ -6,7 +6,10 @@ DeleteObjects batches of at most 1000 keys, then forget them in metadata; option
 for orphans: keys of this namespace whose object id metadata does not know (a crash between a delete
 and its metadata removal, or an object written under an id that was removed) and that were last
 modified more than ``orphan_ttl_ms`` ago. Keys that are not object keys of the namespace are left
-alone.
+alone. The orphan scan also reclaims what a writer killed mid-upload left invisible to listings,
+older than ``orphan_ttl_ms`` too: the local store's temporary files, an S3 bucket's (prefix's)
+incomplete multipart uploads. Such an upload's object id was prepared with a TTL (at most the orphan
+TTL, by default half of it), so it expired and can never be committed.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class GcReport:
     delete_request_count: int = 0
     orphan_deleted_count: int = 0
     scanned_key_count: int = 0
+    incomplete_uploads_reclaimed: int = 0
+    """Local temporary files deleted or S3 multipart uploads aborted (orphan scans only)."""
 
 
 def wall_clock_ms() -> int:
@@ -79,10 +84,21 @@ class GarbageCollector:
             deleted += len(doomed)
             deleted_bytes += sum(o.size_bytes for o in doomed)
             requests += 1
-        orphans = scanned = 0
+        orphans = scanned = reclaimed = 0
         if scan_orphans:
             orphans, scanned = await self._delete_orphans(now_ms)
-        return GcReport(len(expired), deleted, deleted_bytes, requests, orphans, scanned)
+            reclaimed = await self._reclaim_incomplete_uploads()
+        return GcReport(len(expired), deleted, deleted_bytes, requests, orphans, scanned, reclaimed)
+
+    async def _reclaim_incomplete_uploads(self) -> int:
+        """Uploads a killed writer never completed nor aborted (listings skip them; they take space)."""
+        older_than_s = self.orphan_ttl_ms / 1000
+        # LocalObjectStorage and S3ObjectStorage each have one (the in-memory twin needs none)
+        for name in ("remove_stale_temp_files", "abort_incomplete_uploads"):
+            reclaim = getattr(self.storage, name, None)
+            if reclaim is not None:
+                return int(await reclaim(older_than_s=older_than_s))
+        return 0
 
     async def _delete_orphans(self, now_ms: int) -> tuple[int, int]:
         # list the bucket first: an object prepared after the metadata snapshot is then newer than the TTL

@@ -165,3 +165,46 @@ def test_sigkill_during_compaction_loses_nothing_and_leaks_nothing(
     assert "killed" in outcomes
     asyncio.run(assert_nothing_leaked(data_dir))
     asyncio.run(verify(data_dir, expected))
+
+
+_KILLED_MID_UPLOAD = """
+import asyncio, os, signal, sys
+from s3stream.objectformat import object_key
+from s3stream.storage.local import LocalObjectStorage
+async def main():
+    storage = LocalObjectStorage(sys.argv[1])
+    upload = storage.upload(object_key(12345, sys.argv[2]))
+    await upload.write(bytearray(1 << 20))  # not bytes and large: written to its temporary file now
+    os.kill(os.getpid(), signal.SIGKILL)
+asyncio.run(main())
+"""
+
+
+def test_gc_reclaims_what_an_upload_killed_midway_left(tmp_path: Path) -> None:
+    """Listings skip a killed upload's temporary file, so the orphan scan must reclaim it by age."""
+    data_dir = tmp_path / "data"
+    asyncio.run(append_rounds(data_dir, {}, random.Random(0)))
+    objects = data_dir / "objects"
+    done = subprocess.run([sys.executable, "-c", _KILLED_MID_UPLOAD, str(objects), CONFIG.namespace],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    left = [p for p in objects.rglob("*") if p.is_file() and "~" in p.name]
+    assert len(left) == 1, left
+
+    async def collect(orphan_ttl_ms: int) -> int:
+        client = await open_client(data_dir, config=CONFIG)
+        try:
+            engine = client.engine
+            compactor = Compactor(
+                CONFIG, engine.metadata, engine.storage, node_id=engine.node_id, node_epoch=engine.node_epoch,
+                orphan_ttl_ms=orphan_ttl_ms,
+            )  # fmt: skip
+            return (await compactor.gc.collect(scan_orphans=True)).incomplete_uploads_reclaimed
+        finally:
+            await client.close()
+
+    assert asyncio.run(collect(3_600_000)) == 0  # too young: it may be an upload in progress
+    assert left[0].exists()
+    time.sleep(0.01)
+    assert asyncio.run(collect(0)) == 1
+    assert not left[0].exists()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import queue
 import sqlite3
@@ -48,6 +49,7 @@ QUEUED_OPERATIONS_MAX = 4 * BATCH_OPERATIONS_MAX
 BUSY_TIMEOUT_MS_DEFAULT = 5_000
 
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+_UNDECODABLE_TEXT = "Could not decode to UTF-8"
 
 
 def translate(exc: sqlite3.Error, *, path: str, busy_timeout_ms: int) -> S3StreamError:
@@ -55,6 +57,8 @@ def translate(exc: sqlite3.Error, *, path: str, busy_timeout_ms: int) -> S3Strea
     primary = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
     if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
         return CorruptionError(f"the metadata database is damaged or not a database: {exc}", source=path)
+    if str(exc).startswith(_UNDECODABLE_TEXT):  # the sqlite3 module's error for a TEXT value not UTF-8
+        return CorruptionError(f"the metadata database holds text that is not UTF-8: {exc}", source=path)
     if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return UnavailableError(f"the metadata database stayed locked beyond {busy_timeout_ms} ms: {exc}")
     if isinstance(exc, sqlite3.IntegrityError):
@@ -64,6 +68,11 @@ def translate(exc: sqlite3.Error, *, path: str, busy_timeout_ms: int) -> S3Strea
     if isinstance(exc, sqlite3.OperationalError):
         return UnavailableError(f"the metadata database failed: {exc}")
     return CorruptionError(f"the metadata database failed: {exc}", source=path)
+
+
+def damaged_text(exc: UnicodeDecodeError, path: str) -> CorruptionError:
+    """A TEXT value (or schema text) that is not UTF-8: SQLite never stores one from our writes."""
+    return CorruptionError(f"the metadata database holds text that is not UTF-8 ({exc.reason})", source=path)
 
 
 @dataclass(slots=True)
@@ -183,6 +192,10 @@ class _Worker:
             error = translate(exc, path=self._path, busy_timeout_ms=self._busy_timeout_ms)
             error.__cause__ = exc
             return self._close_after(error)
+        except UnicodeDecodeError as exc:
+            error = damaged_text(exc, self._path)
+            error.__cause__ = exc
+            return self._close_after(error)
         except Exception as exc:  # noqa: BLE001 - thread boundary: handed to the opener
             return self._close_after(exc)
         return None
@@ -222,9 +235,8 @@ class _Worker:
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
                 job.loop.call_soon_threadsafe(_settle, job.future, result, failure)
 
-    @staticmethod
     def _run_job(
-        conn: sqlite3.Connection, job: _Job[Any], *, savepoint: bool
+        self, conn: sqlite3.Connection, job: _Job[Any], *, savepoint: bool
     ) -> tuple[Any, BaseException | None]:
         """Run one job; a domain error (or a bad argument) rolls back to its savepoint only."""
         if savepoint:
@@ -235,6 +247,10 @@ class _Worker:
             if savepoint:
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
+            if isinstance(exc, UnicodeDecodeError):
+                error = damaged_text(exc, self._path)
+                error.__cause__ = exc
+                return None, error
             return None, exc
         if savepoint:
             conn.execute("RELEASE op")
@@ -317,11 +333,16 @@ class SqliteMetadataStore(TransactionalStore):
 
 
 def _initialize(conn: sqlite3.Connection, path: str, check_integrity: bool) -> None:
-    """Runs on the SQLite thread before any operation: settings, integrity, migrations."""
+    """Runs on the SQLite thread before any operation: settings, integrity, migrations, schema shape."""
     if check_integrity:
-        rows = conn.execute("PRAGMA quick_check").fetchall()
-        if rows != [("ok",)]:
-            detail = "; ".join(str(r[0]) for r in rows[:5])
+        # As bytes: quick_check quotes damaged text, which need not be UTF-8.
+        conn.text_factory = bytes
+        try:
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+        finally:
+            conn.text_factory = str
+        if rows != [(b"ok",)]:
+            detail = "; ".join(bytes(r[0]).decode(errors="replace") for r in rows[:5])
             raise CorruptionError(f"the metadata database failed quick_check: {detail}", source=path)
     mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
     if mode is None or str(mode[0]).lower() != "wal":
@@ -329,3 +350,45 @@ def _initialize(conn: sqlite3.Connection, path: str, check_integrity: bool) -> N
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
     schema.migrate(conn)
+    check_schema_shape(conn, path)
+
+
+@functools.cache
+def _expected_shape() -> dict[str, tuple[tuple[object, ...], ...]]:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        schema.migrate(conn)
+        return _schema_shape(conn)
+    finally:
+        conn.close()
+
+
+def _schema_shape(conn: sqlite3.Connection) -> dict[str, tuple[tuple[object, ...], ...]]:
+    """Each table and index by name: its columns (name, declared type, not null, primary key part)."""
+    shape: dict[str, tuple[tuple[object, ...], ...]] = {}
+    names = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    for kind, name in names:
+        if kind == "table":
+            rows = conn.execute('SELECT name, type, "notnull", pk FROM pragma_table_info(?)', (name,))
+        else:
+            rows = conn.execute("SELECT name FROM pragma_index_info(?)", (name,))
+        shape[f"{kind} {name}"] = tuple(tuple(row) for row in rows.fetchall())
+    return shape
+
+
+def check_schema_shape(conn: sqlite3.Connection, path: str) -> None:
+    """CorruptionError unless the tables and indexes are those the migrations build.
+
+    ``quick_check`` does not read the schema's own text: a damaged column name there opens fine and
+    fails every later statement that names it ("no such column", which is not a transient failure).
+    """
+    found = _schema_shape(conn)
+    expected = _expected_shape()
+    if found != expected:
+        differing = sorted(set(found.items()) ^ set(expected.items()))
+        names = sorted({name for name, _ in differing})
+        raise CorruptionError(
+            f"the metadata schema is not the one its version {schema.LATEST_VERSION} defines (differs in: "
+            f"{', '.join(names[:5])}): the database is damaged",
+            source=path,
+        )

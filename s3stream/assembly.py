@@ -223,6 +223,14 @@ async def open_client(
     node_epoch: int | None = None,
 ) -> Client:
     """Build and start every component; on failure close what was already started."""
+    if not isinstance(data_dir, str | os.PathLike):
+        raise InvalidArgumentError(f"data_dir must be a str or path, got {type(data_dir).__name__}")
+    if not os.fspath(data_dir):
+        raise InvalidArgumentError("data_dir is empty (give a directory; '.' for the current one)")
+    if config is not None and not isinstance(config, Config):
+        raise InvalidArgumentError(
+            f"config must be an s3stream Config (Config.from_sources(...)), got {type(config).__name__}"
+        )
     config = config or Config.from_sources()
     root = Path(data_dir)
     closers: list[Callable[[], Awaitable[None]]] = []

@@ -120,6 +120,12 @@ class Config:
     ) -> Config:
         """Defaults, then the TOML file, then ``env`` (default ``os.environ``), then ``overrides``."""
         values: dict[str, Any] = {}
+        if toml_path is not None and not isinstance(toml_path, str | os.PathLike):
+            raise InvalidArgumentError(
+                f"config file path must be a str or path, got {type(toml_path).__name__}"
+            )
+        if env is not None and not isinstance(env, Mapping):
+            raise InvalidArgumentError(f"env must be a mapping of str to str, got {type(env).__name__}")
         if toml_path is not None:
             try:
                 with Path(toml_path).open("rb") as f:
@@ -147,6 +153,9 @@ class Config:
 
     def replace(self, **changes: Any) -> Config:
         """A copy with some fields changed (validated again)."""
+        for field_name in changes:
+            if field_name not in KEYS_BY_FIELD:
+                raise InvalidArgumentError(f"unknown config field {field_name!r}")
         return dataclasses.replace(self, **changes)
 
     def as_keys(self) -> dict[str, int | str]:
@@ -225,7 +234,9 @@ KEYS_BY_NAME = {key.name: key for key in KEYS}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}
 assert set(KEYS_BY_FIELD) == {f.name for f in dataclasses.fields(Config)}, "every field has exactly one key"
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb|k|m|g|t)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]{1,30})\s*(b|kib|mib|gib|tib|kb|mb|gb|tb|k|m|g|t)?\s*$", re.IGNORECASE)
+"""ASCII digits only (``\\d`` takes any script's digits); 30 digits is above every key's maximum and far
+below the length ``int()`` refuses (4,300 digits: a bare ValueError)."""
 _UNITS = {
     None: 1, "b": 1,
     "k": KiB, "kib": KiB, "kb": 1000,
@@ -262,6 +273,10 @@ def _parse(key: Key, raw: Any) -> Any:
         return raw
     if isinstance(raw, str):
         match = _SIZE.match(raw)
+        if match is None and raw.strip().isascii() and raw.strip().isdigit():
+            raise InvalidArgumentError(
+                f"{key.name} = {raw.strip()[:40]}... is above its maximum {key.maximum}"
+            )
         if match is None:
             raise InvalidArgumentError(f"{key.name} must be an integer (optionally with a unit), got {raw!r}")
         unit = match.group(2).lower() if match.group(2) else None

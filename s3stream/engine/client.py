@@ -262,6 +262,10 @@ class Client:
             batch = _check_batch(batch)
             entries.append((stream.handle, bytes(batch.payload), batch.count))
             expected.append(_check_expected_offset(item[2]) if len(item) == 3 else None)
+        if kv is not None and not isinstance(kv, Mapping):
+            raise InvalidArgumentError(
+                f"kv must be a mapping of str keys to bytes values, got {type(kv).__name__}"
+            )
         puts = [(_check_key(k), _check_value(v)) for k, v in (kv or {}).items()]
         if not entries and not puts:
             raise InvalidArgumentError("append_atomic needs at least one append or KV put")

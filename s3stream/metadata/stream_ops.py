@@ -67,7 +67,12 @@ def register_node(txn: Txn, *, node_id: NodeId, node_epoch: int) -> list[StreamM
 
 def create_stream(txn: Txn, *, node_id: NodeId, node_epoch: int, tags: Mapping[str, str] | None) -> StreamId:
     check_node(node_id, node_epoch)
-    tags = dict(tags or {})
+    try:
+        tags = dict(tags or {})
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"tags must be a mapping of str to str, got {type(tags).__name__}"
+        ) from exc
     check_tags(tags)
     node_epoch_check(txn.view, node_id, node_epoch)
     stream_id = StreamId(txn.view.next_id(Counter.STREAM_ID))

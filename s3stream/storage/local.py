@@ -99,6 +99,10 @@ class LocalObjectStorage:
         self.stats = StorageStats()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise InvalidArgumentError(
+                f"local object store root {self.root} is not a directory (it or a parent is a file)"
+            ) from exc
         except OSError as exc:
             raise _os_error(exc, f"local object store root {self.root}") from exc
         self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="s3stream-local")

@@ -51,7 +51,9 @@ def _redacted(uri: str) -> str:
 
 
 def parse_bucket_uri(uri: str) -> BucketURI:
-    if not isinstance(uri, str) or not uri.strip():
+    if not isinstance(uri, str):
+        raise InvalidArgumentError(f"bucket URI must be a str, got {type(uri).__name__}")
+    if not uri.strip():
         raise InvalidArgumentError("bucket URI is empty")
     uri = uri.strip()
     shown = _redacted(uri)

@@ -9,15 +9,25 @@ by their modules' own tests.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from s3stream.assembly import open_client
 from s3stream.config import Config
+from s3stream.engine.client import Client
 from s3stream.errors import (
     CorruptionError,
+    InvalidArgumentError,
 )
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
+from s3stream.model import RecordBatch
+from s3stream.storage.local import LocalObjectStorage
+from s3stream.storage.memory import MemoryObjectStorage
+from s3stream.storage.uri import parse_bucket_uri
 
 MiB = 1 << 20
 CONFIG = Config(
@@ -28,6 +38,94 @@ CONFIG = Config(
     wal_upload_threshold_bytes=1 * MiB,
     close_timeout_ms=200,
 )
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Client]:
+    """An engine on the memory twins of the metadata and object storage, the block WAL in tmp_path."""
+    async with await open_client(
+        tmp_path / "data", config=CONFIG, metadata=MemoryMetadataStore(), storage=MemoryObjectStorage()
+    ) as c:
+        yield c
+
+
+# -- the async API ----------------------------------------------------------------------------------
+
+
+async def test_append_atomic_kv_that_is_not_a_mapping_is_an_invalid_argument(client: Client) -> None:
+    stream = await client.streams.create_and_open_stream()
+    with pytest.raises(InvalidArgumentError, match="kv must be a mapping"):
+        await client.append_atomic([(stream, RecordBatch(b"a"))], kv=[("k", b"v")])  # type: ignore[arg-type]
+    assert stream.next_offset == 0, "nothing was appended"
+    assert await stream.append(RecordBatch(b"b")) == 0
+
+
+@pytest.mark.parametrize("tags", ["ab", 5, [("a",)]])
+async def test_stream_tags_that_are_not_a_mapping_are_an_invalid_argument(client: Client, tags: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="tags must be a mapping"):
+        await client.streams.create_stream(tags=tags)
+    assert await client.streams.list_streams() == []
+
+
+# -- configuration ----------------------------------------------------------------------------------
+
+
+def test_a_size_of_thousands_of_digits_is_above_the_maximum_not_a_bare_value_error() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.capacity = 9+\.\.\. is above its maximum"):
+        Config.from_sources(env={"S3STREAM_S3_WAL_CAPACITY": "9" * 5000})
+
+
+def test_a_size_in_non_ascii_digits_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="must be an integer"):
+        Config.from_sources(
+            env={"S3STREAM_S3_WAL_CAPACITY": "\uff11\uff12\uff13\uff14\uff15\uff16\uff17\uff18"}
+        )
+
+
+def test_config_replace_with_an_unknown_field_is_an_invalid_argument() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown config field 'wal_capacity'"):
+        Config().replace(wal_capacity=1)
+
+
+def test_config_sources_of_the_wrong_type_are_an_invalid_argument() -> None:
+    with pytest.raises(InvalidArgumentError, match="config file path must be a str or path, got int"):
+        Config.from_sources(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="env must be a mapping"):
+        Config.from_sources(env=5)  # type: ignore[arg-type]
+
+
+# -- open ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data_dir", [None, 5])
+async def test_open_with_a_data_dir_that_is_not_a_path_is_an_invalid_argument(data_dir: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="data_dir must be a str or path"):
+        await open_client(data_dir, config=CONFIG)
+
+
+async def test_open_with_an_empty_data_dir_is_refused_rather_than_using_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="data_dir is empty"):
+        await open_client("", config=CONFIG)
+    assert list(tmp_path.iterdir()) == [], "no WAL or metadata file was made in the working directory"
+
+
+async def test_open_with_a_config_that_is_not_a_config_is_an_invalid_argument(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="config must be an s3stream Config"):
+        await open_client(tmp_path, config={"s3.wal.capacity": 1})  # type: ignore[arg-type]
+
+
+def test_a_bucket_uri_that_is_not_a_str_says_so() -> None:
+    with pytest.raises(InvalidArgumentError, match="bucket URI must be a str, got int"):
+        parse_bucket_uri(5)  # type: ignore[arg-type]
+
+
+def test_a_local_object_store_root_that_is_a_file_is_an_invalid_argument(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(InvalidArgumentError, match="is not a directory"):
+        LocalObjectStorage(str(tmp_path / "file"))
 
 
 # -- the SQLite metadata file -------------------------------------------------------------------------

@@ -303,9 +303,14 @@ async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:
     if isinstance(storage, S3ObjectStorage):
         try:
             await storage.connect()  # start-up work at start-up, not at the first upload
+            unreachable = await storage.check_access()
         except BaseException:
             await storage.close()
             raise
+        if unreachable is not None:
+            # Appends go on while storage is down (they wait for room only once the WAL or the
+            # cache fills): a transient failure does not stop the open, it is only reported.
+            log.warning("object storage did not answer at open (uploads will retry): %s", unreachable)
     return storage
 
 

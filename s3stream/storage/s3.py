@@ -371,6 +371,26 @@ class S3ObjectStorage:
         application freezes its start-up heap (:func:`s3stream.assembly.freeze_startup_heap`)."""
         await self.client()
 
+    async def check_access(self) -> S3StreamError | None:
+        """One ListObjectsV2 of a single key under the prefix, no retries: the bucket exists and the
+        credentials may list it (the engine lists, reads, writes and deletes there).
+
+        Raises a permanent failure (NotFoundError: no such bucket; InvalidArgumentError: credentials,
+        policy or configuration); returns a transient one (UnavailableError: unreachable, timing
+        out, 5xx) for the caller to report; None when storage answered.
+        """
+        client = await self.client()
+        what = f"LIST s3://{self.config.bucket}/{self.config.prefix}"
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s + self.config.retry.attempt_timeout_s):
+                await client.list_objects_v2(Bucket=self.config.bucket, Prefix=self.config.prefix, MaxKeys=1)
+        except Exception as exc:
+            error = translate_error(exc, what)
+            if error.retriable:
+                return error
+            raise error from exc
+        return None
+
     async def client(self) -> Any:
         """The aiobotocore client, created on first use (or by :meth:`connect`)."""
         if self._closed:

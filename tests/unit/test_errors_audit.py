@@ -21,12 +21,14 @@ from s3stream.engine.client import Client
 from s3stream.errors import (
     CorruptionError,
     InvalidArgumentError,
+    UnavailableError,
 )
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.model import RecordBatch
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
+from s3stream.storage.s3 import S3Config, S3ObjectStorage
 from s3stream.storage.uri import parse_bucket_uri
 
 MiB = 1 << 20
@@ -126,6 +128,30 @@ def test_a_local_object_store_root_that_is_a_file_is_an_invalid_argument(tmp_pat
     (tmp_path / "file").write_bytes(b"x")
     with pytest.raises(InvalidArgumentError, match="is not a directory"):
         LocalObjectStorage(str(tmp_path / "file"))
+
+
+async def test_s3_access_check_returns_an_unreachable_endpoint_as_transient() -> None:
+    """A closed port: reported (the open goes on; appends do not need storage until the WAL fills)."""
+    storage = S3ObjectStorage(
+        S3Config(
+            bucket="b", endpoint="http://127.0.0.1:1", access_key="a", secret_key="b", connect_timeout_s=1
+        )
+    )
+    try:
+        error = await storage.check_access()
+    finally:
+        await storage.close()
+    assert isinstance(error, UnavailableError)
+    assert "LIST s3://b/" in str(error)
+
+
+async def test_open_with_an_unreachable_s3_endpoint_opens_and_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = "0@s3://b?endpoint=http://127.0.0.1:1&region=us-east-1&pathStyle=true&accessKey=a&secretKey=b"
+    client = await open_client(tmp_path, bucket_uri=uri, config=CONFIG, metadata=MemoryMetadataStore())
+    await client.close()
+    assert "object storage did not answer at open" in caplog.text
 
 
 # -- the SQLite metadata file -------------------------------------------------------------------------

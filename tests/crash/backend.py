@@ -3,8 +3,9 @@
 Both are read from the environment so the test and its child processes agree:
 ``S3STREAM_CRASH_BUCKET_URI`` (set by the ``crash_bucket`` fixture when ``S3STREAM_CRASH_S3=1``: a fresh
 prefix on the S3 test server; unset: the data dir's local object store) and ``S3STREAM_CRASH_WAL_AIO``
-(the WAL write path, ``s3.wal.aio``: adaptive (the default), off, auto, uring); ``S3STREAM_CRASH_WAL_CAPACITY``
-(bytes; set by the small-WAL chain of the engine crash test so that its WAL wraps and fills often).
+(the WAL write path, ``s3.wal.aio``: adaptive (the default), off, auto, uring); ``S3STREAM_CRASH_SMALL_WAL=1``
+(set by the small-WAL chain of the engine crash test: a 4 MiB WAL and uploads at 2 MiB or every 2 s,
+so that the WAL wraps often and fills: appends then wait for a trim and are written again).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from s3stream.config import Config
 
 BUCKET_URI_ENV = "S3STREAM_CRASH_BUCKET_URI"
 WAL_AIO_ENV = "S3STREAM_CRASH_WAL_AIO"
-WAL_CAPACITY_ENV = "S3STREAM_CRASH_WAL_CAPACITY"
+SMALL_WAL_ENV = "S3STREAM_CRASH_SMALL_WAL"
 
 
 def bucket_uri() -> str | None:
@@ -24,12 +25,13 @@ def bucket_uri() -> str | None:
     return os.environ.get(BUCKET_URI_ENV) or None
 
 
-def with_wal_aio(config: Config) -> Config:
-    """``config`` with the WAL write path of ``S3STREAM_CRASH_WAL_AIO`` and the WAL capacity of
-    ``S3STREAM_CRASH_WAL_CAPACITY`` (each unchanged when unset)."""
-    capacity = os.environ.get(WAL_CAPACITY_ENV)
-    if capacity:
-        config = config.replace(wal_capacity_bytes=int(capacity))
+def engine_config(config: Config) -> Config:
+    """``config`` with the WAL write path of ``S3STREAM_CRASH_WAL_AIO`` and the small WAL of
+    ``S3STREAM_CRASH_SMALL_WAL`` (each unchanged when unset)."""
+    if os.environ.get(SMALL_WAL_ENV) == "1":
+        config = config.replace(
+            wal_capacity_bytes=4 << 20, wal_upload_threshold_bytes=2 << 20, wal_upload_interval_ms=2000
+        )
     aio = os.environ.get(WAL_AIO_ENV)
     if not aio:
         return config

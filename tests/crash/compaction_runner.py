@@ -20,7 +20,7 @@ import sys
 from compaction.compactor import Compactor
 from compaction.hooks import CompactionHooks
 from s3stream.assembly import open_client
-from tests.crash.backend import bucket_uri, with_wal_aio
+from tests.crash.backend import bucket_uri, engine_config
 from tests.crash.compaction_data import CONFIG
 
 
@@ -48,7 +48,7 @@ class KillHooks(CompactionHooks):
 
 async def main(argv: list[str]) -> None:
     data_dir, kill_at, kill_count = argv[0], argv[1], int(argv[2])
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     engine = client.engine
     print("STARTED", flush=True)
     compactor = Compactor(

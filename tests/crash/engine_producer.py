@@ -24,7 +24,7 @@ from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.engine.client import Stream
 from s3stream.engine.core import TestHooks
-from tests.crash.backend import bucket_uri, with_wal_aio
+from tests.crash.backend import bucket_uri, engine_config
 
 CONFIG = Config(
     wal_capacity_bytes=8 << 20,
@@ -74,7 +74,7 @@ async def main(argv: list[str]) -> None:
     hooks = KillHooks(argv[4], int(argv[5])) if len(argv) > 5 else None
     rng = random.Random(seed)
     print("OPENING", flush=True)
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), hooks=hooks, bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), hooks=hooks, bucket_uri=bucket_uri())
     ids_blob = await client.kv.get("crash/streams")
     if ids_blob is None:
         ids = [await client.streams.create_stream() for _ in range(streams_count)]

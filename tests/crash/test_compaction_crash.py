@@ -31,7 +31,7 @@ from s3stream.ids import StreamId
 from s3stream.metadata.base import ObjectState
 from s3stream.model import RecordBatch
 from s3stream.objectformat import object_key
-from tests.crash.backend import bucket_uri, iterations, with_wal_aio
+from tests.crash.backend import bucket_uri, engine_config, iterations
 from tests.crash.compaction_data import CONFIG, payload
 
 pytestmark = pytest.mark.crash
@@ -60,7 +60,7 @@ async def open_streams(client: Client) -> list[Stream]:
 
 
 async def append_rounds(data_dir: Path, expected: Expected, rng: random.Random) -> None:
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
         streams = await open_streams(client)
         for _ in range(rng.randint(3, 5)):
@@ -82,7 +82,7 @@ async def append_rounds(data_dir: Path, expected: Expected, rng: random.Random) 
 
 
 async def verify(data_dir: Path, expected: Expected) -> None:
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
         for s in await open_streams(client):
             want = {b: v for b, v in expected.get(s.stream_id, {}).items() if b + v[0] > s.start_offset}
@@ -129,7 +129,7 @@ def run_compactor(data_dir: Path, kill_at: str, kill_count: int, rng: random.Ran
 
 async def assert_nothing_leaked(data_dir: Path) -> None:
     await asyncio.sleep(CONFIG.object_prepared_ttl_ms / 1000 + 0.3)
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
         engine = client.engine
         compactor = Compactor(

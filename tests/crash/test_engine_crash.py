@@ -25,7 +25,7 @@ from compaction.gc import GarbageCollector
 from s3stream.assembly import PreparedObjectReaper, open_client
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
-from tests.crash.backend import WAL_CAPACITY_ENV, bucket_uri, iterations, with_wal_aio
+from tests.crash.backend import SMALL_WAL_ENV, bucket_uri, engine_config, iterations
 from tests.crash.engine_producer import CONFIG, payload
 
 pytestmark = pytest.mark.crash
@@ -36,8 +36,8 @@ MODES = ["append", "before_upload", "before_commit", "after_commit", "recovery"]
 """Where a run dies: mid-append (killed by the test), at a hook (by itself), or in restart recovery (killed
 by the test at a random moment after it started opening the engine)."""
 SMALL_WAL_CHAIN = 3
-"""This chain's WAL is the smallest allowed (4 MiB: four of the largest records), so it wraps and
-fills often."""
+"""This chain's WAL is the smallest allowed (4 MiB: four of the largest records) and uploads wait for
+2 MiB (or 2 s), so it wraps often and fills (appends wait for a trim and are written again)."""
 ITERATIONS = iterations("S3STREAM_CRASH_ITERATIONS", 10)
 """Runs (kills) per chain."""
 
@@ -100,7 +100,7 @@ def _kv_ack(line: str) -> tuple[int, int]:
 async def verify(
     data_dir: Path, acked: dict[int, dict[int, int]], epoch: int, kv_acked: tuple[int, int]
 ) -> None:
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
         n, _, k = (await client.kv.get("crash/atomic") or b"0.0").decode().partition(".")
         stored = (int(n), int(k))
@@ -129,7 +129,7 @@ async def verify(
 
 async def assert_no_leaked_objects(data_dir: Path) -> None:
     await asyncio.sleep(CONFIG.object_prepared_ttl_ms / 1000 + 0.2)
-    client = await open_client(data_dir, config=with_wal_aio(CONFIG), bucket_uri=bucket_uri())
+    client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
         reaper = PreparedObjectReaper(client.engine.metadata, client.engine.storage, namespace=CONFIG.namespace,
                                       retention_ms=0)  # fmt: skip
@@ -157,7 +157,7 @@ def test_kill_during_appends_and_uploads_loses_nothing(
     tmp_path: Path, rng_seed: int, chain: int, crash_bucket: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if chain == SMALL_WAL_CHAIN:
-        monkeypatch.setenv(WAL_CAPACITY_ENV, str(4 << 20))  # for the producers and our reopens
+        monkeypatch.setenv(SMALL_WAL_ENV, "1")  # for the producers and our reopens
     seed = rng_seed + chain
     rng = random.Random(seed)
     acked: dict[int, dict[int, int]] = {}

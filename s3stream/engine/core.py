@@ -240,6 +240,11 @@ class Engine:
         if existing is not None and existing.status in (Status.OPEN, Status.CLOSING):
             if epoch < existing.epoch:
                 raise FencedError(f"stream {stream_id} is open here with epoch {existing.epoch} > {epoch}")
+            if existing.close_timed_out:
+                raise ConflictError(
+                    f"stream {stream_id} is still closing here: its close timed out waiting for its upload; "
+                    "close it again (Stream.close) before reopening"
+                )
             raise ConflictError(f"stream {stream_id} is already open in this client")
         meta = await self.metadata.open_stream(
             node_id=self.node_id, node_epoch=self.node_epoch, stream_id=stream_id, epoch=epoch
@@ -255,17 +260,32 @@ class Engine:
         return handle
 
     async def close_stream(self, handle: StreamHandle) -> None:
-        """Stop appends, wait for pending ones, force the stream's data up, close it at metadata."""
-        if handle.status in (Status.CLOSED, Status.CLOSING):
+        """Stop appends, wait for pending ones, force the stream's data up, close it at metadata.
+
+        The upload is awaited at most ``s3.close.timeout.ms``; past it UnavailableError, and the
+        stream stays *closing* (readable, no appends, not reopenable here, its data durable in the WAL
+        and still being uploaded) until a later close gets through."""
+        if handle.status is Status.CLOSED or (handle.status is Status.CLOSING and not handle.close_timed_out):
             return
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
+        handle.close_timed_out = False
         drained = wait_drained(handle)
         if drained is not None:
             await asyncio.gather(drained, return_exceptions=True)
         try:
             if not was_fenced and self._supervisor.failed is None:
-                await self.force_upload(handle.stream_id)
+                try:
+                    async with asyncio.timeout(self.config.close_timeout_ms / 1000):
+                        await self.force_upload(handle.stream_id)
+                except TimeoutError:
+                    handle.close_timed_out = True
+                    raise UnavailableError(
+                        f"stream {handle.stream_id}: close gave up after s3.close.timeout.ms "
+                        f"({self.config.close_timeout_ms} ms) waiting for its upload (object storage unreachable "
+                        "or too slow? the upload errors are in the log); its data is durable in the WAL and "
+                        "still being uploaded; close again to wait more"
+                    ) from None
                 await self.metadata.close_stream(
                     node_id=self.node_id,
                     node_epoch=self.node_epoch,
@@ -273,9 +293,9 @@ class Engine:
                     epoch=handle.epoch,
                 )
         finally:
-            if handle.status is Status.CLOSING:
+            if handle.status is Status.CLOSING and not handle.close_timed_out:
                 handle.status = Status.CLOSED
-            if self.streams.get(handle.stream_id) is handle:
+            if handle.status is not Status.CLOSING and self.streams.get(handle.stream_id) is handle:
                 del self.streams[handle.stream_id]
 
     async def trim_stream(self, handle: StreamHandle, new_start_offset: int) -> None:
@@ -408,7 +428,16 @@ class Engine:
         self._pipeline.archive_and_upload()
         waits = [t.done.wait() for t in self._pipeline.inflight]
         if waits:
-            await asyncio.gather(*waits)
+            try:
+                async with asyncio.timeout(self.config.close_timeout_ms / 1000):
+                    await asyncio.gather(*waits)
+            except TimeoutError:
+                await self._supervisor.cancel_and_wait()
+                raise UnavailableError(
+                    f"open gave up after s3.close.timeout.ms ({self.config.close_timeout_ms} ms) waiting to upload "
+                    f"the {replayed} record batches the WAL held (object storage unreachable or too slow? the "
+                    "upload errors are in the log); nothing is lost: they stay in the WAL, open again later"
+                ) from None
         self._check_alive()
         if records:
             await self.wal.trim(max(self._live.trim_point() or 0, self._live.end_offset))

@@ -96,6 +96,8 @@ class StreamHandle:
     error: S3StreamError | None = None
     waiting: dict[int, PendingAppend] = field(default_factory=dict)
     """base offset -> durable appends waiting for an earlier one still in flight (the sequencer's)."""
+    close_timed_out: bool = False
+    """A close gave up waiting for the stream's upload (it stays closing until a close gets through)."""
     append_failure: S3StreamError | None = None
     """Set once the stream's unacknowledged appends fail: those still in flight fail with it when
     they complete (:func:`s3stream.engine.sequencer.fail_stream`)."""

@@ -8,6 +8,7 @@ by their modules' own tests.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,9 @@ import pytest
 from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.engine.client import Client
+from s3stream.engine.pipeline import TestHooks
 from s3stream.errors import (
+    ConflictError,
     CorruptionError,
     InvalidArgumentError,
     UnavailableError,
@@ -152,6 +155,60 @@ async def test_open_with_an_unreachable_s3_endpoint_opens_and_warns(
     client = await open_client(tmp_path, bucket_uri=uri, config=CONFIG, metadata=MemoryMetadataStore())
     await client.close()
     assert "object storage did not answer at open" in caplog.text
+
+
+# -- storage that does not answer: closes and opens give up with a typed error ----------------------
+
+
+class BlockedUploads(TestHooks):
+    """Uploads wait before writing until ``release`` is set (object storage that does not answer)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def before_upload(self) -> None:
+        await self.release.wait()
+
+
+async def test_stream_close_gives_up_after_the_close_timeout_and_loses_nothing(tmp_path: Path) -> None:
+    hooks = BlockedUploads()
+    client = await open_client(
+        tmp_path, config=CONFIG, hooks=hooks, metadata=MemoryMetadataStore(), storage=MemoryObjectStorage()
+    )
+    try:
+        stream = await client.streams.create_and_open_stream()
+        await stream.append(RecordBatch(b"kept", count=2))
+        with pytest.raises(UnavailableError, match=r"close gave up after s3\.close\.timeout\.ms \(200 ms\)"):
+            await asyncio.wait_for(stream.close(), 10)
+        assert [b.payload for b in await stream.fetch(0, 2)] == [b"kept"], "still readable while closing"
+        with pytest.raises(ConflictError, match="still closing"):
+            await client.streams.open_stream(stream.stream_id, epoch=1)
+        hooks.release.set()
+        await asyncio.wait_for(stream.close(), 10)
+        reopened = await client.streams.open_stream(stream.stream_id, epoch=1)
+        assert reopened.confirm_offset == 2
+        assert [b.payload for b in await reopened.fetch(0, 2)] == [b"kept"]
+    finally:
+        hooks.release.set()
+        await client.close()
+
+
+async def test_open_gives_up_uploading_what_the_wal_held_after_the_close_timeout(tmp_path: Path) -> None:
+    """Before: the open waited for the replayed records' upload forever (storage down = a hang)."""
+    first = await open_client(tmp_path, config=CONFIG)
+    stream = await first.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"acknowledged"))
+    first.engine.abandon()  # a crash: the record is only in the WAL
+    for closer in first._closers:
+        await closer()
+
+    hooks = BlockedUploads()
+    with pytest.raises(UnavailableError, match=r"open gave up .* waiting to upload the 1 record batches"):
+        await asyncio.wait_for(open_client(tmp_path, config=CONFIG, hooks=hooks), 30)
+
+    async with await open_client(tmp_path, config=CONFIG) as again:
+        reopened = await again.streams.open_stream(stream.stream_id, epoch=1)
+        assert [b.payload for b in await reopened.fetch(0, 1)] == [b"acknowledged"]
 
 
 # -- the SQLite metadata file -------------------------------------------------------------------------

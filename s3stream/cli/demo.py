@@ -36,7 +36,7 @@ DEMO_RECORD_BYTES = 1024
 
 async def produce_phase(args: argparse.Namespace, out: TextIO) -> dict[int, list[tuple[int, bytes]]]:
     """Append the demo records; returns per stream the (offset, payload) pairs acknowledged."""
-    client = await open_client(args)
+    client = await open_client(args, create=True)
     try:
         streams = await named_streams(client, "demo", DEMO_STREAMS)
         plan: list[tuple[Stream, bytes]] = []

@@ -7,7 +7,7 @@ from typing import Any
 
 from s3stream._loop import run
 from s3stream.cli.streams import add_engine_args, open_client, open_existing, print_rows
-from s3stream.errors import InvalidArgumentError
+from s3stream.errors import InvalidArgumentError, OffsetOutOfRangeError
 from s3stream.ids import StreamId
 from s3stream.model import FetchedBatch
 
@@ -40,6 +40,10 @@ async def _fetch(args: argparse.Namespace) -> int:
     try:
         stream = await open_existing(client, StreamId(args.stream))
         end = stream.confirm_offset if args.end is None else args.end
+        if args.start > end:
+            raise OffsetOutOfRangeError(
+                f"--start {args.start} is beyond stream {stream.stream_id}'s confirm offset {end}"
+            )
         offset = args.start
         while offset < end:
             batches = await stream.fetch(offset, end, args.max_bytes)

@@ -8,6 +8,7 @@ a stream for this process, and printing a table or JSON.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from s3stream import assembly
 from s3stream._loop import run
 from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
+from s3stream.errors import NotFoundError
 from s3stream.ids import StreamId
 from s3stream.metadata.base import StreamMetadata, StreamState
 
@@ -44,9 +46,15 @@ def add_engine_args(parser: argparse.ArgumentParser, *, tabular: bool = True) ->
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-async def open_client(args: argparse.Namespace) -> Client:
-    """The client of ``--data-dir``; config from ``--config`` and the ``S3STREAM_*`` environment."""
+async def open_client(args: argparse.Namespace, *, create: bool = False) -> Client:
+    """The client of ``--data-dir``; config from ``--config`` and the ``S3STREAM_*`` environment.
+
+    Only commands that write (``create``: produce, demo) make a new data dir; the others refuse a
+    missing one (NotFoundError) rather than create a WAL file at a mistyped path and print nothing.
+    """
     config = Config.from_sources(args.config)
+    if not create and not await asyncio.to_thread(os.path.isdir, args.data_dir):
+        raise NotFoundError(f"no data dir at {args.data_dir} (--data-dir, or ${DATA_DIR_ENV})")
     return await assembly.open_client(args.data_dir, bucket_uri=args.bucket_uri, config=config)
 
 

@@ -57,6 +57,7 @@ def test_compact_merges_the_objects_of_several_runs_and_fetch_still_returns_ever
 
 
 def test_compact_prints_a_table_without_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "data").mkdir()  # compact, like every command that only reads, needs an existing data dir
     assert main(["compact", "--data-dir", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out
     assert "stream_set_objects_compacted" in out

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from s3stream.assembly import open_client
+from s3stream.cli import main
 from s3stream.config import Config
 from s3stream.engine.client import Client
 from s3stream.engine.pipeline import TestHooks
@@ -285,3 +286,57 @@ async def test_a_non_utf8_byte_in_an_index_name_is_corruption_at_open(tmp_path: 
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptionError):
         await SqliteMetadataStore.open(path)
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+
+CLI_CONFIG = """
+"s3.wal.capacity" = "8MiB"
+"s3.wal.record.size.max" = "1MiB"
+"s3.record.size.max" = "512KiB"
+"s3.wal.cache.size" = "4MiB"
+"s3.wal.upload.threshold" = "1MiB"
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> str:
+    path = tmp_path / "s3stream.toml"
+    path.write_text(CLI_CONFIG)
+    return str(path)
+
+
+@pytest.mark.parametrize("command", [["streams"], ["objects"], ["fetch", "--stream", "0"], ["compact"]])
+def test_read_commands_on_a_missing_data_dir_fail_without_creating_it(
+    tmp_path: Path, config_file: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "typo"
+    assert main([*command, "--data-dir", str(missing), "--config", config_file]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"s3stream {command[0]}: error: no data dir at {missing} (--data-dir, or $S3STREAM_DATA_DIR)"
+    )
+    assert not missing.exists()
+
+
+def test_produce_with_a_size_above_the_record_maximum_fails_at_once(
+    tmp_path: Path, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: it generated a payload of --size bytes first (1e12: a hang), byte by byte."""
+    argv = ["produce", "--data-dir", str(tmp_path / "d"), "--config", config_file, "--size", str(10**12)]
+    assert main(argv) == 2
+    assert "--size 1000000000000 is above s3.record.size.max (524288)" in capsys.readouterr().err
+
+
+def test_fetch_from_beyond_the_end_is_out_of_range(
+    tmp_path: Path, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: an empty table and exit 0, where the API raises OffsetOutOfRangeError."""
+    args = ["--data-dir", str(tmp_path / "d"), "--config", config_file]
+    assert main(["produce", *args, "--count", "3"]) == 0
+    capsys.readouterr()
+    assert main(["fetch", *args, "--stream", "0", "--start", "3"]) == 0, "at the end: nothing new"
+    capsys.readouterr()
+    assert main(["fetch", *args, "--stream", "0", "--start", "100"]) == 2
+    assert "--start 100 is beyond stream 0's confirm offset 3" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -192,7 +192,20 @@ class SyncClient:
         kv: Mapping[str, bytes] | None = None,
     ) -> list[int]:
         """Entries ``(stream, batch)`` or ``(stream, batch, expected base offset)``: see the async twin."""
-        entries = [(item[0].stream, *item[1:]) for item in appends]
+        if not isinstance(appends, Iterable):
+            raise InvalidArgumentError(
+                f"appends must be a sequence of (SyncStream, RecordBatch[, expected offset]) tuples, "
+                f"got {type(appends).__name__}"
+            )
+        entries: list[Any] = []
+        for item in appends:
+            if not isinstance(item, tuple) or not item or not isinstance(item[0], SyncStream):
+                raise InvalidArgumentError(
+                    "appends must be (SyncStream, RecordBatch) or (SyncStream, RecordBatch, expected offset) "
+                    f"tuples, got {type(item).__name__}"
+                    + (f" of {type(item[0]).__name__}" if isinstance(item, tuple) and item else "")
+                )
+            entries.append((item[0].stream, *item[1:]))
         return self._run.run(self.client.append_atomic(entries, kv=kv))
 
     def close(self) -> None:

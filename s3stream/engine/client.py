@@ -7,7 +7,7 @@ builds the components and hands them to a :class:`Client`; nothing in the engine
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -249,6 +249,11 @@ class Client:
         fails with ConflictError and nothing of it is appended (no offset taken, nothing in the WAL,
         no KV put, no stream fenced). ``None`` or a pair: no condition on that batch."""
         self._check_open()
+        if not isinstance(appends, Iterable) or isinstance(appends, Stream):
+            raise InvalidArgumentError(
+                f"appends must be a sequence of (Stream, RecordBatch[, expected offset]) tuples, "
+                f"got {type(appends).__name__}"
+            )
         entries = []
         expected: list[int | None] = []
         for item in appends:

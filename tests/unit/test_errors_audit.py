@@ -66,6 +66,16 @@ async def test_append_atomic_kv_that_is_not_a_mapping_is_an_invalid_argument(cli
     assert await stream.append(RecordBatch(b"b")) == 0
 
 
+@pytest.mark.parametrize("appends", [None, "stream"])
+async def test_append_atomic_appends_that_are_not_a_sequence_are_an_invalid_argument(
+    client: Client, appends: Any
+) -> None:
+    stream = await client.streams.create_and_open_stream()
+    with pytest.raises(InvalidArgumentError, match="appends must be a sequence"):
+        await client.append_atomic(stream if appends == "stream" else appends)
+    assert stream.next_offset == 0
+
+
 @pytest.mark.parametrize("tags", ["ab", 5, [("a",)]])
 async def test_stream_tags_that_are_not_a_mapping_are_an_invalid_argument(client: Client, tags: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="tags must be a mapping"):

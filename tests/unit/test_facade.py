@@ -184,3 +184,27 @@ def test_an_interrupted_blocking_call_cancels_its_engine_call() -> None:
     assert cancelled.wait(5), "the engine call kept running after its caller was interrupted"
     assert runner.run(asyncio.sleep(0, result=7)) == 7  # the loop thread still serves calls
     runner.stop()
+
+
+@pytest.mark.parametrize(
+    ("appends", "message"),
+    [
+        (None, "appends must be a sequence of .* got NoneType"),
+        ("stream", r"appends must be \(SyncStream, RecordBatch\) .* tuples, got SyncStream$"),
+        ("async stream", r"appends must be \(SyncStream, RecordBatch\) .* got tuple of Stream"),
+        ("bare stream", "appends must be a sequence of .* got SyncStream"),
+    ],
+)
+def test_append_atomic_entries_that_are_not_sync_stream_tuples_are_invalid(
+    appends: object, message: str
+) -> None:
+    """Before: AttributeError / TypeError from unpacking the entries (errors audit)."""
+    with sync_client() as client, client.streams.create_and_open_stream() as stream:
+        given: object = {
+            "stream": [stream],
+            "async stream": [(stream.stream, RecordBatch(b"a"))],
+            "bare stream": stream,
+        }.get(appends, appends)  # type: ignore[call-overload]
+        with pytest.raises(InvalidArgumentError, match=message):
+            client.append_atomic(given)  # type: ignore[arg-type]
+        assert stream.next_offset == 0

@@ -282,9 +282,8 @@ class Engine:
                     handle.close_timed_out = True
                     raise UnavailableError(
                         f"stream {handle.stream_id}: close gave up after s3.close.timeout.ms "
-                        f"({self.config.close_timeout_ms} ms) waiting for its upload (object storage unreachable "
-                        "or too slow? the upload errors are in the log); its data is durable in the WAL and "
-                        "still being uploaded; close again to wait more"
+                        f"({self.config.close_timeout_ms} ms) waiting for its upload ({self._pipeline.failure_hint()}); "
+                        "its data is durable in the WAL and still being uploaded; close again to wait more"
                     ) from None
                 await self.metadata.close_stream(
                     node_id=self.node_id,
@@ -435,8 +434,8 @@ class Engine:
                 await self._supervisor.cancel_and_wait()
                 raise UnavailableError(
                     f"open gave up after s3.close.timeout.ms ({self.config.close_timeout_ms} ms) waiting to upload "
-                    f"the {replayed} record batches the WAL held (object storage unreachable or too slow? the "
-                    "upload errors are in the log); nothing is lost: they stay in the WAL, open again later"
+                    f"the {replayed} record batches the WAL held ({self._pipeline.failure_hint()}); nothing is "
+                    "lost: they stay in the WAL, open again later"
                 ) from None
         self._check_alive()
         if records:

@@ -132,6 +132,10 @@ class UploadPipeline:
         self.hooks = hooks
         self.clock = clock
         self.room = asyncio.Event()
+        self.last_failure: str | None = None
+        """The last failed upload step (``"upload: UnavailableError(...)"``) while retries go on; None once
+        a step succeeds. Errors that tell a caller storage is the reason (back-pressure, close timeouts)
+        quote it."""
         """Set whenever a commit frees LogCache and WAL room (or the engine fails): appenders waiting
         for room look again."""
         self.inflight: list[UploadTask] = []
@@ -334,14 +338,24 @@ class UploadPipeline:
         while True:
             self.supervisor.check_alive()
             try:
-                return await op()
+                result = await op()
             except (FencedError, ConflictError, NotFoundError, InvalidArgumentError, ClosedError):
                 raise
             except (S3StreamError, OSError, TimeoutError) as exc:
+                self.last_failure = f"{what}: {exc!r}"
                 self.stats.upload_retries += 1
                 log.warning("%s failed, retrying in %.2f s: %r", what, delay_s, exc)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, delay_max_s)
+            else:
+                self.last_failure = None
+                return result
+
+    def failure_hint(self) -> str:
+        """Why uploads may not be getting through, for an error message."""
+        if self.last_failure is None:
+            return "no upload step has failed: object storage is slow"
+        return f"uploads are failing, retried: {self.last_failure}"
 
 
 async def _free_in_turns(holders: list[object]) -> None:

@@ -34,6 +34,7 @@ from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
 from s3stream.storage.s3 import S3Config, S3ObjectStorage
 from s3stream.storage.uri import parse_bucket_uri
+from tests.faults import Fault, FaultPlan, FaultyObjectStorage
 
 MiB = 1 << 20
 CONFIG = Config(
@@ -189,7 +190,10 @@ async def test_stream_close_gives_up_after_the_close_timeout_and_loses_nothing(t
     try:
         stream = await client.streams.create_and_open_stream()
         await stream.append(RecordBatch(b"kept", count=2))
-        with pytest.raises(UnavailableError, match=r"close gave up after s3\.close\.timeout\.ms \(200 ms\)"):
+        with pytest.raises(
+            UnavailableError,
+            match=r"close gave up after s3\.close\.timeout\.ms \(200 ms\) .* storage is slow",
+        ):
             await asyncio.wait_for(stream.close(), 10)
         assert [b.payload for b in await stream.fetch(0, 2)] == [b"kept"], "still readable while closing"
         with pytest.raises(ConflictError, match="still closing"):
@@ -201,6 +205,20 @@ async def test_stream_close_gives_up_after_the_close_timeout_and_loses_nothing(t
         assert [b.payload for b in await reopened.fetch(0, 2)] == [b"kept"]
     finally:
         hooks.release.set()
+        await client.close()
+
+
+async def test_a_close_timeout_quotes_the_failing_upload_step(tmp_path: Path) -> None:
+    """Storage that refuses every write: the error says why the upload does not get through."""
+    storage = FaultyObjectStorage(MemoryObjectStorage(), FaultPlan([Fault("*")]))
+    client = await open_client(tmp_path, config=CONFIG, metadata=MemoryMetadataStore(), storage=storage)
+    try:
+        stream = await client.streams.create_and_open_stream()
+        await stream.append(RecordBatch(b"kept"))
+        with pytest.raises(UnavailableError, match=r"uploads are failing, retried: upload: .*injected fault"):
+            await asyncio.wait_for(stream.close(), 10)
+        assert [b.payload for b in await stream.fetch(0, 1)] == [b"kept"]
+    finally:
         await client.close()
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from compaction.compactor import Compactor
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.client import Client
+from s3stream.engine.client import RESERVED_KV_PREFIX, Client
 from s3stream.engine.core import Engine, TestHooks
 from s3stream.engine.reader import ObjectStreamReader
 from s3stream.engine.walport import BodyParts, WriteAheadLog
@@ -42,7 +42,7 @@ from s3stream.errors import (
 from s3stream.facade import SyncClient
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import MetadataStore
-from s3stream.objectformat import ObjectReaderCache, object_key
+from s3stream.objectformat import ObjectReaderCache, object_key, parse_object_key
 from s3stream.storage.base import MAX_DELETE_BATCH, ObjectStorage
 from wal import BlockWAL, WalConfig
 from wal import errors as walerr
@@ -243,14 +243,20 @@ async def open_client(
         if wal is None:
             wal = await open_block_wal(root / "wal", config, node_epoch=epoch)
         closers.append(wal.close)
+        storage_reachable = True
         if storage is None:
             storage = await _open_storage(root, bucket_uri)
-        closers.append(storage.close)
+            closers.append(storage.close)
+            storage_reachable = await _check_access(storage)
+        else:
+            closers.append(storage.close)
         if metadata is None:
             from s3stream.metadata.sqlite import SqliteMetadataStore
 
             metadata = await SqliteMetadataStore.open(str(root / "metadata.db"))
         closers.append(metadata.close)
+        if storage_reachable:
+            await bind_storage(metadata, storage, namespace=config.namespace)
         reader = build_reader(config, metadata, storage)  # closed by the engine
         engine = Engine(
             config,
@@ -291,6 +297,73 @@ def open_sync(
     return SyncClient.start(lambda: open_client(data_dir, bucket_uri=bucket_uri, config=config))
 
 
+STORAGE_BOUND_KEY = RESERVED_KV_PREFIX + "storage.bound"
+"""Metadata KV key set once this metadata store has checked that its object storage holds no objects
+of its namespace written by another one (:func:`bind_storage`)."""
+BIND_SCAN_KEYS_MAX = 10_000
+"""Keys :func:`bind_storage` looks at, at most (a bucket may hold other applications' keys too)."""
+
+
+async def bind_storage(metadata: MetadataStore, storage: ObjectStorage, *, namespace: str) -> None:
+    """Refuse object storage whose objects belong to another metadata store (ConflictError).
+
+    Object ids come from the metadata store's counter and the object write is a plain PUT, so two
+    data dirs on one bucket (and prefix and namespace) write the same keys: the second overwrote the
+    first's objects, whose reads then returned the other's records as their own, and each one's
+    orphan scan deletes the other's objects. A metadata store that has no stream and no object yet and
+    is not bound refuses storage that already holds an object key of its namespace (a second data dir on
+    the bucket, or this data dir's metadata lost: a fresh metadata store must not adopt, overwrite
+    or garbage-collect those objects); then it records the binding, so later opens cost one read.
+    Not caught: two fresh data dirs that both open before either uploads.
+    """
+    if await metadata.kv_get(STORAGE_BOUND_KEY) is not None:
+        return
+    if not await metadata.list_streams() and not await metadata.list_objects():
+        try:
+            found = await _first_object_key(storage, namespace)
+        except UnavailableError as exc:
+            log.warning(
+                "could not list object storage to check it is this data dir's (checked later): %s", exc
+            )
+            return
+        if found is not None:
+            raise ConflictError(
+                f"object storage {storage!r} already holds objects of namespace {namespace!r} (such as "
+                f"{found!r}) that this new metadata store did not write: another data dir uses this bucket, "
+                "or this data dir's metadata was lost. Give this data dir its own bucket prefix or "
+                "s3.namespace (reusing the keys would overwrite those objects)"
+            )
+    await metadata.kv_put(STORAGE_BOUND_KEY, b"1", overwrite=False)
+
+
+async def _first_object_key(storage: ObjectStorage, namespace: str) -> str | None:
+    """An object key of ``namespace`` among the first BIND_SCAN_KEYS_MAX keys of the storage, or None."""
+    scanned = 0
+    async for info in storage.list(""):
+        scanned += 1
+        with contextlib.suppress(InvalidArgumentError):
+            if parse_object_key(info.key)[1] == namespace:
+                return info.key
+        if scanned >= BIND_SCAN_KEYS_MAX:
+            break
+    return None
+
+
+async def _check_access(storage: ObjectStorage) -> bool:
+    """Whether storage answered: an S3 bucket that is missing or refuses the credentials fails the
+    open; one that does not answer is only logged (appends go on while storage is down; they wait
+    for room only once the WAL or the cache fills)."""
+    from s3stream.storage.s3 import S3ObjectStorage
+
+    if not isinstance(storage, S3ObjectStorage):
+        return True
+    unreachable = await storage.check_access()
+    if unreachable is not None:
+        log.warning("object storage did not answer at open (uploads will retry): %s", unreachable)
+        return False
+    return True
+
+
 async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:
     if bucket_uri is None:
         from s3stream.storage.local import LocalObjectStorage
@@ -303,14 +376,9 @@ async def _open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:
     if isinstance(storage, S3ObjectStorage):
         try:
             await storage.connect()  # start-up work at start-up, not at the first upload
-            unreachable = await storage.check_access()
         except BaseException:
             await storage.close()
             raise
-        if unreachable is not None:
-            # Appends go on while storage is down (they wait for room only once the WAL or the
-            # cache fills): a transient failure does not stop the open, it is only reported.
-            log.warning("object storage did not answer at open (uploads will retry): %s", unreachable)
     return storage
 
 

@@ -39,9 +39,15 @@ async def _raise(exc: BaseException) -> NoReturn:
     raise exc
 
 
+RESERVED_KV_PREFIX = "\x00s3stream."
+"""KV keys starting with this are the engine's own (in the metadata store's KV, never through the WAL)."""
+
+
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"KV key must be a non-empty str, got {key!r}")
+    if key.startswith(RESERVED_KV_PREFIX):
+        raise InvalidArgumentError(f"KV keys starting with {RESERVED_KV_PREFIX!r} are reserved, got {key!r}")
     try:
         key_bytes = key.encode()
     except UnicodeEncodeError as exc:

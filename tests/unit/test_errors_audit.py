@@ -169,6 +169,72 @@ async def test_open_with_an_unreachable_s3_endpoint_opens_and_warns(
     assert "object storage did not answer at open" in caplog.text
 
 
+# -- one object storage, two metadata stores ----------------------------------------------------------
+
+
+async def _write_records(data_dir: Path, bucket_uri: str, prefix: bytes, *, config: Config = CONFIG) -> int:
+    async with await open_client(data_dir, bucket_uri=bucket_uri, config=config) as c:
+        stream = await c.streams.create_and_open_stream()
+        for i in range(3):
+            await stream.append(RecordBatch(prefix + b"-%d" % i))
+        await stream.close()
+        return stream.stream_id
+
+
+async def test_a_second_data_dir_on_the_same_bucket_is_refused_and_the_first_keeps_its_data(
+    tmp_path: Path,
+) -> None:
+    """Before: the second data dir's object ids started at 0 too and its uploads overwrote the first's
+    objects: the first data dir then fetched the second's records as its own."""
+    bucket = f"file://{tmp_path / 'bucket'}"
+    stream_id = await _write_records(tmp_path / "a", bucket, b"A")
+    with pytest.raises(ConflictError, match="already holds objects of namespace 's3stream'"):
+        await _write_records(tmp_path / "b", bucket, b"B")
+    async with await open_client(tmp_path / "a", bucket_uri=bucket, config=CONFIG) as c:
+        stream = await c.streams.open_stream(stream_id, epoch=1)
+        assert [b.payload for b in await stream.fetch(0, 3)] == [b"A-0", b"A-1", b"A-2"]
+
+
+async def test_a_data_dir_whose_metadata_was_lost_refuses_its_objects(tmp_path: Path) -> None:
+    """A fresh metadata store must not adopt (nor, through its orphan scan, delete) the objects."""
+    bucket = f"file://{tmp_path / 'bucket'}"
+    await _write_records(tmp_path / "a", bucket, b"A")
+    objects = sorted(p for p in (tmp_path / "bucket").rglob("*") if p.is_file())
+    (tmp_path / "a" / "metadata.db").unlink()
+    with pytest.raises(ConflictError, match="this data dir's metadata was lost"):
+        await open_client(tmp_path / "a", bucket_uri=bucket, config=CONFIG)
+    assert sorted(p for p in (tmp_path / "bucket").rglob("*") if p.is_file()) == objects
+
+
+async def test_data_dirs_with_their_own_namespace_share_a_bucket(tmp_path: Path) -> None:
+    bucket = f"file://{tmp_path / 'bucket'}"
+    await _write_records(tmp_path / "a", bucket, b"A")
+    other = CONFIG.replace(namespace="other")
+    stream_id = await _write_records(tmp_path / "b", bucket, b"B", config=other)
+    async with await open_client(tmp_path / "b", bucket_uri=bucket, config=other) as c:
+        stream = await c.streams.open_stream(stream_id, epoch=1)
+        assert [b.payload for b in await stream.fetch(0, 3)] == [b"B-0", b"B-1", b"B-2"]
+
+
+async def test_a_bound_data_dir_opens_after_all_its_streams_are_destroyed(tmp_path: Path) -> None:
+    bucket = f"file://{tmp_path / 'bucket'}"
+    async with await open_client(tmp_path / "a", bucket_uri=bucket, config=CONFIG) as c:
+        stream = await c.streams.create_and_open_stream()
+        await stream.append(RecordBatch(b"x"))
+        await stream.destroy()
+        assert await c.streams.list_streams() == []
+    async with await open_client(tmp_path / "a", bucket_uri=bucket, config=CONFIG) as c:
+        assert await c.streams.list_streams() == []
+
+
+async def test_kv_keys_of_the_engine_are_reserved(client: Client) -> None:
+    with pytest.raises(InvalidArgumentError, match="are reserved"):
+        await client.kv.get("\x00s3stream.storage.bound")
+    with pytest.raises(InvalidArgumentError, match="are reserved"):
+        await client.kv.put("\x00s3stream.anything", b"v")
+    assert await client.kv.put("\x00other", b"v") == b"v"
+
+
 # -- storage that does not answer: closes and opens give up with a typed error ----------------------
 
 

@@ -293,8 +293,16 @@ class ObjectStreamReader:
         estimate = 0
         i = 0
         while True:
-            if i == len(state.window) and not await self._extend(state, next_offset, end_offset):
-                return refs
+            if i == len(state.window):
+                last_end = state.window_end if state.window else -1
+                if not await self._extend(state, next_offset, end_offset):
+                    return refs
+                # A consumer drops the blocks it read from the window's front without the lock
+                # (_consume), also while this awaited the extension: go on at the first block after
+                # the last one looked at, wherever it is now (an index would skip blocks or overrun).
+                i = len(state.window)
+                while i > 0 and state.window[i - 1].entry.start_offset >= last_end:
+                    i -= 1
             ref = state.window[i]
             i += 1
             if ref.entry.end_offset <= next_offset:
@@ -320,14 +328,14 @@ class ObjectStreamReader:
         keys = [object_key(sl.object_id, self._namespace) for sl in wanted]
         for key, sl in zip(keys[1:], wanted[1:], strict=True):  # all open concurrently ...
             self._readers.prefetch(key, sl.size_bytes)
-        before = len(state.window)
+        end_before = state.window_end if state.window else -1  # (a consumer may drop blocks meanwhile)
         self._append_object(state, wanted[0], await self._open(wanted[0]), window_start)
         for key, sl in zip(keys[1:], wanted[1:], strict=True):  # ... the read waits for the first only
             reader = self._readers.peek(key, sl.size_bytes)
             if reader is None:
                 break  # still opening: a later extension finds it
             self._append_object(state, sl, reader, window_start)
-        return len(state.window) > before
+        return bool(state.window) and state.window_end > end_before
 
     async def _open(self, object_slice: ObjectSlice) -> ObjectReader:
         key = object_key(object_slice.object_id, self._namespace)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -476,3 +477,47 @@ async def test_the_default_readahead_guard_is_sized_to_the_block_cache(env: Env)
     assert small._readahead.free_guard_bytes == 16 << 20  # a quarter of the cache
     assert large._readahead.free_guard_bytes == 32 << 20  # AutoMQ's
     assert explicit._readahead.free_guard_bytes == 40 << 20
+
+
+async def test_a_readahead_extending_the_window_while_the_consumer_drops_read_blocks(env: Env) -> None:
+    """The readahead plans under the state lock but awaits the window's extension (metadata, object
+    open) while the consumer drops the blocks it read from the window's front without the lock: the
+    readahead's place in the window moved under it (it raised IndexError, found on the RGW)."""
+    s = await env.stream()
+    data = make_batches(s, 0, 64)
+    await env.write_object(data[:60])  # many small blocks, most of them read below
+    await env.write_object(data[60:62])  # a single block: the extension adds fewer than were dropped
+    await env.write_object(data[62:])
+    meta_gate = asyncio.Event()
+    get_objects = env.metadata.get_objects
+    calls = 0
+
+    async def gated_get_objects(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls > 1:  # the consumer's first extension passes, the readahead's waits
+            await meta_gate.wait()
+        return await get_objects(**kwargs)
+
+    env.metadata.get_objects = gated_get_objects  # type: ignore[method-assign]
+    reader = env.reader(
+        readahead=ReadaheadSettings(initial_bytes=1 << 20, step_bytes=1 << 20, max_bytes=4 << 20)
+    )
+    failures: list[BaseException] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: failures.append(ctx["exception"]))
+    env.gate.clear()  # the consumer's own loads wait ...
+    read = asyncio.create_task(reader.read(s, 0, 100, 1 << 20))
+    for _ in range(50):
+        await asyncio.sleep(0)  # ... while the readahead it started extends the window (and waits)
+    env.gate.set()
+    first = await read  # the consumer drops what it read from the window
+    for _ in range(50):
+        await asyncio.sleep(0)
+    meta_gate.set()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    tasks = [t for st in reader._state_registry.drop_all() for t in st.readahead_tasks]
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [e for e in [*failures, *done] if isinstance(e, BaseException)] == []
+    assert first == data[:50]
+    assert await reader.read(s, 100, 128, 1 << 20) == data[50:]

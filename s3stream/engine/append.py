@@ -331,7 +331,8 @@ class AppendPath:
                 self.stats.backpressure_rejections += 1
                 raise CapacityError(
                     f"no room: LogCache {self.cache.size_bytes}/{self.cache.capacity_bytes} bytes, WAL "
-                    f"{self.live.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload"
+                    f"{self.live.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload "
+                    f"({self.pipeline.failure_hint()}); back off and retry"
                 )
             room.clear()
             with contextlib.suppress(TimeoutError):

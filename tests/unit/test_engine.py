@@ -403,6 +403,8 @@ async def test_full_cache_gives_capacity_error_when_storage_is_down() -> None:
         acked += 1
     assert rejected is not None
     assert rejected.retriable
+    assert "uploads are failing, retried: " in str(rejected)
+    assert "storage down" in str(rejected)
     assert 20 <= acked < 200
     assert client.engine.stats.upload_retries > 0
     del node.storage.upload  # storage back

@@ -192,8 +192,8 @@ KEYS: tuple[Key, ...] = (
     Key("s3.append.backpressure.wait.ms", "append_backpressure_wait_ms", int, 0, 3_600_000,
         "how long an append waits for WAL/cache room before CapacityError; 0 raises at once"),
     Key("s3.close.timeout.ms", "close_timeout_ms", int, 1, 86_400_000,
-        "how long Client.close, Stream.close and the open's upload of what the WAL held wait for uploads; "
-        "after it UnavailableError (the close of the client only logs it) and the data stays in the WAL"),
+        "how long Client.close and Stream.close wait for uploads (then UnavailableError; Client.close only "
+        "logs it) and how long the open waits between checks of failing replay uploads; data stays in the WAL"),
     Key("s3.record.size.max", "record_size_max_bytes", int, 1 * KiB, 1 << 30,
         "largest record batch payload; ours 8 MiB"),
     Key("s3.block.cache.size", "block_cache_size_bytes", int, 1 * MiB, 1 << 40,

@@ -392,6 +392,26 @@ class Engine:
                 self._pipeline.archive_and_upload()
 
     # -- recovery --------------------------------------------------------------------------------
+    async def _await_replay_uploads(self, uploads: asyncio.Future[list[None]], replayed: int) -> None:
+        """Wait for the replayed records' uploads while they make progress; UnavailableError once a
+        wait of ``s3.close.timeout.ms`` ends with the last upload step failed (storage unreachable or
+        refusing: the open would otherwise wait forever). Slow storage whose steps succeed is waited for."""
+        wait_s = self.config.close_timeout_ms / 1000
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(uploads), wait_s)
+                return
+            except TimeoutError:
+                if self._pipeline.last_failure is None:
+                    continue
+            uploads.cancel()
+            await self._supervisor.cancel_and_wait()
+            raise UnavailableError(
+                f"open gave up uploading the {replayed} record batches the WAL held: after a wait of "
+                f"s3.close.timeout.ms ({self.config.close_timeout_ms} ms) {self._pipeline.failure_hint()}; "
+                "nothing is lost: they stay in the WAL, open again once object storage answers"
+            )
+
     async def _recover(self, opening: list[StreamMetadata]) -> None:
         """Replay untrimmed WAL records of this node's open streams, upload them, close the streams."""
         records = await self.wal.recover()
@@ -427,16 +447,7 @@ class Engine:
         self._pipeline.archive_and_upload()
         waits = [t.done.wait() for t in self._pipeline.inflight]
         if waits:
-            try:
-                async with asyncio.timeout(self.config.close_timeout_ms / 1000):
-                    await asyncio.gather(*waits)
-            except TimeoutError:
-                await self._supervisor.cancel_and_wait()
-                raise UnavailableError(
-                    f"open gave up after s3.close.timeout.ms ({self.config.close_timeout_ms} ms) waiting to upload "
-                    f"the {replayed} record batches the WAL held ({self._pipeline.failure_hint()}); nothing is "
-                    "lost: they stay in the WAL, open again later"
-                ) from None
+            await self._await_replay_uploads(asyncio.gather(*waits), replayed)
         self._check_alive()
         if records:
             await self.wal.trim(max(self._live.trim_point() or 0, self._live.end_offset))

@@ -288,20 +288,45 @@ async def test_a_close_timeout_quotes_the_failing_upload_step(tmp_path: Path) ->
         await client.close()
 
 
-async def test_open_gives_up_uploading_what_the_wal_held_after_the_close_timeout(tmp_path: Path) -> None:
+async def test_open_gives_up_on_failing_replay_uploads_after_the_close_timeout(tmp_path: Path) -> None:
     """Before: the open waited for the replayed records' upload forever (storage down = a hang)."""
-    first = await open_client(tmp_path, config=CONFIG)
+    plan = FaultPlan([Fault("*")], enabled=False)
+    storage = FaultyObjectStorage(LocalObjectStorage(str(tmp_path / "objects")), plan)
+    first = await open_client(tmp_path, config=CONFIG, storage=storage)
     stream = await first.streams.create_and_open_stream()
     await stream.append(RecordBatch(b"acknowledged"))
     first.engine.abandon()  # a crash: the record is only in the WAL
     for closer in first._closers:
         await closer()
 
-    hooks = BlockedUploads()
-    with pytest.raises(UnavailableError, match=r"open gave up .* waiting to upload the 1 record batches"):
-        await asyncio.wait_for(open_client(tmp_path, config=CONFIG, hooks=hooks), 30)
+    plan.enabled = True
+    storage = FaultyObjectStorage(LocalObjectStorage(str(tmp_path / "objects")), plan)
+    with pytest.raises(
+        UnavailableError, match=r"open gave up uploading the 1 record batches .*injected fault"
+    ):
+        await asyncio.wait_for(open_client(tmp_path, config=CONFIG, storage=storage), 30)
 
     async with await open_client(tmp_path, config=CONFIG) as again:
+        reopened = await again.streams.open_stream(stream.stream_id, epoch=1)
+        assert [b.payload for b in await reopened.fetch(0, 1)] == [b"acknowledged"]
+
+
+async def test_open_waits_for_slow_replay_uploads_past_the_close_timeout(tmp_path: Path) -> None:
+    """Storage that answers slowly but without failing is waited for (a short close timeout must not
+    make every open after a crash fail)."""
+    first = await open_client(tmp_path, config=CONFIG)
+    stream = await first.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"acknowledged"))
+    first.engine.abandon()
+    for closer in first._closers:
+        await closer()
+
+    hooks = BlockedUploads()
+    opening = asyncio.ensure_future(open_client(tmp_path, config=CONFIG, hooks=hooks))
+    await asyncio.sleep(3 * CONFIG.close_timeout_ms / 1000)
+    assert not opening.done()
+    hooks.release.set()
+    async with await asyncio.wait_for(opening, 30) as again:
         reopened = await again.streams.open_stream(stream.stream_id, epoch=1)
         assert [b.payload for b in await reopened.fetch(0, 1)] == [b"acknowledged"]
 

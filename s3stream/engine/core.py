@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
@@ -392,7 +392,7 @@ class Engine:
                 self._pipeline.archive_and_upload()
 
     # -- recovery --------------------------------------------------------------------------------
-    async def _await_replay_uploads(self, uploads: asyncio.Future[list[None]], replayed: int) -> None:
+    async def _await_replay_uploads(self, uploads: asyncio.Future[Any], replayed: int) -> None:
         """Wait for the replayed records' uploads while they make progress; UnavailableError once a
         wait of ``s3.close.timeout.ms`` ends with the last upload step failed (storage unreachable or
         refusing: the open would otherwise wait forever). Slow storage whose steps succeed is waited for."""

@@ -236,8 +236,8 @@ async def open_client(
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
         await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot create data dir {root}: {exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
+        raise InvalidArgumentError(f"cannot create data dir {str(root)!r}: {exc}") from exc
     try:
         epoch = node_epoch if node_epoch is not None else node_epoch_now()
         if wal is None:

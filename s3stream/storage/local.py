@@ -103,6 +103,10 @@ class LocalObjectStorage:
             raise InvalidArgumentError(
                 f"local object store root {self.root} is not a directory (it or a parent is a file)"
             ) from exc
+        except ValueError as exc:  # an embedded NUL
+            raise InvalidArgumentError(
+                f"local object store root {str(self.root)!r} is not a valid path: {exc}"
+            ) from exc
         except OSError as exc:
             raise _os_error(exc, f"local object store root {self.root}") from exc
         self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="s3stream-local")

@@ -157,10 +157,11 @@ def s3_config_from_uri(parsed: BucketURI) -> S3Config:
     endpoint = fields.get("endpoint")
     if endpoint is not None:
         try:
-            scheme = urlsplit(endpoint).scheme
+            split = urlsplit(endpoint)
+            scheme, _ = split.scheme, split.port  # .port raises ValueError for a port not in 0-65535
         except ValueError as exc:
             raise InvalidArgumentError(f"bucket URI: endpoint {endpoint!r} is malformed: {exc}") from exc
-        if scheme not in ("http", "https"):
+        if scheme not in ("http", "https") or not split.hostname:
             raise InvalidArgumentError(f"bucket URI: endpoint {endpoint!r} must be an http(s) URL")
     return S3Config(bucket=parsed.bucket, retry=retry, **fields)
 

@@ -33,7 +33,7 @@ from s3stream.model import RecordBatch
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
 from s3stream.storage.s3 import S3Config, S3ObjectStorage
-from s3stream.storage.uri import parse_bucket_uri
+from s3stream.storage.uri import open_storage, parse_bucket_uri
 from tests.faults import Fault, FaultPlan, FaultyObjectStorage
 
 MiB = 1 << 20
@@ -137,6 +137,21 @@ async def test_open_with_a_config_that_is_not_a_config_is_an_invalid_argument(tm
 def test_a_bucket_uri_that_is_not_a_str_says_so() -> None:
     with pytest.raises(InvalidArgumentError, match="bucket URI must be a str, got int"):
         parse_bucket_uri(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("endpoint", ["http://h:99999", "http://h:abc", "http://:80"])
+def test_an_s3_endpoint_with_a_bad_port_or_no_host_is_refused_when_parsed(endpoint: str) -> None:
+    """Before: accepted; every request then failed in aiohttp, which the retries took as transient."""
+    with pytest.raises(InvalidArgumentError, match="endpoint"):
+        open_storage(f"0@s3://b?endpoint={endpoint}")
+
+
+async def test_paths_with_a_nul_byte_are_an_invalid_argument(tmp_path: Path) -> None:
+    """Before: a bare ValueError ('embedded null byte') from the filesystem calls."""
+    with pytest.raises(InvalidArgumentError, match="not a valid path"):
+        open_storage(f"file://{tmp_path}/a\x00b")
+    with pytest.raises(InvalidArgumentError, match="cannot create data dir"):
+        await open_client(f"{tmp_path}/a\x00b", config=CONFIG)
 
 
 def test_a_local_object_store_root_that_is_a_file_is_an_invalid_argument(tmp_path: Path) -> None:

@@ -329,6 +329,9 @@ class BlockWAL:
                 cfg.window_bytes,
                 NO_CLEAN_END,
             )
+            # Both slots from the start: until the first trim or close writes the second copy, a
+            # damaged single copy would make every record of the new WAL unreadable.
+            self._write_header_sync(header)
             self._write_header_sync(header._replace(seq=1))
             self._seq = 1
             self._recovered = True

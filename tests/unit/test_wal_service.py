@@ -249,6 +249,20 @@ async def test_stale_header_copy_is_used_when_the_newest_is_damaged() -> None:
     await wal.close()
 
 
+async def test_a_new_wal_has_two_header_copies_before_its_first_trim_or_close() -> None:
+    """A damaged header in a WAL that never trimmed or closed (one session, then a crash) loses nothing."""
+    for damaged_slot in (0, 1):
+        dev = MemoryDevice(CONFIG.device_bytes)
+        wal = await BlockWAL.open(dev, CONFIG)
+        offsets = [await wal.append(body(i)) for i in range(5)]
+        image = bytearray(dev.data)  # a crash: no trim, no clean close
+        await wal.close()
+        image[damaged_slot * 4096 + 10] ^= 0xFF
+        wal, recs = await reopen(MemoryDevice(len(image), image))
+        assert recs == [(o, body(i)) for i, o in enumerate(offsets)]
+        await wal.close()
+
+
 async def test_both_header_copies_damaged_is_corruption_not_a_new_wal() -> None:
     dev = MemoryDevice(CONFIG.device_bytes)
     wal = await BlockWAL.open(dev, CONFIG)

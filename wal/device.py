@@ -17,7 +17,8 @@ import stat
 from typing import Protocol
 
 from wal.config import WalConfig
-from wal.errors import InvalidWalConfig, WalIOError, WalLockedError
+from wal.errors import InvalidWalConfig, WalCorruptionError, WalIOError, WalLockedError
+from wal.format import decode_wal_header
 
 _FILL_CHUNK_BYTES = 8 << 20
 
@@ -141,6 +142,15 @@ def _open_maybe_direct(path: str, flags: int, direct_io: str) -> tuple[int, bool
     return os.open(path, flags), False
 
 
+def _recorded_capacity(path: str, block_size: int) -> int | None:
+    """The capacity the newest valid header copy of the WAL file records (None: no valid copy)."""
+    with open(path, "rb") as f:
+        head = f.read(2 * block_size)
+    copies = [decode_wal_header(head[k * block_size : (k + 1) * block_size]) for k in (0, 1)]
+    valid = [h for h in copies if h is not None]
+    return max(valid, key=lambda h: h.seq).capacity if valid else None
+
+
 class FileDevice(_FdDevice):
     """A regular file of exactly the device size, created preallocated and zero-filled."""
 
@@ -157,6 +167,12 @@ class FileDevice(_FdDevice):
         actual = os.fstat(fd).st_size
         if actual != size:
             os.close(fd)
+            recorded = _recorded_capacity(path, config.block_size_bytes)
+            if recorded is not None and recorded > actual:
+                raise WalCorruptionError(
+                    f"WAL file {path} is truncated: it has {actual} bytes, its header records {recorded}",
+                    position=actual,
+                )
             raise InvalidWalConfig(
                 f"WAL file {path} has {actual} bytes but the configured capacity is {size} "
                 "(capacity cannot change after creation)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import mmap
 import os
@@ -588,6 +589,18 @@ async def test_a_wal_never_closed_releases_its_file_and_lock_once_unreachable(tm
     wal = await BlockWAL.open(path, CONFIG)  # and the lock released: no WalLockedError
     assert [(r.offset, r.data) async for r in wal.recover()] == [(offset, body(1))]
     await wal.close()
+
+
+async def test_a_truncated_wal_file_is_corruption_and_another_capacity_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "wal.dat"
+    wal = await BlockWAL.open(path, CONFIG)
+    await wal.append(body(1))
+    await wal.close()
+    with pytest.raises(InvalidWalConfig, match="capacity cannot change"):  # the file is intact
+        await BlockWAL.open(path, dataclasses.replace(CONFIG, capacity_bytes=2 * CONFIG.capacity_bytes))
+    os.truncate(path, CONFIG.device_bytes - 4096)
+    with pytest.raises(WalCorruptionError, match="truncated: it has 258048 bytes, its header records 262144"):
+        await BlockWAL.open(path, CONFIG)
 
 
 async def test_a_wal_dropped_before_recovery_releases_its_lock(tmp_path: Path) -> None:

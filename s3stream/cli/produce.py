@@ -65,11 +65,10 @@ async def _produce(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--streams and --size must be at least 1, --count at least 0")
     lines = [line.rstrip(b"\r\n") for line in sys.stdin.buffer] if args.stdin else []
     client = await open_client(args, create=True)
-    record_max = client.config.record_size_max_bytes
-    if not args.stdin and args.size > record_max:
-        await client.close()
-        raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
     try:
+        record_max = client.config.record_size_max_bytes
+        if not args.stdin and args.size > record_max:
+            raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
         streams = await named_streams(client, args.name, args.streams)
         if args.stdin:
             payloads = [line for line in lines if line]

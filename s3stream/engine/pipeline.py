@@ -132,12 +132,12 @@ class UploadPipeline:
         self.hooks = hooks
         self.clock = clock
         self.room = asyncio.Event()
+        """Set whenever a commit frees LogCache and WAL room (or the engine fails): appenders waiting
+        for room look again."""
         self.last_failure: str | None = None
         """The last failed upload step (``"upload: UnavailableError(...)"``) while retries go on; None once
         a step succeeds. Errors that tell a caller storage is the reason (back-pressure, close timeouts)
         quote it."""
-        """Set whenever a commit frees LogCache and WAL room (or the engine fails): appenders waiting
-        for room look again."""
         self.inflight: list[UploadTask] = []
         self._last_task: UploadTask | None = None
         self._slots = asyncio.Semaphore(config.upload_inflight_max)

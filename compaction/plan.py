@@ -10,7 +10,7 @@ AutoMQ's algorithm (reference ``s3stream-compaction-and-metadata.md`` sections 2
   stream object (a gap cuts it out whatever its size), and the last run too when it is larger than
   the split size; the rest goes into one new StreamSet object. Limits on stream objects per commit
   and streams per StreamSet object exclude objects until they hold;
-* the work is cut into steps of at most ``step_bytes_max`` block bytes, so an executor holds at most
+* the work is cut into steps of at most ``step_max_bytes`` block bytes, so an executor holds at most
   one step in memory whatever the input size. A stream object cut by a step boundary becomes two.
 
 :func:`uncovered_blocks` is the sanity check run before a commit (reference 2.5).
@@ -166,7 +166,7 @@ class CompactionLimits:
             raise InvalidArgumentError("writer_reserve_bytes must be in [0, memory_budget_bytes / 2]")
 
     @property
-    def step_bytes_max(self) -> int:
+    def step_max_bytes(self) -> int:
         """Block bytes one step may read. A step's bytes are held at most twice (the GET buffers, and
         the copies in the step's stream-object uploads, which hold no more than is written to them
         and complete within the step), plus the reserve: ``2 * step + reserve <= budget``."""
@@ -227,7 +227,7 @@ def plan_stream_set_compaction(
     """Plan one run over this node's StreamSet objects. ``start_offsets``: stream id -> start offset
     of every stream that exists (a stream missing from it is deleted)."""
     by_id = {o.object_id: o for o in objects}
-    step_max = limits.step_bytes_max
+    step_max = limits.step_max_bytes
     live = {oid: live_blocks(o, start_offsets) for oid, o in by_id.items()}
     skipped: list[ObjectId] = [
         oid for oid, o in by_id.items() if any(e.size_bytes > step_max for e in o.index)

@@ -199,7 +199,7 @@ async def open_block_wal(path: Path, config: Config, *, node_epoch: int) -> Bloc
     """The block WAL file of the embedded default (preallocated by the WAL on creation)."""
     wal_config = WalConfig(
         capacity_bytes=config.wal_capacity_bytes,
-        record_max_bytes=config.wal_record_size_max_bytes,
+        record_max_bytes=config.wal_record_max_bytes,
         node_id=config.node_id,
         node_epoch=node_epoch,
         io_threads=min(config.wal_thread_count, IO_THREADS_MAX),

@@ -51,7 +51,7 @@ class Config:
     # -- WAL -----------------------------------------------------------------------------------
     wal_capacity_bytes: int = 256 * MiB
     wal_thread_count: int = 8
-    wal_record_size_max_bytes: int = 16 * MiB
+    wal_record_max_bytes: int = 16 * MiB
     wal_append_timeout_ms: int = 30_000
     wal_aio: Literal["auto", "uring", "adaptive", "off"] = "adaptive"
     # -- LogCache and uploads ------------------------------------------------------------------
@@ -63,7 +63,7 @@ class Config:
     upload_retry_backoff_max_ms: int = 5_000
     append_backpressure_wait_ms: int = 30_000
     close_timeout_ms: int = 60_000
-    record_size_max_bytes: int = 8 * MiB
+    record_max_bytes: int = 8 * MiB
     # -- objects -------------------------------------------------------------------------------
     block_cache_size_bytes: int = 64 * MiB
     object_block_size_bytes: int = 512 * KiB
@@ -95,15 +95,15 @@ class Config:
                 f"s3.wal.upload.threshold ({self.wal_upload_threshold_bytes}) must not exceed "
                 f"s3.wal.cache.size ({self.wal_cache_size_bytes})"
             )
-        if self.wal_record_size_max_bytes > self.wal_capacity_bytes // 4:
+        if self.wal_record_max_bytes > self.wal_capacity_bytes // 4:
             raise InvalidArgumentError(
-                f"s3.wal.record.size.max ({self.wal_record_size_max_bytes}) must be at most a quarter of "
+                f"s3.wal.record.size.max ({self.wal_record_max_bytes}) must be at most a quarter of "
                 f"s3.wal.capacity ({self.wal_capacity_bytes})"
             )
-        if self.record_size_max_bytes > self.wal_record_size_max_bytes:
+        if self.record_max_bytes > self.wal_record_max_bytes:
             raise InvalidArgumentError(
-                f"s3.record.size.max ({self.record_size_max_bytes}) must not exceed "
-                f"s3.wal.record.size.max ({self.wal_record_size_max_bytes})"
+                f"s3.record.size.max ({self.record_max_bytes}) must not exceed "
+                f"s3.wal.record.size.max ({self.wal_record_max_bytes})"
             )
         if self.upload_retry_backoff_ms > self.upload_retry_backoff_max_ms:
             raise InvalidArgumentError(
@@ -167,7 +167,7 @@ KEYS: tuple[Key, ...] = (
     Key("s3.wal.capacity", "wal_capacity_bytes", int, 4 * MiB, 1 << 40,
         "WAL file size; AutoMQ 2 GiB, ours 256 MiB (embedded)"),
     Key("s3.wal.thread", "wal_thread_count", int, 1, 64, "WAL I/O depth (AutoMQ iodepth 8)"),
-    Key("s3.wal.record.size.max", "wal_record_size_max_bytes", int, 4 * KiB, 1 << 30,
+    Key("s3.wal.record.size.max", "wal_record_max_bytes", int, 4 * KiB, 1 << 30,
         "largest WAL record body (bounds append_atomic groups); ours 16 MiB"),
     Key("s3.wal.append.timeout.ms", "wal_append_timeout_ms", int, 1, 3_600_000,
         "AutoMQ WAL append timeout 30 s"),
@@ -194,7 +194,7 @@ KEYS: tuple[Key, ...] = (
     Key("s3.close.timeout.ms", "close_timeout_ms", int, 1, 86_400_000,
         "how long Client.close and Stream.close wait for uploads (then UnavailableError; Client.close only "
         "logs it) and how long the open waits between checks of failing replay uploads; data stays in the WAL"),
-    Key("s3.record.size.max", "record_size_max_bytes", int, 1 * KiB, 1 << 30,
+    Key("s3.record.size.max", "record_max_bytes", int, 1 * KiB, 1 << 30,
         "largest record batch payload; ours 8 MiB"),
     Key("s3.block.cache.size", "block_cache_size_bytes", int, 1 * MiB, 1 << 40,
         "read-path block cache; AutoMQ library 100 MiB, ours 64 MiB"),

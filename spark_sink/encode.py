@@ -61,7 +61,7 @@ class EncodeOptions:
     batch_id: int
     partition_count: int
     batch_bytes_target: int
-    record_bytes_max: int
+    record_max_bytes: int
     partition_column: str
     """The user's column name, for error messages."""
     spill_dir: str | None = None
@@ -227,10 +227,10 @@ def check_rows(rows: pa.RecordBatch, options: EncodeOptions) -> str | None:
     for name in ("value", "key"):
         lengths = pc.binary_length(rows.column(name))
         longest = pc.max(lengths).as_py()
-        if longest is not None and longest > options.record_bytes_max:
+        if longest is not None and longest > options.record_max_bytes:
             return (
                 f"{where}: column {name!r} holds a value of {longest} bytes, above the record limit "
-                f"of {options.record_bytes_max} bytes"
+                f"of {options.record_max_bytes} bytes"
             )
     return None
 

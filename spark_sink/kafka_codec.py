@@ -56,8 +56,8 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 
-RECORD_COUNT_MAX = (1 << 31) - 1
-BATCH_BYTES_MAX = (1 << 31) - 1
+RECORD_MAX_COUNT = (1 << 31) - 1
+BATCH_MAX_BYTES = (1 << 31) - 1
 """The length field is an int32."""
 
 Header = tuple[str, bytes | None]
@@ -155,8 +155,8 @@ def encode_batch(
     count = len(values)
     if count == 0:
         raise InvalidArgumentError("a record batch needs at least one record")
-    if count > RECORD_COUNT_MAX:
-        raise InvalidArgumentError(f"{count} records exceed the batch maximum {RECORD_COUNT_MAX}")
+    if count > RECORD_MAX_COUNT:
+        raise InvalidArgumentError(f"{count} records exceed the batch maximum {RECORD_MAX_COUNT}")
     if len(keys) != count or len(timestamps_ms) != count or (headers is not None and len(headers) != count):
         raise InvalidArgumentError("keys, values, timestamps and headers must have the same length")
     first_ts = timestamps_ms[0]
@@ -206,8 +206,8 @@ def encode_batch(
         )
     out = bytearray().join(parts)
     total = len(out)
-    if total > BATCH_BYTES_MAX:
-        raise InvalidArgumentError(f"record batch of {total} bytes exceeds {BATCH_BYTES_MAX}")
+    if total > BATCH_MAX_BYTES:
+        raise InvalidArgumentError(f"record batch of {total} bytes exceeds {BATCH_MAX_BYTES}")
     BATCH_HEADER.pack_into(
         out,
         0,

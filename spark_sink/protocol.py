@@ -35,7 +35,7 @@ APPEND_OVERHEAD_BYTES = 128
 """Bytes a chunk budgets per appended batch besides its payload (WAL and batch headers)."""
 KV_OVERHEAD_BYTES = 1024
 """Bytes a chunk budgets for the progress and writer records (keys included)."""
-QUERY_ID_BYTES_MAX = 128
+QUERY_ID_MAX_BYTES = 128
 """Longest query id (UTF-8) the sink takes: keeps the progress and writer records within
 ``KV_OVERHEAD_BYTES`` next to the longest topic name (Spark's query ids are 36-character UUIDs)."""
 
@@ -55,14 +55,14 @@ def committed_key(topic: str) -> str:
     return f"spark_sink/topic/{topic}/committed"
 
 
-def committed_bytes_max(partition_count: int, discarded_count: int = 0) -> int:
+def committed_max_bytes(partition_count: int, discarded_count: int = 0) -> int:
     """An upper bound of ``len(Committed(...).encode())`` for a topic of ``partition_count`` partitions
     and ``discarded_count`` discarded ranges."""
     # 20 digits and a comma per end, [p,start,end], per range; the rest is the JSON frame
-    return 512 + 21 * partition_count + discarded_bytes_max(discarded_count)
+    return 512 + 21 * partition_count + discarded_max_bytes(discarded_count)
 
 
-def discarded_bytes_max(discarded_count: int) -> int:
+def discarded_max_bytes(discarded_count: int) -> int:
     """Bytes ``discarded_count`` discarded ranges add to a committed record at most."""
     return 50 * discarded_count  # "[" 5 digits "," 20 digits "," 20 digits "],"
 
@@ -168,22 +168,22 @@ class Progress:
 
 
 def chunk_payloads(
-    payloads: Sequence[PayloadRef], chunk_bytes_max: int, *, kv_bytes_max: int = KV_OVERHEAD_BYTES
+    payloads: Sequence[PayloadRef], chunk_max_bytes: int, *, kv_max_bytes: int = KV_OVERHEAD_BYTES
 ) -> list[Chunk]:
-    """Cut the payloads, in order, into chunks of at most ``chunk_bytes_max`` bytes each.
+    """Cut the payloads, in order, into chunks of at most ``chunk_max_bytes`` bytes each.
 
-    Every chunk keeps ``kv_bytes_max`` for the KV records committed with it.
+    Every chunk keeps ``kv_max_bytes`` for the KV records committed with it.
     """
     chunks: list[Chunk] = []
     current: list[PayloadRef] = []
-    size = kv_bytes_max
+    size = kv_max_bytes
     for ref in payloads:
         need = ref.size_bytes + APPEND_OVERHEAD_BYTES
-        assert need + kv_bytes_max <= chunk_bytes_max, "a payload must fit in a chunk"
-        if current and size + need > chunk_bytes_max:
+        assert need + kv_max_bytes <= chunk_max_bytes, "a payload must fit in a chunk"
+        if current and size + need > chunk_max_bytes:
             chunks.append(_chunk(current))
             current = []
-            size = kv_bytes_max
+            size = kv_max_bytes
         current.append(ref)
         size += need
     if current:

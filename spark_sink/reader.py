@@ -57,7 +57,7 @@ _PAYLOAD_SCHEMA = pa.schema(
         pa.field("payload", pa.binary()),
     ]
 )
-FETCH_BYTES_MAX = 8 << 20
+FETCH_MAX_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,7 @@ def fetch_payloads(
         stream = streams[r.partition]
         pos = r.start_offset
         while pos < r.end_offset:
-            batches = stream.fetch(pos, r.end_offset, FETCH_BYTES_MAX)
+            batches = stream.fetch(pos, r.end_offset, FETCH_MAX_BYTES)
             if not batches:
                 raise OffsetOutOfRangeError(f"partition {r.partition}: nothing returned at offset {pos}")
             for b in batches:

@@ -53,14 +53,14 @@ from spark_sink.encode import (
 from spark_sink.payloads import PayloadTable
 from spark_sink.protocol import (
     KV_OVERHEAD_BYTES,
-    QUERY_ID_BYTES_MAX,
+    QUERY_ID_MAX_BYTES,
     Committed,
     Writer,
     chunk_payloads,
     committed_after,
-    committed_bytes_max,
     committed_key,
-    discarded_bytes_max,
+    committed_max_bytes,
+    discarded_max_bytes,
     expected_next_offsets,
     load_progress,
     plan_batch,
@@ -68,7 +68,7 @@ from spark_sink.protocol import (
     progress_key,
     writer_key,
 )
-from spark_sink.topic import PARTITION_COUNT_MAX, Topic, ensure_topic, open_partitions
+from spark_sink.topic import PARTITION_MAX_COUNT, Topic, ensure_topic, open_partitions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -77,7 +77,7 @@ KILL_ENV = "S3STREAM_SPARK_SINK_KILL_AT"
 """Crash-test hook: ``after_chunk:<batch>:<chunk>`` or ``after_batch:<batch>`` SIGKILLs the driver there."""
 
 BATCH_BYTES_TARGET_DEFAULT = 1 << 20
-RECORD_BYTES_MAX_DEFAULT = 1 << 20
+RECORD_MAX_BYTES_DEFAULT = 1 << 20
 HISTORY_MAX = 1000
 _SPILL_NAME = re.compile(r"b\d+-[0-9a-f]{12}")
 RECORD_OVERHEAD_MAX_BYTES = 1024
@@ -126,8 +126,8 @@ class S3StreamSink:
         partitions: int = 1,
         stream_column: str | None = None,
         batch_bytes_target: int = BATCH_BYTES_TARGET_DEFAULT,
-        record_bytes_max: int = RECORD_BYTES_MAX_DEFAULT,
-        chunk_bytes_max: int | None = None,
+        record_max_bytes: int = RECORD_MAX_BYTES_DEFAULT,
+        chunk_max_bytes: int | None = None,
         query_id: str | None = None,
         spill: bool | None = None,
         spill_dir: str | os.PathLike[str] | None = None,
@@ -142,14 +142,14 @@ class S3StreamSink:
         self.topic_name = topic
         if isinstance(partitions, bool) or not isinstance(partitions, int):
             raise InvalidArgumentError(f"partitions must be an int, got {partitions!r}")
-        if not 1 <= partitions <= PARTITION_COUNT_MAX:
-            raise InvalidArgumentError(f"partitions must be in [1, {PARTITION_COUNT_MAX}], got {partitions}")
+        if not 1 <= partitions <= PARTITION_MAX_COUNT:
+            raise InvalidArgumentError(f"partitions must be in [1, {PARTITION_MAX_COUNT}], got {partitions}")
         self.partition_count = partitions
         self.stream_column = stream_column
         self.batch_bytes_target = batch_bytes_target
-        self.record_bytes_max = record_bytes_max
-        wal_max = self._config.wal_record_size_max_bytes
-        self.chunk_bytes_max = wal_max if chunk_bytes_max is None else chunk_bytes_max
+        self.record_max_bytes = record_max_bytes
+        wal_max = self._config.wal_record_max_bytes
+        self.chunk_max_bytes = wal_max if chunk_max_bytes is None else chunk_max_bytes
         self._query_id = query_id
         self.spill = spill
         """True: executors hand payloads over in files (same machine only); None: in local mode."""
@@ -165,26 +165,26 @@ class S3StreamSink:
         self._streams: list[SyncStream] = []
         self._lock = threading.Lock()
         self._columns: ColumnCache = {}
-        self._kv_bytes_max = KV_OVERHEAD_BYTES + committed_bytes_max(partitions)
+        self._kv_max_bytes = KV_OVERHEAD_BYTES + committed_max_bytes(partitions)
         self.history: deque[BatchStats] = deque(maxlen=HISTORY_MAX)
         """What the last micro-batches did, newest last."""
 
     def _check_limits(self) -> None:
-        payload_max = self.batch_bytes_target + self.record_bytes_max + RECORD_OVERHEAD_MAX_BYTES
-        if min(self.batch_bytes_target, self.record_bytes_max) < 1:
-            raise InvalidArgumentError("batch_bytes_target and record_bytes_max must be positive")
-        if payload_max > self._config.record_size_max_bytes:
+        payload_max = self.batch_bytes_target + self.record_max_bytes + RECORD_OVERHEAD_MAX_BYTES
+        if min(self.batch_bytes_target, self.record_max_bytes) < 1:
+            raise InvalidArgumentError("batch_bytes_target and record_max_bytes must be positive")
+        if payload_max > self._config.record_max_bytes:
             raise InvalidArgumentError(
-                f"batch_bytes_target + record_bytes_max ({payload_max} with overhead) must fit "
-                f"s3.record.size.max ({self._config.record_size_max_bytes})"
+                f"batch_bytes_target + record_max_bytes ({payload_max} with overhead) must fit "
+                f"s3.record.size.max ({self._config.record_max_bytes})"
             )
-        kv_bytes_max = KV_OVERHEAD_BYTES + committed_bytes_max(self.partition_count)
-        if payload_max + kv_bytes_max + 1024 > self.chunk_bytes_max:
-            raise InvalidArgumentError(f"chunk_bytes_max {self.chunk_bytes_max} is too small for one payload")
-        if self.chunk_bytes_max > self._config.wal_record_size_max_bytes:
+        kv_max_bytes = KV_OVERHEAD_BYTES + committed_max_bytes(self.partition_count)
+        if payload_max + kv_max_bytes + 1024 > self.chunk_max_bytes:
+            raise InvalidArgumentError(f"chunk_max_bytes {self.chunk_max_bytes} is too small for one payload")
+        if self.chunk_max_bytes > self._config.wal_record_max_bytes:
             raise InvalidArgumentError(
-                f"chunk_bytes_max {self.chunk_bytes_max} is above s3.wal.record.size.max "
-                f"({self._config.wal_record_size_max_bytes})"
+                f"chunk_max_bytes {self.chunk_max_bytes} is above s3.wal.record.size.max "
+                f"({self._config.wal_record_max_bytes})"
             )
 
     # -- engine ----------------------------------------------------------------------------------
@@ -210,20 +210,20 @@ class S3StreamSink:
             return Committed.empty(self.partition_count)
         return Committed.decode(raw, key=key, partition_count=self.partition_count)
 
-    def _chunk_kv_bytes_max(self, committed: Committed) -> int:
+    def _chunk_kv_max_bytes(self, committed: Committed) -> int:
         """Bytes each chunk keeps for its KV records, the committed record's discarded ranges included.
 
         The ranges change only by ``spark_sink abandon``, which also refuses the replay of the batch
         it abandons: a partly written micro-batch is always re-cut with the same budget.
         """
-        kv_bytes_max = self._kv_bytes_max + discarded_bytes_max(len(committed.discarded))
-        payload_max = self.batch_bytes_target + self.record_bytes_max + RECORD_OVERHEAD_MAX_BYTES
-        if payload_max + kv_bytes_max + 1024 > self.chunk_bytes_max:
+        kv_max_bytes = self._kv_max_bytes + discarded_max_bytes(len(committed.discarded))
+        payload_max = self.batch_bytes_target + self.record_max_bytes + RECORD_OVERHEAD_MAX_BYTES
+        if payload_max + kv_max_bytes + 1024 > self.chunk_max_bytes:
             raise InvalidArgumentError(
-                f"chunk_bytes_max {self.chunk_bytes_max} is too small for one payload next to the "
+                f"chunk_max_bytes {self.chunk_max_bytes} is too small for one payload next to the "
                 f"committed record of topic {self.topic_name!r} ({len(committed.discarded)} discarded ranges)"
             )
-        return kv_bytes_max
+        return kv_max_bytes
 
     def _check_next_offsets(self, streams: list[SyncStream], expected: list[int], batch_id: int) -> None:
         """Before anything is written: every stream ends where the protocol says, else ConflictError.
@@ -331,7 +331,7 @@ class S3StreamSink:
             batch_id=batch_id,
             partition_count=self.partition_count,
             batch_bytes_target=self.batch_bytes_target,
-            record_bytes_max=self.record_bytes_max,
+            record_max_bytes=self.record_max_bytes,
             partition_column=self.stream_column or "key hash",
             spill_dir=None if spill_dir is None else str(spill_dir),
         )
@@ -356,14 +356,14 @@ class S3StreamSink:
     def _append_payloads(
         self, batch_id: int, query_id: str, payloads: PayloadTable, t0: float, encode_s: float
     ) -> BatchStats:
-        if len(query_id.encode()) > QUERY_ID_BYTES_MAX:
+        if len(query_id.encode()) > QUERY_ID_MAX_BYTES:
             raise InvalidArgumentError(
-                f"query id {query_id[:40]!r}... is longer than {QUERY_ID_BYTES_MAX} bytes (UTF-8)"
+                f"query id {query_id[:40]!r}... is longer than {QUERY_ID_MAX_BYTES} bytes (UTF-8)"
             )
         refs = payloads.refs()
         streams = self._ensure_streams()
         committed = self._committed()
-        chunks = chunk_payloads(refs, self.chunk_bytes_max, kv_bytes_max=self._chunk_kv_bytes_max(committed))
+        chunks = chunk_payloads(refs, self.chunk_max_bytes, kv_max_bytes=self._chunk_kv_max_bytes(committed))
         key = progress_key(query_id, self.topic_name)
         progress = load_progress(self.client.kv.get, query_id, self.topic_name, committed)
         plan = plan_batch(progress, batch_id, chunks)

@@ -20,7 +20,7 @@ from s3stream.facade import SyncClient, SyncStream
 from s3stream.ids import StreamId
 
 TOPIC_VERSION = 1
-PARTITION_COUNT_MAX = 10_000
+PARTITION_MAX_COUNT = 10_000
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
@@ -69,8 +69,8 @@ def ensure_topic(client: SyncClient, topic: str, partition_count: int) -> Topic:
     check_topic_name(topic)
     if isinstance(partition_count, bool) or not isinstance(partition_count, int):
         raise InvalidArgumentError(f"partitions must be an int, got {partition_count!r}")
-    if not 1 <= partition_count <= PARTITION_COUNT_MAX:
-        raise InvalidArgumentError(f"partitions must be in [1, {PARTITION_COUNT_MAX}], got {partition_count}")
+    if not 1 <= partition_count <= PARTITION_MAX_COUNT:
+        raise InvalidArgumentError(f"partitions must be in [1, {PARTITION_MAX_COUNT}], got {partition_count}")
     wanted = json.dumps({"version": TOPIC_VERSION, "partitions": partition_count}).encode()
     client.kv.put_if_absent(topic_key(topic), wanted)
     stored = client.kv.get(topic_key(topic))
@@ -121,7 +121,7 @@ def _decode_topic(raw: bytes, topic: str) -> int:
         count = int(obj["partitions"])
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptionError(f"bad topic record: {exc}", source=f"kv:{topic_key(topic)}") from exc
-    if not 1 <= count <= PARTITION_COUNT_MAX:
+    if not 1 <= count <= PARTITION_MAX_COUNT:
         raise CorruptionError(f"bad topic partition count {count}", source=f"kv:{topic_key(topic)}")
     return count
 

@@ -66,7 +66,7 @@ async def _produce(args: argparse.Namespace) -> int:
     lines = [line.rstrip(b"\r\n") for line in sys.stdin.buffer] if args.stdin else []
     client = await open_client(args, create=True)
     try:
-        record_max = client.config.record_size_max_bytes
+        record_max = client.config.record_max_bytes
         if not args.stdin and args.size > record_max:
             raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
         streams = await named_streams(client, args.name, args.streams)

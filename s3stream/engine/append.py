@@ -100,7 +100,7 @@ class AppendPath:
         self.stats = stats
         self.clock = clock
         self.wal_room_bytes = int(config.wal_capacity_bytes * WAL_ROOM_FRACTION)
-        self.record_max_bytes = config.record_size_max_bytes
+        self.record_max_bytes = config.record_max_bytes
         self._wal_append, self._translate_wal_error = fast_append(wal)
         self._seq = 0
         self._watched: tuple[int, float] | None = None
@@ -133,7 +133,7 @@ class AppendPath:
         if supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
         size = 0
-        record_max = self.config.record_size_max_bytes
+        record_max = self.config.record_max_bytes
         for handle, payload, _ in appends:
             if handle.status is not Status.OPEN:
                 handle.check_writable()
@@ -162,12 +162,12 @@ class AppendPath:
             bases.append(base)
         body = encode_group([StreamRecordBatch(*i) for items in by_stream.values() for i in items], kv_puts)
         record_count = len(appends)
-        if len(body) > self.config.wal_record_size_max_bytes:
+        if len(body) > self.config.wal_record_max_bytes:
             for handle, _, count in reversed(appends):
                 handle.next_offset -= count
             raise InvalidArgumentError(
                 f"WAL record of {len(body)} bytes is above s3.wal.record.size.max "
-                f"({self.config.wal_record_size_max_bytes})"
+                f"({self.config.wal_record_max_bytes})"
             )
         seq = self.next_seq()
         pending = PendingAppend(seq, by_stream, remaining=len(by_stream))
@@ -275,10 +275,10 @@ class AppendPath:
         if not self._has_room(size):
             await self._admit(size)
         body = encode_kv([mutation])
-        if len(body) > self.config.wal_record_size_max_bytes:
+        if len(body) > self.config.wal_record_max_bytes:
             raise InvalidArgumentError(
                 f"KV change of {len(body)} bytes is above s3.wal.record.size.max "
-                f"({self.config.wal_record_size_max_bytes})"
+                f"({self.config.wal_record_max_bytes})"
             )
         seq = self.next_seq()
         kv_entry = self.kv.submit(seq, [mutation])

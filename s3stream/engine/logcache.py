@@ -234,7 +234,7 @@ class LogCacheBlock:
 
     block_id: int
     created_at_s: float
-    stream_count_max: int = 1 << 62
+    stream_max_count: int = 1 << 62
     """The LogCache's ``max_stream_count``: a fold comes before the staged records could exceed it."""
     folded: SortedDict = field(default_factory=SortedDict)
     """stream id -> StreamCache of the folded records (see :attr:`streams`)."""
@@ -273,7 +273,7 @@ class LogCacheBlock:
         self.folded = streams
 
     def _next_fold_at(self) -> None:
-        room = self.stream_count_max - len(self.folded)  # each staged record may add one stream
+        room = self.stream_max_count - len(self.folded)  # each staged record may add one stream
         self.fold_at = STAGED_FIELDS * min(STAGED_ROWS_MAX, max(room, 1))
 
     def fold(self) -> None:

@@ -4,7 +4,7 @@ A :class:`ReadState` is what :class:`~s3stream.engine.reader.ObjectStreamReader`
 two reads of one consumer: its index window (the data blocks ahead, in offset order), the block-cache
 entries it holds, and its readahead (size, how far loaded, the loads in flight, a pause after an
 unread block was evicted). :class:`ReadStates` keeps them keyed by ``(stream, next offset)``, at most
-:data:`STATE_COUNT_MAX`, dropping those idle for :data:`STATE_IDLE_S`. :func:`readahead_size` is
+:data:`STATE_MAX_COUNT`, dropping those idle for :data:`STATE_IDLE_S`. :func:`readahead_size` is
 the sizing rule (AutoMQ's, reference sections 6.4-6.5): how many bytes to load ahead now, if any.
 The reader does the I/O; nothing here awaits.
 """
@@ -26,12 +26,12 @@ MiB = 1024 * KiB
 
 READAHEAD_TASKS_MAX = 4
 """Readahead loads in flight per reader state (each of at most the readahead size)."""
-STATE_COUNT_MAX = 1024
+STATE_MAX_COUNT = 1024
 STATE_IDLE_S = 60.0
 """Reader states unused this long are dropped (AutoMQ: 1 min)."""
 
 
-FREE_GUARD_BYTES_MAX = 32 * MiB
+FREE_GUARD_MAX_BYTES = 32 * MiB
 """AutoMQ's free-space guard: readahead leaves this much of the block cache free."""
 FREE_GUARD_CACHE_DIVISOR = 4
 """The default guard is at most this fraction (1/4) of the block cache."""
@@ -41,7 +41,7 @@ def default_free_guard_bytes(cache_capacity_bytes: int) -> int:
     """AutoMQ's 32 MiB guard, at most a quarter of the block cache: 16 MiB of a 64 MiB cache (the
     32 MiB guard left readahead half of it, 3 GETs in flight on average; the read benchmark's raw
     baseline has 16 GETs of 4 MiB in flight)."""
-    return min(FREE_GUARD_BYTES_MAX, cache_capacity_bytes // FREE_GUARD_CACHE_DIVISOR)
+    return min(FREE_GUARD_MAX_BYTES, cache_capacity_bytes // FREE_GUARD_CACHE_DIVISOR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +172,7 @@ def readahead_size(
         return 0
     size_bytes = min(missing, settings.load_max_bytes)
     # what the free-space guard allows: the cache keeps free_guard_bytes free of readahead
-    guard_bytes = FREE_GUARD_BYTES_MAX if settings.free_guard_bytes is None else settings.free_guard_bytes
+    guard_bytes = FREE_GUARD_MAX_BYTES if settings.free_guard_bytes is None else settings.free_guard_bytes
     room_bytes = cache_free_bytes - guard_bytes
     if room_bytes < min(settings.initial_bytes, size_bytes):
         return 0
@@ -215,7 +215,7 @@ class ReadStates:
         if old is not None:
             self.drop(old)
         self.idle[key] = state
-        while len(self.idle) > STATE_COUNT_MAX:
+        while len(self.idle) > STATE_MAX_COUNT:
             _, oldest = self.idle.popitem(last=False)
             self.drop(oldest)
 

@@ -82,9 +82,9 @@ class MemoryWal:
     :meth:`reopen` (everything appended counts as durable: this twin models no torn writes).
     """
 
-    def __init__(self, *, capacity_bytes: int, record_size_max_bytes: int | None = None) -> None:
+    def __init__(self, *, capacity_bytes: int, record_max_bytes: int | None = None) -> None:
         self.capacity_bytes = capacity_bytes
-        self.record_size_max_bytes = record_size_max_bytes or capacity_bytes // 4
+        self.record_max_bytes = record_max_bytes or capacity_bytes // 4
         self.records: dict[int, bytes] = {}
         self.next_offset = 0
         self.trim_offset = 0
@@ -101,8 +101,8 @@ class MemoryWal:
         if self.closed:
             raise ClosedError("WAL is closed")
         length = body_size(body)
-        if length > self.record_size_max_bytes:
-            raise InvalidArgumentError(f"WAL record of {length} bytes is above {self.record_size_max_bytes}")
+        if length > self.record_max_bytes:
+            raise InvalidArgumentError(f"WAL record of {length} bytes is above {self.record_max_bytes}")
         size = length + MEMORY_RECORD_OVERHEAD_BYTES
         if self.used_bytes + size > self.capacity_bytes:
             raise CapacityError(f"WAL full: {self.used_bytes} of {self.capacity_bytes} bytes used")

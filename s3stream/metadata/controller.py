@@ -39,16 +39,16 @@ from s3stream.metadata.changes import (
     PutStream,
 )
 
-PREPARE_COUNT_MAX = 10_000
+PREPARE_MAX_COUNT = 10_000
 """Object ids one prepare_objects call may allocate."""
-TTL_MS_MAX = 7 * 24 * 3600 * 1000
+TTL_MAX_MS = 7 * 24 * 3600 * 1000
 GET_LIMIT_MAX = 100_000
 """Largest ``limit`` of a listing query."""
 RANGES_PER_COMMIT_MAX = 100_000
-TAG_COUNT_MAX = 64
+TAG_MAX_COUNT = 64
 TAG_CHARS_MAX = 1024
 KV_KEY_CHARS_MAX = 1024
-KV_VALUE_BYTES_MAX = 1 << 20
+KV_VALUE_MAX_BYTES = 1 << 20
 OFFSET_MAX = (1 << 63) - 1
 """Offsets, epochs and ids are stored as signed 64-bit integers (SQLite INTEGER)."""
 
@@ -167,8 +167,8 @@ def check_node(node_id: int, node_epoch: int) -> None:
 
 
 def check_tags(tags: Mapping[str, str]) -> None:
-    if len(tags) > TAG_COUNT_MAX:
-        raise InvalidArgumentError(f"at most {TAG_COUNT_MAX} tags, got {len(tags)}")
+    if len(tags) > TAG_MAX_COUNT:
+        raise InvalidArgumentError(f"at most {TAG_MAX_COUNT} tags, got {len(tags)}")
     for key, value in tags.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidArgumentError(f"tags must map str to str, got {key!r}: {value!r}")

@@ -40,9 +40,9 @@ from s3stream.metadata.changes import (
 )
 from s3stream.metadata.controller import (
     OFFSET_MAX,
-    PREPARE_COUNT_MAX,
+    PREPARE_MAX_COUNT,
     RANGES_PER_COMMIT_MAX,
-    TTL_MS_MAX,
+    TTL_MAX_MS,
     StateView,
     Txn,
     check_int,
@@ -65,8 +65,8 @@ def _destroy(txn: Txn, obj: S3ObjectMetadata, now_ms: int) -> None:
 
 
 def prepare_objects(txn: Txn, *, count: int, ttl_ms: int, now_ms: int) -> ObjectId:
-    check_int("count", count, low=1, high=PREPARE_COUNT_MAX)
-    check_int("ttl_ms", ttl_ms, low=1, high=TTL_MS_MAX)
+    check_int("count", count, low=1, high=PREPARE_MAX_COUNT)
+    check_int("ttl_ms", ttl_ms, low=1, high=TTL_MAX_MS)
     first = txn.view.next_id(Counter.OBJECT_ID)
     txn.write(SetCounter(Counter.OBJECT_ID, first + count))
     for object_id in range(first, first + count):

@@ -37,7 +37,7 @@ from s3stream.metadata.changes import (
 )
 from s3stream.metadata.controller import (
     KV_KEY_CHARS_MAX,
-    KV_VALUE_BYTES_MAX,
+    KV_VALUE_MAX_BYTES,
     OFFSET_MAX,
     StateView,
     Txn,
@@ -231,8 +231,8 @@ def kv_put(txn: Txn, key: str, value: bytes, *, overwrite: bool) -> bytes:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"a value is bytes, got {type(value).__name__}")
     value = bytes(value)
-    if len(value) > KV_VALUE_BYTES_MAX:
-        raise InvalidArgumentError(f"a value is at most {KV_VALUE_BYTES_MAX} bytes, got {len(value)}")
+    if len(value) > KV_VALUE_MAX_BYTES:
+        raise InvalidArgumentError(f"a value is at most {KV_VALUE_MAX_BYTES} bytes, got {len(value)}")
     if not overwrite:
         existing = txn.view.kv(key)
         if existing is not None:

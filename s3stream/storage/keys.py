@@ -1,7 +1,7 @@
 """Object key and byte-range validation shared by every ObjectStorage backend.
 
 All backends accept exactly the same keys, so a key that works on the local store works on S3 and
-the other way round. A key is 1..``KEY_BYTES_MAX`` characters: segments separated by ``/``, each
+the other way round. A key is 1..``KEY_MAX_BYTES`` characters: segments separated by ``/``, each
 segment non-empty, at most ``SEGMENT_CHARS_MAX`` characters (filesystems cap a name at 255
 bytes and the local store's temporary names add 34), not ``.`` or ``..``, made only of ASCII letters, digits and ``-_.=+,@!``. That
 rules out absolute paths, ``..`` escapes, empty segments, NUL and control characters, spaces,
@@ -15,7 +15,7 @@ import string
 
 from s3stream.errors import InvalidArgumentError
 
-KEY_BYTES_MAX = 1024
+KEY_MAX_BYTES = 1024
 """S3's limit on a key (UTF-8 bytes); our keys are ASCII so characters == bytes."""
 KEY_CHARS = frozenset(string.ascii_letters + string.digits + "-_.=+,@!")
 """Characters allowed inside one segment."""
@@ -45,8 +45,8 @@ def validate_key(key: object) -> str:
         raise InvalidArgumentError(f"object key must be a str, got {type(key).__name__}")
     if not key:
         raise InvalidArgumentError("object key is empty")
-    if len(key) > KEY_BYTES_MAX:
-        raise InvalidArgumentError(f"object key longer than {KEY_BYTES_MAX} characters: {key[:64]!r}...")
+    if len(key) > KEY_MAX_BYTES:
+        raise InvalidArgumentError(f"object key longer than {KEY_MAX_BYTES} characters: {key[:64]!r}...")
     for segment in key.split("/"):
         _check_segment(key, segment, partial=False)
     return key
@@ -56,8 +56,8 @@ def validate_prefix(prefix: object) -> str:
     """Return ``prefix`` if it can start a valid key ("" lists everything)."""
     if not isinstance(prefix, str):
         raise InvalidArgumentError(f"key prefix must be a str, got {type(prefix).__name__}")
-    if len(prefix) > KEY_BYTES_MAX:
-        raise InvalidArgumentError(f"key prefix longer than {KEY_BYTES_MAX} characters")
+    if len(prefix) > KEY_MAX_BYTES:
+        raise InvalidArgumentError(f"key prefix longer than {KEY_MAX_BYTES} characters")
     if not prefix:
         return prefix
     *whole, last = prefix.split("/")

@@ -48,9 +48,9 @@ from s3stream.storage.stats import StorageStats
 T = TypeVar("T")
 
 IO_THREADS_DEFAULT = 4
-UPLOAD_BUFFER_BYTES_MAX = 8 * 1024 * 1024
+UPLOAD_BUFFER_MAX_BYTES = 8 * 1024 * 1024
 """An Upload hands its buffered writes to the disk thread once this many bytes are pending."""
-UPLOAD_COPY_BYTES_MAX = 256 * 1024
+UPLOAD_COPY_MAX_BYTES = 256 * 1024
 """A mutable buffer up to this size is copied on the event loop (a few us); a larger one is written
 to the file from the disk thread before ``write`` returns, never copied (a 16 MiB copy stalls the
 loop for 10-18 ms)."""
@@ -317,7 +317,7 @@ class LocalObjectStorage:
 
     def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
         """``buffer_max_bytes`` is validated and otherwise ignored: an upload never holds more than
-        ``UPLOAD_BUFFER_BYTES_MAX`` pending plus the write in hand (larger writes go to the file)."""
+        ``UPLOAD_BUFFER_MAX_BYTES`` pending plus the write in hand (larger writes go to the file)."""
         validate_key(key)
         check_buffer_max_bytes(buffer_max_bytes)
         if self._closed:
@@ -435,7 +435,7 @@ class _LocalUpload:
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data``; the caller may reuse its buffer as soon as this returns.
 
-        ``bytes`` are kept as they are until ``UPLOAD_BUFFER_BYTES_MAX`` is pending. Any other buffer
+        ``bytes`` are kept as they are until ``UPLOAD_BUFFER_MAX_BYTES`` is pending. Any other buffer
         may change or pin memory after we return: a small one is copied, a larger one is written to
         the temporary file (after what is pending) by the disk thread before we return, without a
         copy on the event loop. The file's bytes are described in ``docs/format.md`` section 7.
@@ -445,14 +445,14 @@ class _LocalUpload:
         if size == 0:
             return
         self._size_bytes += size
-        if not isinstance(data, bytes) and size > UPLOAD_COPY_BYTES_MAX:
+        if not isinstance(data, bytes) and size > UPLOAD_COPY_MAX_BYTES:
             chunks = self._take_pending()
             chunks.append(data)
             await self._guard(self._storage._run(self._flush_sync, chunks))
             return
         self._pending.append(data if isinstance(data, bytes) else bytes(data))
         self._pending_bytes += size
-        if self._pending_bytes >= UPLOAD_BUFFER_BYTES_MAX:
+        if self._pending_bytes >= UPLOAD_BUFFER_MAX_BYTES:
             await self._guard(self._storage._run(self._flush_sync, self._take_pending()))
 
     async def copy(self, source_key: str, start: int, end: int) -> None:

@@ -6,8 +6,8 @@ from s3stream.config import Config
 
 CONFIG = Config(
     wal_capacity_bytes=8 << 20,
-    wal_record_size_max_bytes=1 << 20,
-    record_size_max_bytes=256 << 10,
+    wal_record_max_bytes=1 << 20,
+    record_max_bytes=256 << 10,
     wal_cache_size_bytes=4 << 20,
     wal_upload_threshold_bytes=1 << 20,
     wal_upload_interval_ms=3_600_000,

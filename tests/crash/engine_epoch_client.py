@@ -22,7 +22,7 @@ from s3stream.engine.client import Stream
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.storage.local import LocalObjectStorage
 
-CONFIG = Config(wal_capacity_bytes=4 << 20, wal_record_size_max_bytes=1 << 20, record_size_max_bytes=1 << 20)
+CONFIG = Config(wal_capacity_bytes=4 << 20, wal_record_max_bytes=1 << 20, record_max_bytes=1 << 20)
 
 
 async def append_until_killed(stream: Stream, node_id: int) -> None:

@@ -28,8 +28,8 @@ from tests.crash.backend import bucket_uri, engine_config
 
 CONFIG = Config(
     wal_capacity_bytes=8 << 20,
-    wal_record_size_max_bytes=1 << 20,
-    record_size_max_bytes=256 << 10,
+    wal_record_max_bytes=1 << 20,
+    record_max_bytes=256 << 10,
     wal_cache_size_bytes=4 << 20,
     wal_upload_threshold_bytes=64 << 10,
     wal_upload_interval_ms=100,

@@ -33,8 +33,8 @@ MiB = 1024 * KiB
 
 CONFIG = Config(
     wal_capacity_bytes=64 * MiB,
-    wal_record_size_max_bytes=2 * MiB,
-    record_size_max_bytes=1 * MiB,
+    wal_record_max_bytes=2 * MiB,
+    record_max_bytes=1 * MiB,
     wal_cache_size_bytes=32 * MiB,
     wal_upload_threshold_bytes=16 * MiB,
     wal_upload_interval_ms=3_600_000,

@@ -20,8 +20,8 @@ KiB = 1024
 
 CONFIG = Config(
     wal_capacity_bytes=32 << 20,
-    wal_record_size_max_bytes=2 << 20,
-    record_size_max_bytes=1 << 20,
+    wal_record_max_bytes=2 << 20,
+    record_max_bytes=1 << 20,
     wal_cache_size_bytes=16 << 20,
     wal_upload_threshold_bytes=1 << 20,
     stream_object_split_size_bytes=256 * KiB,

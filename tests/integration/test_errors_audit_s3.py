@@ -20,8 +20,8 @@ from tests.conftest import S3TestServer
 MiB = 1 << 20
 CONFIG = Config(
     wal_capacity_bytes=8 * MiB,
-    wal_record_size_max_bytes=1 * MiB,
-    record_size_max_bytes=512 * 1024,
+    wal_record_max_bytes=1 * MiB,
+    record_max_bytes=512 * 1024,
     wal_cache_size_bytes=4 * MiB,
     wal_upload_threshold_bytes=1 * MiB,
 )

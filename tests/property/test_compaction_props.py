@@ -87,7 +87,7 @@ def test_plans_keep_every_live_block_once_within_the_budget(
                 assert a.end_offset == b.start_offset, "one contiguous range per stream"
         ranges += [(e.stream_id, e.start_offset, e.end_offset) for e in stream_set]
         for step in commit.steps:
-            assert 0 < step.read_bytes <= limits.step_bytes_max
+            assert 0 < step.read_bytes <= limits.step_max_bytes
             for so in step.stream_objects:
                 for x, y in itertools.pairwise(so.blocks):
                     assert x.stream_id == y.stream_id == so.stream_id

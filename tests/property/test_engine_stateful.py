@@ -27,8 +27,8 @@ from s3stream.storage.memory import MemoryObjectStorage
 KiB = 1024
 CONFIG = Config(
     wal_capacity_bytes=16 * 1024 * KiB,
-    wal_record_size_max_bytes=1024 * KiB,
-    record_size_max_bytes=64 * KiB,
+    wal_record_max_bytes=1024 * KiB,
+    record_max_bytes=64 * KiB,
     wal_cache_size_bytes=1024 * KiB,
     wal_upload_threshold_bytes=64 * KiB,
     wal_upload_interval_ms=60_000,

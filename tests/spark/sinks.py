@@ -25,6 +25,6 @@ def small_chunk_sink(data_dir: Path, query_id: str) -> S3StreamSink:
         stream_column="p",
         query_id=query_id,
         batch_bytes_target=8192,
-        record_bytes_max=4096,
-        chunk_bytes_max=20_000,
+        record_max_bytes=4096,
+        chunk_max_bytes=20_000,
     )

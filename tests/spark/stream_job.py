@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         topic=args.topic,
         partitions=args.partitions,
         stream_column="partition",
-        chunk_bytes_max=args.chunk_bytes_max,
+        chunk_max_bytes=args.chunk_max_bytes,
         batch_bytes_target=args.batch_bytes_target,
-        record_bytes_max=max(4096, args.value_bytes * 2),
+        record_max_bytes=max(4096, args.value_bytes * 2),
     )
     done = threading.Event()
 

@@ -72,7 +72,7 @@ def _write(sink: S3StreamSink, batch_id: int, first: int, *, fill: bytes = b"v")
         batch_id=batch_id,
         partition_count=sink.partition_count,
         batch_bytes_target=sink.batch_bytes_target,
-        record_bytes_max=sink.record_bytes_max,
+        record_max_bytes=sink.record_max_bytes,
         partition_column="p",
     )
     half = ROWS // 2  # two Spark partitions (tasks), as spark.range(..., numPartitions=2) gives
@@ -209,8 +209,8 @@ def test_chunks_budget_the_discarded_ranges_and_a_too_small_chunk_is_refused(tmp
     with small_chunk_sink(tmp_path / "engine", "q") as sink:
         _write(sink, 0, 0)
         # 20,000-byte chunks keep ~4 kB beside one payload (13.3 kB) and the KV records (1.6 kB)
-        payload_max = sink.batch_bytes_target + sink.record_bytes_max + 1024
-        room = sink.chunk_bytes_max - payload_max - sink._chunk_kv_bytes_max(Committed.empty(2)) - 1024
+        payload_max = sink.batch_bytes_target + sink.record_max_bytes + 1024
+        room = sink.chunk_max_bytes - payload_max - sink._chunk_kv_max_bytes(Committed.empty(2)) - 1024
         ranges = tuple(DiscardedRange(1, 2 * i, 2 * i + 1) for i in range(room // 50 + 1))
         sink.client.kv.put(committed_key("t"), Committed((200, 10_000), "q", 0, ranges).encode())
         with pytest.raises(InvalidArgumentError, match=r"too small for one payload next to the committed"):

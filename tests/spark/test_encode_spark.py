@@ -23,7 +23,7 @@ def _encode(df: Any, *, partitions: int, stream_column: str | None, target: int 
         batch_id=0,
         partition_count=partitions,
         batch_bytes_target=target,
-        record_bytes_max=1 << 20,
+        record_max_bytes=1 << 20,
         partition_column=stream_column or "key hash",
     )
     return rows.mapInArrow(map_in_arrow(opts), OUTPUT_DDL).toArrow()

@@ -14,7 +14,7 @@ from spark_sink.protocol import (
     APPEND_OVERHEAD_BYTES,
     DISCARDED_RANGES_MAX,
     KV_OVERHEAD_BYTES,
-    QUERY_ID_BYTES_MAX,
+    QUERY_ID_MAX_BYTES,
     Committed,
     DiscardedRange,
     PayloadRef,
@@ -22,7 +22,7 @@ from spark_sink.protocol import (
     Writer,
     chunk_payloads,
     committed_after,
-    committed_bytes_max,
+    committed_max_bytes,
     expected_next_offsets,
     legacy_progress_key,
     load_progress,
@@ -102,10 +102,10 @@ def test_bad_progress_record_is_corruption() -> None:
 
 
 def test_chunks_keep_room_for_the_kv_records_they_carry() -> None:
-    kv_max = KV_OVERHEAD_BYTES + committed_bytes_max(3)
+    kv_max = KV_OVERHEAD_BYTES + committed_max_bytes(3)
     refs = _refs([2800] * 10)
     assert len(chunk_payloads(refs, 10_000)) == 4  # 3 payloads per chunk next to the progress record
-    chunks = chunk_payloads(refs, 10_000, kv_bytes_max=kv_max)
+    chunks = chunk_payloads(refs, 10_000, kv_max_bytes=kv_max)
     for c in chunks:
         assert kv_max + sum(p.size_bytes + APPEND_OVERHEAD_BYTES for p in c.payloads) <= 10_000
     assert len(chunks) == 5  # only 2 fit next to the committed-offsets record too
@@ -114,7 +114,7 @@ def test_chunks_keep_room_for_the_kv_records_they_carry() -> None:
 def test_committed_record_bound_holds_for_the_largest_offsets() -> None:
     for n in (1, 7, 10_000):
         record = Committed((2**63 - 1,) * n, "q" * 36, 2**62)
-        assert len(record.encode()) <= committed_bytes_max(n)
+        assert len(record.encode()) <= committed_max_bytes(n)
 
 
 def test_committed_ends_advance_by_the_whole_batch_and_resume_where_the_chunks_stopped() -> None:
@@ -164,7 +164,7 @@ def test_records_are_written_as_version_2_and_round_trip() -> None:
     )
     assert json.loads(committed.encode())["version"] == 2
     assert Committed.decode(committed.encode(), key="k", partition_count=2) == committed
-    assert len(committed.encode()) <= committed_bytes_max(2, 3)
+    assert len(committed.encode()) <= committed_max_bytes(2, 3)
     writer = Writer("q", 7)
     assert Writer.decode(writer.encode(), key="k") == writer
 
@@ -173,7 +173,7 @@ def test_discarded_ranges_bound_holds_for_the_largest_offsets() -> None:
     ends = (2**63 - 1,) * 10_000
     ranges = tuple(DiscardedRange(9_999 - i, 2**62 + i, 2**63 - 1) for i in range(DISCARDED_RANGES_MAX))
     record = Committed(ends, "q" * 36, 2**62, tuple(sorted(ranges, key=lambda r: r.partition)))
-    assert len(record.encode()) <= committed_bytes_max(10_000, DISCARDED_RANGES_MAX)
+    assert len(record.encode()) <= committed_max_bytes(10_000, DISCARDED_RANGES_MAX)
 
 
 def test_bad_discarded_ranges_are_corruption() -> None:
@@ -278,7 +278,7 @@ def test_a_legacy_progress_record_counts_only_for_a_topic_its_query_wrote() -> N
 
 
 def test_the_kv_budget_holds_the_longest_progress_and_writer_records() -> None:
-    query_id, topic = "q" * QUERY_ID_BYTES_MAX, "t" * 200  # the longest the sink and topics allow
+    query_id, topic = "q" * QUERY_ID_MAX_BYTES, "t" * 200  # the longest the sink and topics allow
     largest = 2**63 - 1
     progress = Progress(largest, largest, largest, 2**32 - 1, abandoned=False)
     writer = Writer(query_id, largest)

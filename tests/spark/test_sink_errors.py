@@ -55,7 +55,7 @@ def test_oversized_value_is_named_with_the_limit(spark: Any, tmp_path: Path) -> 
     with pytest.raises(
         InvalidArgumentError, match=r"micro-batch 2: column 'value' holds a value of 5000 bytes"
     ):
-        _sink(tmp_path, record_bytes_max=4096)(df, 2)
+        _sink(tmp_path, record_max_bytes=4096)(df, 2)
 
 
 def test_partition_outside_the_topic_is_named(spark: Any, tmp_path: Path) -> None:
@@ -72,6 +72,6 @@ def test_sink_outside_a_streaming_query_needs_a_query_id(spark: Any, tmp_path: P
 
 def test_limits_are_checked_at_construction(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match=r"s3.record.size.max"):
-        S3StreamSink(tmp_path, record_bytes_max=64 << 20)
+        S3StreamSink(tmp_path, record_max_bytes=64 << 20)
     with pytest.raises(InvalidArgumentError, match="exactly one"):
         S3StreamSink()

@@ -17,7 +17,7 @@ from s3stream.errors import ConflictError, InvalidArgumentError, OffsetOutOfRang
 from s3stream.model import RecordBatch
 from spark_sink.abandon import abandon_unfinished
 from spark_sink.kafka_codec import encode_batch
-from spark_sink.protocol import QUERY_ID_BYTES_MAX, committed_key, progress_key
+from spark_sink.protocol import QUERY_ID_MAX_BYTES, committed_key, progress_key
 from spark_sink.reader import read_records
 from spark_sink.sink import S3StreamSink
 from tests.spark.sinks import ROWS, Appends, small_chunk_sink
@@ -186,8 +186,8 @@ def test_one_query_writes_two_topics_through_two_sinks_exactly_once(spark: Any, 
             stream_column="p",
             query_id="q",
             batch_bytes_target=8192,
-            record_bytes_max=4096,
-            chunk_bytes_max=20_000,
+            record_max_bytes=4096,
+            chunk_max_bytes=20_000,
         )
         with sink_u:
             for batch in (0, 1):
@@ -205,7 +205,7 @@ def test_one_query_writes_two_topics_through_two_sinks_exactly_once(spark: Any, 
 def test_a_query_id_too_long_for_the_kv_budget_is_refused_before_anything_is_written(
     spark: Any, tmp_path: Path
 ) -> None:
-    with small_chunk_sink(tmp_path / "engine", "q" * (QUERY_ID_BYTES_MAX + 1)) as sink:
+    with small_chunk_sink(tmp_path / "engine", "q" * (QUERY_ID_MAX_BYTES + 1)) as sink:
         with pytest.raises(InvalidArgumentError, match="query id"):
             sink(_rows(spark, 0), 0)
         assert _raw_count(sink) == 0

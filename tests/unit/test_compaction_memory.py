@@ -40,7 +40,7 @@ def test_two_steps_and_the_reserve_fit_the_budget(budget_mib: int, part_mib: int
         stream_set_object_compaction_cache_size_bytes=budget_mib * MiB, object_part_size_bytes=part_mib * MiB
     )
     limits = CompactionLimits.from_config(config)
-    assert 2 * limits.step_bytes_max + limits.writer_buffer_max_bytes <= limits.memory_budget_bytes
+    assert 2 * limits.step_max_bytes + limits.writer_buffer_max_bytes <= limits.memory_budget_bytes
 
 
 async def _env_with(

@@ -130,9 +130,9 @@ def test_the_memory_budget_cuts_the_work_into_several_steps() -> None:
     plan = plan_stream_set_compaction(objects, dict.fromkeys(range(4), 0), limits, now_ms=NOW)
     assert plan.compaction is not None
     steps = plan.compaction.steps
-    assert limits.step_bytes_max == 10 * MiB  # half the budget: read buffers + writer copies
+    assert limits.step_max_bytes == 10 * MiB  # half the budget: read buffers + writer copies
     assert len(steps) == 4  # 40 MiB of blocks, at most 10 MiB per step
-    assert all(s.read_bytes <= limits.step_bytes_max for s in steps)
+    assert all(s.read_bytes <= limits.step_max_bytes for s in steps)
     assert shape(plan.compaction) == ([], [(s, 0, 100) for s in range(4)])
     blocks = [b for s in steps for b in s.blocks()]
     assert len(blocks) == len({(b.object_id, b.entry.start_position) for b in blocks}) == 40
@@ -225,7 +225,7 @@ def test_limits_come_from_config_and_are_validated() -> None:
     assert limits.stream_split_size_bytes == 8 * MiB
     assert limits.force_split_age_ms == 120 * 60_000
     assert limits.objects_max == 500
-    assert limits.step_bytes_max == (200 * MiB - 32 * MiB) // 2
+    assert limits.step_max_bytes == (200 * MiB - 32 * MiB) // 2
     with pytest.raises(InvalidArgumentError):
         CompactionLimits(memory_budget_bytes=0)
     with pytest.raises(InvalidArgumentError):

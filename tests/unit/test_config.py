@@ -54,7 +54,7 @@ def test_relations_between_keys_are_checked() -> None:
     with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.upload\.threshold"):
         Config(wal_cache_size_bytes=8 * MiB, wal_upload_threshold_bytes=16 * MiB)
     with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.record\.size\.max"):
-        Config(wal_capacity_bytes=16 * MiB, wal_record_size_max_bytes=8 * MiB, record_size_max_bytes=1 * MiB)
+        Config(wal_capacity_bytes=16 * MiB, wal_record_max_bytes=8 * MiB, record_max_bytes=1 * MiB)
 
 
 def test_toml_then_env_then_overrides(tmp_path: Path) -> None:

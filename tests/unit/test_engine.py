@@ -37,8 +37,8 @@ MiB = 1024 * KiB
 
 SMALL = Config(
     wal_capacity_bytes=8 * MiB,
-    wal_record_size_max_bytes=1 * MiB,
-    record_size_max_bytes=512 * KiB,
+    wal_record_max_bytes=1 * MiB,
+    record_max_bytes=512 * KiB,
     wal_cache_size_bytes=2 * MiB,
     wal_upload_threshold_bytes=256 * KiB,
     wal_upload_interval_ms=60_000,
@@ -136,7 +136,7 @@ async def test_fetch_outside_range_and_bad_arguments_raise_typed_errors() -> Non
     with pytest.raises(InvalidArgumentError):
         await stream.append(RecordBatch(b""))
     with pytest.raises(InvalidArgumentError):
-        await stream.append(RecordBatch(b"x" * (SMALL.record_size_max_bytes + 1)))
+        await stream.append(RecordBatch(b"x" * (SMALL.record_max_bytes + 1)))
     with pytest.raises(InvalidArgumentError):
         await stream.append(b"raw bytes")  # type: ignore[arg-type]
     await client.close()
@@ -444,7 +444,7 @@ async def test_kv_changes_are_wal_records_and_oversized_ones_are_refused() -> No
     await client.kv.delete("a")
     assert node.wal.append_count == before + 3
     with pytest.raises(InvalidArgumentError, match=r"s3\.wal\.record\.size\.max"):
-        await client.kv.put("big", bytes(SMALL.wal_record_size_max_bytes))
+        await client.kv.put("big", bytes(SMALL.wal_record_max_bytes))
     assert node.wal.append_count == before + 3
     assert await client.kv.get("big") is None
     await client.close()

@@ -10,7 +10,7 @@ import s3stream
 from s3stream import Config, ConflictError, RecordBatch
 from s3stream.ids import NodeId
 
-CONFIG = Config(wal_capacity_bytes=8 << 20, wal_record_size_max_bytes=1 << 20, record_size_max_bytes=1 << 20)
+CONFIG = Config(wal_capacity_bytes=8 << 20, wal_record_max_bytes=1 << 20, record_max_bytes=1 << 20)
 
 
 async def test_one_line_open_creates_the_layout_and_survives_reopen(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ class TrackedUpload:
         self._owner = owner
         self._open = True
         owner.open_count += 1
-        owner.open_count_max = max(owner.open_count_max, owner.open_count)
+        owner.open_max_count = max(owner.open_max_count, owner.open_count)
 
     def _closed(self) -> None:
         if self._open:
@@ -59,7 +59,7 @@ class TrackingStorage(MemoryObjectStorage):
     def __init__(self) -> None:
         super().__init__()
         self.open_count = 0
-        self.open_count_max = 0
+        self.open_max_count = 0
 
     def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
         return TrackedUpload(super().upload(key, buffer_max_bytes=buffer_max_bytes), self)
@@ -85,7 +85,7 @@ async def test_objects_of_one_upload_are_written_at_most_limit_at_a_time(limit: 
     assert len(plan.stream_objects) == STREAM_COUNT
     assert not plan.stream_set
     request = await uploader(storage, object_writes_max=limit).write(plan, ObjectId(100))
-    assert storage.open_count_max == limit  # the bound holds, and is reached
+    assert storage.open_max_count == limit  # the bound holds, and is reached
     assert storage.open_count == 0
     assert [o.object_id for o in request.stream_objects] == list(range(100, 100 + STREAM_COUNT))
     for obj in request.stream_objects:
@@ -107,4 +107,4 @@ async def test_a_failed_object_write_aborts_the_waiting_and_running_ones() -> No
     with pytest.raises(ConnectionError):
         await failing.write(plan, ObjectId(100))
     assert storage.open_count == 0
-    assert storage.open_count_max <= 2
+    assert storage.open_max_count <= 2

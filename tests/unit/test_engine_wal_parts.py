@@ -30,8 +30,8 @@ MiB = 1024 * KiB
 
 CONFIG = Config(
     wal_capacity_bytes=8 * MiB,
-    wal_record_size_max_bytes=1 * MiB,
-    record_size_max_bytes=512 * KiB,
+    wal_record_max_bytes=1 * MiB,
+    record_max_bytes=512 * KiB,
     wal_cache_size_bytes=4 * MiB,
     wal_upload_threshold_bytes=4 * MiB,
     wal_upload_interval_ms=600_000,
@@ -119,7 +119,7 @@ async def test_memory_wal_stores_parts_as_the_joined_body_with_the_same_offsets(
 
 
 async def test_memory_wal_limits_count_the_joined_size_of_the_parts() -> None:
-    wal = MemoryWal(capacity_bytes=1 * KiB, record_size_max_bytes=100)
+    wal = MemoryWal(capacity_bytes=1 * KiB, record_max_bytes=100)
     with pytest.raises(InvalidArgumentError, match="101 bytes"):
         await wal.append((b"x" * 50, b"y" * 51))
     assert body_size([b"x" * 50, bytearray(50)]) == 100

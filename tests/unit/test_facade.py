@@ -24,8 +24,8 @@ from s3stream.storage.memory import MemoryObjectStorage
 MiB = 1 << 20
 CONFIG = Config(
     wal_capacity_bytes=8 * MiB,
-    wal_record_size_max_bytes=1 * MiB,
-    record_size_max_bytes=512 * 1024,
+    wal_record_max_bytes=1 * MiB,
+    record_max_bytes=512 * 1024,
     wal_cache_size_bytes=2 * MiB,
     wal_upload_threshold_bytes=256 * 1024,
 )
@@ -135,8 +135,8 @@ def test_call_from_the_loop_thread_is_refused() -> None:
 def test_open_sync_on_an_embedded_data_dir_survives_a_reopen(tmp_path: Path) -> None:
     config = Config(
         wal_capacity_bytes=16 * MiB,
-        wal_record_size_max_bytes=1 * MiB,
-        record_size_max_bytes=512 * 1024,
+        wal_record_max_bytes=1 * MiB,
+        record_max_bytes=512 * 1024,
         wal_cache_size_bytes=4 * MiB,
         wal_upload_threshold_bytes=1 * MiB,
     )

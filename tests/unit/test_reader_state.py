@@ -9,8 +9,8 @@ import pytest
 
 from s3stream.engine.blockcache import BlockKey
 from s3stream.engine.readstate import (
-    STATE_COUNT_MAX,
     STATE_IDLE_S,
+    STATE_MAX_COUNT,
     BlockRef,
     ReadaheadSettings,
     ReadState,
@@ -92,11 +92,11 @@ def test_states_are_bounded_expire_when_idle_and_release_their_blocks() -> None:
     assert released == [BlockKey(ObjectId(7), 0)]
     assert list(states.idle) == []
     assert states.active == {other}
-    for i in range(STATE_COUNT_MAX + 1):
+    for i in range(STATE_MAX_COUNT + 1):
         states.put(ReadState(StreamId(3), i, 100, last_used_s=now[0]))
-    assert len(states.idle) == STATE_COUNT_MAX
+    assert len(states.idle) == STATE_MAX_COUNT
     assert (StreamId(3), 0) not in states.idle  # the least recently used one went
-    assert len(states.drop_all()) == STATE_COUNT_MAX + 1
+    assert len(states.drop_all()) == STATE_MAX_COUNT + 1
     assert states.idle == {}
 
 

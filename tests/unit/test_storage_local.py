@@ -14,7 +14,7 @@ import pytest
 
 from s3stream._loop import run
 from s3stream.errors import ClosedError, ConflictError, NotFoundError
-from s3stream.storage.local import UPLOAD_BUFFER_BYTES_MAX, LocalObjectStorage, _LocalUpload
+from s3stream.storage.local import UPLOAD_BUFFER_MAX_BYTES, LocalObjectStorage, _LocalUpload
 from tests.storage_contract import LIST_PAGE_SIZE, StorageContract, keys_of
 
 
@@ -73,7 +73,7 @@ async def test_a_cancelled_upload_step_finishes_on_its_disk_thread_before_abort_
     monkeypatch.setattr(_LocalUpload, "_flush_sync", slow_flush)
     monkeypatch.setattr(_LocalUpload, "_discard_sync", recorded_discard)
     upload = storage.upload("a/k")
-    write = asyncio.create_task(upload.write(bytes(UPLOAD_BUFFER_BYTES_MAX)))
+    write = asyncio.create_task(upload.write(bytes(UPLOAD_BUFFER_MAX_BYTES)))
     while not events:
         await asyncio.sleep(0.001)
     write.cancel()

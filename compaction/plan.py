@@ -1,6 +1,6 @@
 """The StreamSet object compaction planner: objects and stream metadata in, frozen plans out, no I/O.
 
-AutoMQ's algorithm (reference ``s3stream-compaction-and-metadata.md`` sections 2.2-2.6):
+AutoMQ's algorithm (``docs/automq-model.md`` section 9):
 
 * blocks of deleted streams and blocks wholly below their stream's start offset are dropped;
 * objects older than the force-split age are split, each on its own, into one stream object per
@@ -13,7 +13,7 @@ AutoMQ's algorithm (reference ``s3stream-compaction-and-metadata.md`` sections 2
 * the work is cut into steps of at most ``step_max_bytes`` block bytes, so an executor holds at most
   one step in memory whatever the input size. A stream object cut by a step boundary becomes two.
 
-:func:`uncovered_blocks` is the sanity check run before a commit (reference 2.5).
+:func:`uncovered_blocks` is the sanity check run before a commit (``docs/automq-model.md`` section 9, step 5).
 """
 
 from __future__ import annotations
@@ -276,7 +276,8 @@ def plan_stream_set_compaction(
 
 
 def _sharing_a_stream(candidates: list[ObjectId], live: Mapping[ObjectId, list[BlockRef]]) -> list[ObjectId]:
-    """Candidates holding at least one stream that another candidate holds too (reference 2.4 step 2)."""
+    """Candidates holding at least one stream that another candidate holds too (docs/automq-model.md section
+    9, step 3)."""
     holders: Counter[int] = Counter()
     streams_of = {oid: {b.stream_id for b in live[oid]} for oid in candidates}
     for streams in streams_of.values():
@@ -320,7 +321,8 @@ def _over_limits(
     live: Mapping[ObjectId, list[BlockRef]],
     limits: CompactionLimits,
 ) -> set[ObjectId]:
-    """Objects to exclude so the commit fits the limits (empty: it fits). Reference 2.4 step 5."""
+    """Objects to exclude so the commit fits the limits (empty: it fits). docs/automq-model.md section 9, step
+    3."""
     splits = [u for u in units if u.split]
     if len(splits) > limits.stream_objects_per_commit_max:
         smallest = min(splits, key=lambda u: (len(u.blocks), u.blocks[0].stream_id))
@@ -370,7 +372,7 @@ def _cut_steps(units: list[_Unit], step_max: int) -> tuple[PlanStep, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Sanity check (reference 2.5)
+# Sanity check (docs/automq-model.md section 9, step 5)
 
 
 def uncovered_blocks(

@@ -1,6 +1,6 @@
 """Stream object compaction: drop wholly trimmed stream objects, merge small adjacent ones.
 
-Reference sections 3.2 and 3.3. :func:`plan_stream_object_compaction` is pure: a stream's objects
+``docs/automq-model.md`` section 10. :func:`plan_stream_object_compaction` is pure: a stream's objects
 and start offset in, a plan out (expired objects; groups of at least two contiguous objects up to
 the size limit). :class:`StreamObjectCompactor` carries a plan out: expired objects are committed
 away (``object_id -1``, at most 1000 sources per request); each group becomes one new object whose

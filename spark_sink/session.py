@@ -1,8 +1,8 @@
 """A local SparkSession with the settings measured to be fast on small machines.
 
-See ``../shared/reference/spark-structured-streaming-notes.md``: bind to 127.0.0.1, run Python
-workers with this interpreter, no UI, two shuffle partitions, no adaptive execution, no empty
-micro-batches. Used by the tests, the demo and the benchmark.
+Binds to 127.0.0.1, runs Python workers with this interpreter, no UI, two shuffle partitions, no adaptive
+execution, no empty micro-batches (what a small local session needs). Used by the tests, the demo and the
+benchmark.
 """
 
 from __future__ import annotations

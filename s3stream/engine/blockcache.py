@@ -1,6 +1,6 @@
 """The block cache: decoded data blocks of objects, keyed by (object id, block position), byte-bounded.
 
-Design (AutoMQ's ``DataBlockCache``, reference section 6.3):
+Design (AutoMQ's ``DataBlockCache``, ``docs/automq-model.md`` section 12):
 
 * **Bounded**: the sizes of stored blocks plus blocks being loaded never exceed ``capacity_bytes``
   for long: a load reserves its size up front and evicts least-recently-used blocks to make room.

@@ -5,7 +5,7 @@ two reads of one consumer: its index window (the data blocks ahead, in offset or
 entries it holds, and its readahead (size, how far loaded, the loads in flight, a pause after an
 unread block was evicted). :class:`ReadStates` keeps them keyed by ``(stream, next offset)``, at most
 :data:`STATE_MAX_COUNT`, dropping those idle for :data:`STATE_IDLE_S`. :func:`readahead_size` is
-the sizing rule (AutoMQ's, reference sections 6.4-6.5): how many bytes to load ahead now, if any.
+the sizing rule (AutoMQ's, ``docs/automq-model.md`` section 12): how many bytes to load ahead now, if any.
 The reader does the I/O; nothing here awaits.
 """
 

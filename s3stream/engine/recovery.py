@@ -1,13 +1,13 @@
 """What to replay from the WAL after a restart (decide); the engine carries it out (act).
 
-The rule is ``docs/format.md`` section 5.3 (AutoMQ reference 3.11 step 5): every body is decoded;
-KV changes (atomic groups' puts and KV mutation bodies) are kept in WAL order, which is the order
-they were applied and acknowledged in (:mod:`s3stream.engine.kvlog`). A batch is kept only when its
-stream is one this node left open and its epoch is that stream's epoch; batches below the stream's
-next expected offset (beginning at the committed end offset) were committed already. A batch above
-it is held until its predecessor turns up later in the WAL (a write retried after "WAL full" lands
-after appends submitted after it), as AutoMQ buffers out-of-order records; batches still held at
-the end of the WAL follow a gap and are dropped. Pure: records in, a frozen plan out.
+The rule is ``docs/format.md`` section 5.3 (AutoMQ's restart recovery, ``docs/automq-model.md`` section 13):
+every body is decoded; KV changes (atomic groups' puts and KV mutation bodies) are kept in WAL order, which is
+the order they were applied and acknowledged in (:mod:`s3stream.engine.kvlog`). A batch is kept only when its
+stream is one this node left open and its epoch is that stream's epoch; batches below the stream's next
+expected offset (beginning at the committed end offset) were committed already. A batch above it is held until
+its predecessor turns up later in the WAL (a write retried after "WAL full" lands after appends submitted
+after it), as AutoMQ buffers out-of-order records; batches still held at the end of the WAL follow a gap and
+are dropped. Pure: records in, a frozen plan out.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The per-stream acknowledgement sequencer: persisted appends are released strictly in offset order.
 
-WAL writes may complete out of order (several write groups in flight); a stream's appends must still
-be acknowledged, and enter the LogCache, in the order their offsets were assigned (AutoMQ reference
-3.8, the callback sequencer). A stream's appends are released in offset order, so an append whose
-base offset is its stream's ``confirm_offset`` when it becomes durable is the next one to release:
-the plain append's hot path checks exactly that and releases itself in line, with no queue entry
-and no :class:`PendingAppend` (the usual case). A durable append whose predecessor is still in flight
-waits in ``StreamHandle.waiting`` under its base offset; each release looks there for the append
-starting at the new confirm offset (:func:`release_waiting`).
+WAL writes may complete out of order (several write groups in flight); a stream's appends must still be
+acknowledged, and enter the LogCache, in the order their offsets were assigned (AutoMQ's callback sequencer,
+``docs/automq-model.md`` section 4). A stream's appends are released in offset order, so an append whose base
+offset is its stream's ``confirm_offset`` when it becomes durable is the next one to release: the plain
+append's hot path checks exactly that and releases itself in line, with no queue entry and no
+:class:`PendingAppend` (the usual case). A durable append whose predecessor is still in flight waits in
+``StreamHandle.waiting`` under its base offset; each release looks there for the append starting at the new
+confirm offset (:func:`release_waiting`).
 
 An atomic group (one WAL record over several streams) is all or nothing in this process: it is
 released into every stream it touches at once, when it has reached the confirm offset of each (until

@@ -1,12 +1,11 @@
-"""Turning one archived LogCache block into objects: plan (pure), write, commit (AutoMQ reference 5).
+"""Turning one archived LogCache block into objects: plan (pure), write, commit (docs/automq-model.md 5-6).
 
 :func:`plan_upload` decides which streams go into the block's single StreamSet object and which
-become separate stream objects (AutoMQ's rule, reference 5.2): a stream with at least
-``split_size_bytes`` of payload gets its own stream object; when the block holds exactly one stream,
-or every stream is that large, there is no StreamSet object at all. :class:`ObjectUploader` carries a
-plan out: one ``prepare_objects`` call for all ids (StreamSet object first, then stream objects in
-ascending stream id), the object writes (at most ``OBJECT_WRITES_INFLIGHT_MAX`` at once), and the
-commit request.
+become separate stream objects (AutoMQ's split rule, ``docs/automq-model.md`` section 5): a stream with at
+least ``split_size_bytes`` of payload gets its own stream object; when the block holds exactly one stream, or
+every stream is that large, there is no StreamSet object at all. :class:`ObjectUploader` carries a plan out:
+one ``prepare_objects`` call for all ids (StreamSet object first, then stream objects in ascending stream id),
+the object writes (at most ``OBJECT_WRITES_INFLIGHT_MAX`` at once), and the commit request.
 
 Memory: the block's records stay in the LogCache until the commit; each object writer encodes
 (copies) its records into data blocks and holds up to ``WRITER_HANDOVER_BYTES`` plus one data block
@@ -231,8 +230,8 @@ class UploadPlan:
 
 
 def plan_upload(streams: Sequence[StreamRecords], *, split_size_bytes: int) -> UploadPlan:
-    """AutoMQ's split rule (reference 5.2) over streams sorted by stream id (a :class:`StreamGroup`
-    is taken as it is: no object per stream is made)."""
+    """AutoMQ's split rule (docs/automq-model.md section 5) over streams sorted by stream id (a
+    :class:`StreamGroup` is taken as it is: no object per stream is made)."""
     group = streams if isinstance(streams, StreamGroup) else StreamGroup(streams)
     keep = [
         i

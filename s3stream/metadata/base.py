@@ -1,9 +1,9 @@
 """The MetadataStore protocol: streams, epochs, objects and their lifecycle, KV pairs.
 
-Semantics follow AutoMQ's controller (see ``../shared/reference/s3stream-compaction-and-metadata.md``
-section 1): every operation checks its preconditions in AutoMQ's order and raises an
-:class:`~s3stream.errors.S3StreamError` subclass carrying the AutoMQ :class:`~s3stream.errors.ErrorCode`;
-every operation is atomic. Two implementations: SQLite (durable, embedded) and an in-memory twin.
+Semantics follow AutoMQ's controller (``docs/automq-model.md`` sections 1, 7 and 8): every operation checks
+its preconditions in AutoMQ's order and raises an :class:`~s3stream.errors.S3StreamError` subclass carrying
+the AutoMQ :class:`~s3stream.errors.ErrorCode`; every operation is atomic. Two implementations: SQLite
+(durable, embedded) and an in-memory twin.
 
 Error mapping (code -> exception kind):
 STREAM_NOT_EXIST, OBJECT_NOT_EXIST, NODE_EPOCH_NOT_EXIST, KEY_NOT_EXIST -> NotFoundError;
@@ -199,8 +199,8 @@ class MetadataStore(Protocol):
     async def close_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
     ) -> None:
-        """Ownership checked (reference 1.5); closing a CLOSED stream is a no-op. The caller uploads
-        its data first."""
+        """Ownership checked (docs/automq-model.md section 7); closing a CLOSED stream is a no-op. The caller
+        uploads its data first."""
         ...
 
     async def trim_stream(

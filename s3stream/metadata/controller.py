@@ -7,8 +7,8 @@ state. A backend runs one operation and applies ``txn.changes`` atomically only 
 operation that raises writes nothing. Both backends (SQLite and the in-memory twin) share these
 modules, so their semantics cannot drift apart; they differ only in how they read and apply.
 
-Reference: ``shared/reference/s3stream-compaction-and-metadata.md`` sections 1.5 and 1.6 (AutoMQ
-``main`` behaviour, without failover mode, fast close and historical WAL responsibility).
+AutoMQ's controller checks: ``docs/automq-model.md`` section 7 (without failover mode and the later
+close-first hand-off, section 13).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def check_span(what: str, start_offset: int, end_offset: int) -> None:
         )
 
 
-# -- shared checks (reference 1.5) ---------------------------------------------------------------
+# -- shared checks (docs/automq-model.md section 7) -----------------------------------------------
 
 
 def node_epoch_check(view: StateView, node_id: NodeId, node_epoch: int) -> None:

@@ -1,6 +1,6 @@
 """Object operations: prepare, commit StreamSet and stream objects, the lifecycle to removal.
 
-Reference sections 1.2 and 1.6 (prepareObject, commitStreamSetObject with its continuity check,
+``docs/automq-model.md`` sections 6-8 (prepareObject, commitStreamSetObject with its continuity check,
 commitStreamObject; prepared-object expiry; mark-destroy and removal).
 """
 

@@ -1,6 +1,6 @@
 """Read-side queries: AutoMQ's getObjects walk and the stream-object listing.
 
-Reference section 1.6 "Read-side queries"; StreamSet ranges are kept in metadata, so no object
+``docs/automq-model.md`` section 7 (get_objects); StreamSet ranges are kept in metadata, so no object
 index reads are needed.
 """
 

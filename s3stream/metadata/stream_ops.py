@@ -1,6 +1,6 @@
 """Stream and node operations and KV pairs: preconditions in AutoMQ's order, changes written.
 
-Reference sections 1.3, 1.5 and 1.6 (registration, create, open, close, trim, delete; KV).
+``docs/automq-model.md`` sections 1, 2 and 7 (registration, create, open, close, trim, delete; KV).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure StreamSet compaction planner: tables of objects in, plans out (reference 2.2-2.5)."""
+"""The pure StreamSet compaction planner: tables of objects in, plans out (docs/automq-model.md section 9)."""
 
 from __future__ import annotations
 

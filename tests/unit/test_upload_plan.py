@@ -1,4 +1,5 @@
-"""plan_upload: AutoMQ's split rule over a block's streams (reference 5.2), on StreamGroup columns."""
+"""plan_upload: AutoMQ's split rule over a block's streams (docs/automq-model.md section 5), on StreamGroup
+columns."""
 
 from __future__ import annotations
 

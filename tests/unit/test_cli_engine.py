@@ -35,13 +35,29 @@ def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict[s
     return out
 
 
+def run_produce(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict[str, object]]:
+    """The acknowledgement lines of ``produce --json`` (JSON lines), checking the summary at the end."""
+    assert main(["produce", *argv, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *acks, last = lines
+    assert last == {
+        "summary": {
+            "records": len(acks),
+            "bytes": sum(int(str(a["bytes"])) for a in acks),
+            "streams": len({a["stream_id"] for a in acks}),
+            "closed": True,
+        }
+    }
+    return acks
+
+
 def test_produce_prints_acknowledged_offsets_and_appends_again_on_rerun(
     engine_args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = run_json(capsys, ["produce", *engine_args, "--streams", "2", "--count", "3", "--size", "50"])
+    rows = run_produce(capsys, [*engine_args, "--streams", "2", "--count", "3", "--size", "50"])
     assert sorted((r["stream_id"], r["offset"]) for r in rows) == [(s, o) for s in (0, 1) for o in range(3)]
     assert all(r["bytes"] == 50 for r in rows)
-    again = run_json(capsys, ["produce", *engine_args, "--streams", "2", "--count", "1"])
+    again = run_produce(capsys, [*engine_args, "--streams", "2", "--count", "1"])
     assert sorted((r["stream_id"], r["offset"]) for r in again) == [(0, 3), (1, 3)]
     streams = run_json(capsys, ["streams", *engine_args])
     assert [(s["stream_id"], s["start_offset"], s["end_offset"], s["state"]) for s in streams] == [
@@ -56,7 +72,7 @@ def test_produce_from_stdin_spreads_lines_over_the_streams(
 ) -> None:
     stdin = io.TextIOWrapper(io.BytesIO(b"alpha\nbeta\n\ngamma\n"))
     monkeypatch.setattr("sys.stdin", stdin)
-    rows = run_json(capsys, ["produce", *engine_args, "--stdin", "--streams", "2"])
+    rows = run_produce(capsys, [*engine_args, "--stdin", "--streams", "2"])
     assert [(r["stream_id"], r["offset"], r["bytes"]) for r in rows] == [(0, 0, 5), (1, 0, 4), (0, 1, 5)]
     fetched = run_json(capsys, ["fetch", *engine_args, "--stream", "0"])
     assert [r["payload"] for r in fetched] == ["alpha", "gamma"]

@@ -293,9 +293,14 @@ class RecordPacker:
         for hi in (*alone, count):
             if hi > lo:
                 pieces: list[RecordBody] = [fixed] * (4 * (hi - lo))
-                pieces[1::4] = varying[lo:hi]
-                pieces[2::4] = hcrcs[lo:hi]
-                pieces[3::4] = bodies[lo:hi]
+                if hi - lo == count:  # (the usual group: one run, no copies of the lists)
+                    pieces[1::4] = varying
+                    pieces[2::4] = hcrcs
+                    pieces[3::4] = bodies
+                else:
+                    pieces[1::4] = varying[lo:hi]
+                    pieces[2::4] = hcrcs[lo:hi]
+                    pieces[3::4] = bodies[lo:hi]
                 if lo == 0:
                     pieces[0] = first
                 view[offs[lo] - offset : offs[hi] - offset] = b"".join(pieces)  # type: ignore[arg-type]

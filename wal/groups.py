@@ -116,9 +116,9 @@ class GroupCommit(WalState):
         if first_size > min(room_cycle, room_ring):
             return None
         limit = max(min(self._config.batch_max_bytes, room_cycle, room_ring, split or room_ring), first_size)
-        items, item_futs = self._take(limit)
+        items, item_futs, many = self._take(limit)
         group = Group(start, pad_len, slot)
-        off = self._pack(group, items, item_futs)
+        off = self._pack(group, items, item_futs, many)
         pos = off - start
         group.nbytes = pos
         group.records += len(group.futs)
@@ -130,11 +130,13 @@ class GroupCommit(WalState):
         group.end = end
         return group
 
-    def _pack(self, group: Group, items: list[Queued], item_futs: list[asyncio.Future[int] | None]) -> int:
-        """Pack ``items`` into the group's write buffer and note whom to complete with which offsets;
-        returns the offset past the last record."""
+    def _pack(
+        self, group: Group, items: list[Queued], item_futs: list[asyncio.Future[int] | None], many: int
+    ) -> int:
+        """Pack ``items`` (``many`` of them append_many calls) into the group's write buffer and note
+        whom to complete with which offsets; returns the offset past the last record."""
         view = self._wviews[group.slot]
-        if None not in item_futs:  # the usual group: single appends only, one record each
+        if not many:  # the usual group: single appends only, one record each
             offs = self._packer.pack(view, group.first_offset, items)  # type: ignore[arg-type]
             end = offs.pop()
             group.futs = item_futs  # type: ignore[assignment]

@@ -92,6 +92,7 @@ class Intake(WalState):
         await self._admit(size)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
         self._pending.append(Req(records, cum, fut))
+        self._pending_many += 1
         self._pending_futs.append(None)
         self._pending_bytes += size
         self._schedule()
@@ -148,6 +149,7 @@ class Intake(WalState):
             items, futs = self._pending, self._pending_futs
             self._pending, self._pending_futs = [], []
             self._pending_bytes = 0
+            self._pending_many = 0
             for data, single in zip(items, futs, strict=True):
                 fut: asyncio.Future[Any]
                 if single is None:
@@ -160,17 +162,21 @@ class Intake(WalState):
                 if not fut.done():
                     fut.set_exception(exc)
 
-    def _take(self, limit: int) -> tuple[list[Queued], list[asyncio.Future[int] | None]]:
+    def _take(self, limit: int) -> tuple[list[Queued], list[asyncio.Future[int] | None], int]:
         """The queued items (and their futures) that fill at most ``limit`` bytes, taken off the
-        queue, in order; the first always fits. An append_many that fits in part is taken with
-        ``take`` below its end and also stays first in the queue for the rest."""
+        queue, in order, and how many of them are append_many calls; the first always fits. An
+        append_many that fits in part is taken with ``take`` below its end and also stays first in the
+        queue for the rest."""
         pending, futs = self._pending, self._pending_futs
         if self._pending_bytes <= limit:  # the usual case: everything queued fits
+            many = self._pending_many
             self._pending, self._pending_futs = [], []
             self._pending_bytes = 0
-            return pending, futs
+            self._pending_many = 0
+            return pending, futs, many
         used = 0
         count = 0
+        many = 0
         partial = False
         for data in pending:
             if data.__class__ is not Req:
@@ -181,6 +187,7 @@ class Intake(WalState):
                 count += 1
                 continue
             req: Req = data
+            many += 1
             cum = req.cum
             base = cum[req.sealed - 1] if req.sealed else 0
             if used + cum[-1] - base <= limit:
@@ -193,13 +200,16 @@ class Intake(WalState):
                 used += cum[j - 1] - base
                 partial = True
                 count += 1
+            else:
+                many -= 1  # (not taken)
             break
         items, item_futs = pending[:count], futs[:count]
         keep = count - 1 if partial else count
         del pending[:keep]
         del futs[:keep]
         self._pending_bytes -= used
-        return items, item_futs
+        self._pending_many -= many - partial
+        return items, item_futs, many
 
 
 def _as_view(data: Body) -> memoryview:

@@ -126,6 +126,7 @@ class WalState:
         self._groups: collections.deque[tuple[int, int]] = collections.deque()
         self._pending: list[Queued] = []  # queued, not sealed
         self._pending_futs: list[asyncio.Future[int] | None] = []  # their futures (None: append_many)
+        self._pending_many = 0  # of them, append_many calls (Req; one partly sealed counts until done)
         self._pending_bytes = 0  # what they take in the log (headers included; of a Req: unsealed)
         self._accepting = False  # recovered, writer running, not closing or failed: append's fast path
         self._record_max_bytes = config.record_max_bytes
@@ -188,7 +189,7 @@ class WalState:
     def _release_inflight(self, size: int) -> None:  # wal.intake
         raise NotImplementedError
 
-    def _take(self, limit: int) -> tuple[list[Queued], list[asyncio.Future[int] | None]]:  # wal.intake
+    def _take(self, limit: int) -> tuple[list[Queued], list[asyncio.Future[int] | None], int]:  # wal.intake
         raise NotImplementedError
 
     def _fail_pending(self, exc: BaseException) -> None:  # wal.intake

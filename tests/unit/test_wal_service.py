@@ -517,6 +517,28 @@ async def test_a_group_of_single_appends_parts_and_append_many_reads_back_in_ord
     await wal.close()
 
 
+async def test_append_many_split_over_groups_between_single_appends_reads_back_in_order() -> None:
+    """Groups with and without append_many calls, one of them cut across several groups: each is
+    packed whole and the queue's count of append_many calls returns to zero."""
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    expected: list[bytes] = []
+    for rnd in range(3):
+        singles = [body(100 * rnd + i, 900) for i in range(5)]
+        many = [body(100 * rnd + 50 + i, 700) for i in range(40)]  # about 29 KiB: several groups
+        futs = [wal.append(b) for b in singles[:2]]
+        many_call = asyncio.ensure_future(wal.append_many(many))
+        await asyncio.sleep(0)
+        futs += [wal.append(b) for b in singles[2:]]
+        await asyncio.gather(*futs, many_call)
+        expected += [*singles[:2], *many, *singles[2:]]
+        assert wal._pending_many == 0
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert [data for _, data in recs] == expected
+    await wal.close()
+
+
 async def test_io_threads_of_a_wal_never_closed_stop_once_it_is_unreachable() -> None:
     wal = await BlockWAL.open(MemoryDevice(CONFIG.device_bytes), CONFIG)
     await wal.append(body(1))

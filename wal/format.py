@@ -138,7 +138,19 @@ def decode_wal_header(data: bytes | bytearray | memoryview) -> WalHeader | None:
         return None
     if crc32c(data[:_WAL_HEADER_CRC_SPAN]) != crc:
         return None
-    return WalHeader(seq, wal_id, block, cap, node_id, inflight, epoch, trim, start, wmax, clean)
+    return WalHeader(
+        seq=seq,
+        wal_id=wal_id,
+        block_size=block,
+        capacity=cap,
+        node_id=node_id,
+        inflight_groups=inflight,
+        node_epoch=epoch,
+        trim_offset=trim,
+        start_offset=start,
+        window=wmax,
+        clean_end_offset=clean,
+    )
 
 
 class RecordHeader(NamedTuple):

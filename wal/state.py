@@ -198,9 +198,6 @@ class WalState:
     def _pump(self) -> None:  # wal.groups
         raise NotImplementedError
 
-    def _seal_and_pack(self, slot: int, split: int = 0) -> Group | None:  # wal.groups
-        raise NotImplementedError
-
     def _write_done(self, group: Group, error: BaseException | None) -> None:  # wal.groups
         raise NotImplementedError
 

@@ -20,9 +20,10 @@ from wal.errors import (
     WalLockedError,
     WalStateError,
 )
-from wal.faults import FaultyDevice
+from wal.format import Body
+from wal.intake import BodyParts
 from wal.recovery import WalRecord
-from wal.service import BlockWAL, Body, BodyParts
+from wal.service import BlockWAL
 from wal.sync import SyncBlockWAL
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "Body",
     "BodyParts",
     "Device",
-    "FaultyDevice",
     "FileDevice",
     "InvalidWalConfig",
     "MemoryDevice",

@@ -6,7 +6,10 @@ no clock: bytes in, values out. Byte order is big-endian.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from crc32c import crc32c
@@ -27,7 +30,10 @@ WAL_HEADER = struct.Struct(
     "I"  # inflight_groups    write groups the writing session kept in flight at once (>= 1)
     "Q"  # node_epoch
     "Q"  # trim_offset        records whose offset is < trim_offset are trimmed
-    "Q"  # start_offset       where recovery starts: a write-group start <= trim_offset
+    "Q"  # start_offset       where recovery starts: the start of the first write group holding a
+    #                             record at or past trim_offset (no untrimmed record lies below it), or
+    #                             the aligned end of the log when there is none; it may lie above
+    #                             trim_offset (e.g. past a padding record), never above such a record
     "Q"  # window             bytes past the log's end a crash may have written (torn-region bound)
     "Q"  # clean_end_offset   end of the log at a clean close; NO_CLEAN_END while open
     "I"  # crc                CRC32C of every byte before it
@@ -53,11 +59,10 @@ RECORD_HEADER = struct.Struct(
 RECORD_HEADER_SIZE = RECORD_HEADER.size
 _RECORD_HEADER_CRC_SPAN = RECORD_HEADER_SIZE - 4
 _RECORD_HEADER_PREFIX = struct.Struct(RECORD_HEADER.format[:-1])
-"""The record header without its ``header_crc``: what that CRC covers (the write path packs it as
-bytes, CRCs it, then appends the CRC)."""
+"""The record header without its ``header_crc``: what that CRC covers."""
 _RECORD_HEADER_FIXED = struct.Struct(RECORD_HEADER.format[:6])
-"""magic .. wal_id: the same for every data record of a WAL but for the FIRST flag (the write path
-packs it and CRCs it once, then continues the header CRC over the rest)."""
+"""magic .. wal_id: the same for every data record of a WAL but for the FIRST flag (the
+:class:`RecordPacker` packs it and CRCs it once, then continues the header CRC over the rest)."""
 _RECORD_HEADER_VARYING = struct.Struct(">" + RECORD_HEADER.format[6:-1])
 """length, offset, body_crc: what changes from one data record to the next."""
 DATA_MAGIC = 0x57414C52
@@ -133,7 +138,19 @@ def decode_wal_header(data: bytes | bytearray | memoryview) -> WalHeader | None:
         return None
     if crc32c(data[:_WAL_HEADER_CRC_SPAN]) != crc:
         return None
-    return WalHeader(seq, wal_id, block, cap, node_id, inflight, epoch, trim, start, wmax, clean)
+    return WalHeader(
+        seq=seq,
+        wal_id=wal_id,
+        block_size=block,
+        capacity=cap,
+        node_id=node_id,
+        inflight_groups=inflight,
+        node_epoch=epoch,
+        trim_offset=trim,
+        start_offset=start,
+        window=wmax,
+        clean_end_offset=clean,
+    )
 
 
 class RecordHeader(NamedTuple):
@@ -204,3 +221,108 @@ def decode_record_header(data: bytes | bytearray | memoryview, pos: int = 0) -> 
     if magic == PAD_MAGIC and (length < RECORD_HEADER_SIZE or body_crc or not flags & FLAG_FIRST):
         return None
     return RecordHeader(magic, flags, wal_id, length, offset, body_crc)
+
+
+Body = bytes | bytearray | memoryview
+"""A record body: a flat bytes-like object (a ``memoryview`` cast to bytes, so ``len`` counts bytes)."""
+RecordBody = Body | tuple[Body, ...]
+"""A body as the write path packs it: one bytes-like object, or a tuple of them written back to back."""
+
+JOIN_BODY_MAX = 4096
+"""Bodies up to this size are joined with their headers before the one copy into the write buffer (the
+extra copy costs less than packing each in place does); larger bodies, and bodies given as parts, are
+copied in place once."""
+
+
+def body_len(body: RecordBody) -> int:
+    """Bytes of a body or of its parts."""
+    return sum(map(len, body)) if body.__class__ is tuple else len(body)
+
+
+def body_crc(body: RecordBody) -> int:
+    """CRC32C of a body, or of its parts joined (computed part by part, no joined copy)."""
+    if not isinstance(body, tuple):
+        return crc32c(body)
+    crc = 0
+    for part in body:
+        crc = crc32c(part, crc)
+    return crc
+
+
+class RecordPacker:
+    """Packs the data records of one write group (header, header CRC, body) into a write buffer.
+
+    The write path's encoder of :data:`RECORD_HEADER` (same bytes as :func:`pack_record_header`). A
+    header is packed as its fixed part (magic .. wal_id, packed and CRCed once per WAL, FIRST flag or
+    not), its varying part (length, offset, body CRC) and the header CRC, continued from the fixed
+    part's. Each step runs over the whole group at once (``map``: no bytecode round per record), and
+    runs of small bodies reach the buffer in one join and one copy: about half the CPU per 1 KiB
+    record of packing each record in place.
+    """
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, wal_id: int) -> None:
+        first, rest = (
+            _RECORD_HEADER_FIXED.pack(DATA_MAGIC, FORMAT_VERSION, flags, 0, wal_id)
+            for flags in (FLAG_FIRST, 0)
+        )
+        self._first = (first, crc32c(first))
+        self._rest = (rest, crc32c(rest))
+
+    def pack(self, view: memoryview, offset: int, bodies: Sequence[RecordBody]) -> list[int]:
+        """Write ``bodies`` as data records at ``view[0:]``, the first at logical ``offset`` flagged
+        FIRST; returns each record's offset followed by the offset past the last (``len(bodies) + 1``
+        values). ``bodies`` must not be empty; ``view`` must hold them."""
+        count = len(bodies)
+        try:
+            crcs = list(map(crc32c, bodies))  # type: ignore[arg-type]
+            lens = list(map(len, bodies))
+            parts = False
+        except TypeError:  # some body is given as parts (a tuple)
+            crcs = list(map(body_crc, bodies))
+            lens = list(map(body_len, bodies))
+            parts = True
+        offs = list(
+            map(
+                operator.add,
+                itertools.accumulate(lens, initial=offset),
+                range(0, RECORD_HEADER_SIZE * (count + 1), RECORD_HEADER_SIZE),
+            )
+        )
+        varying = list(map(_RECORD_HEADER_VARYING.pack, lens, offs, crcs))
+        fixed, fixed_crc = self._rest
+        first, first_crc = self._first
+        hcrcs = list(map(_CRC.pack, map(crc32c, varying, itertools.repeat(fixed_crc, count))))
+        hcrcs[0] = _CRC.pack(crc32c(varying[0], first_crc))
+        # Records copied in place: bodies above JOIN_BODY_MAX and bodies given as parts (a join would
+        # copy them twice); the runs between them are joined, each with one copy into the buffer.
+        if parts or max(lens) > JOIN_BODY_MAX:
+            alone = [i for i in range(count) if lens[i] > JOIN_BODY_MAX or bodies[i].__class__ is tuple]
+        else:
+            alone = []
+        lo = 0
+        for hi in (*alone, count):
+            if hi > lo:
+                pieces: list[RecordBody] = [fixed] * (4 * (hi - lo))
+                if hi - lo == count:  # (the usual group: one run, no copies of the lists)
+                    pieces[1::4] = varying
+                    pieces[2::4] = hcrcs
+                    pieces[3::4] = bodies
+                else:
+                    pieces[1::4] = varying[lo:hi]
+                    pieces[2::4] = hcrcs[lo:hi]
+                    pieces[3::4] = bodies[lo:hi]
+                if lo == 0:
+                    pieces[0] = first
+                view[offs[lo] - offset : offs[hi] - offset] = b"".join(pieces)  # type: ignore[arg-type]
+            if hi < count:
+                pos = offs[hi] - offset
+                view[pos : pos + RECORD_HEADER_SIZE] = (first if hi == 0 else fixed) + varying[hi] + hcrcs[hi]
+                pos += RECORD_HEADER_SIZE
+                body = bodies[hi]
+                for part in body if isinstance(body, tuple) else (body,):
+                    view[pos : pos + len(part)] = part
+                    pos += len(part)
+            lo = hi + 1
+        return offs

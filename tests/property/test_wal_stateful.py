@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from wal import BlockWAL, FaultyDevice, WalCapacityError, WalConfig, WalIOError
+from tests.wal_faults import FaultyDevice
+from wal import BlockWAL, WalCapacityError, WalConfig, WalIOError
 
 T = TypeVar("T")
 

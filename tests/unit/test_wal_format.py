@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from wal import InvalidWalConfig, WalConfig
 from wal.format import (
     DATA_MAGIC,
     FLAG_FIRST,
+    JOIN_BODY_MAX,
     NO_CLEAN_END,
     PAD_MAGIC,
     RECORD_HEADER_SIZE,
     WAL_HEADER_SIZE,
+    RecordPacker,
     WalHeader,
     decode_record_header,
     decode_wal_header,
@@ -98,6 +102,42 @@ def test_truncated_record_header_is_rejected(cut: int) -> None:
 
 def test_truncated_wal_header_is_rejected() -> None:
     assert decode_wal_header(GOLDEN_HEADER[:-1]) is None
+
+
+def test_record_packer_writes_the_golden_record() -> None:
+    buf = bytearray(len(GOLDEN_RECORD))
+    assert RecordPacker(WAL_ID).pack(memoryview(buf), 0x2000, [b"hello"]) == [
+        0x2000,
+        0x2000 + len(GOLDEN_RECORD),
+    ]
+    assert bytes(buf) == GOLDEN_RECORD
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_record_packer_writes_the_bytes_of_encode_record_for_any_mix_of_bodies(seed: int) -> None:
+    """Small bodies joined, large ones and parts copied in place, any kind of bytes-like object: the same
+    bytes as one :func:`encode_record` per record, the first flagged FIRST."""
+    rng = random.Random(seed)
+    bodies: list[bytes | bytearray | memoryview | tuple[bytes | memoryview, ...]] = []
+    joined: list[bytes] = []
+    for _ in range(rng.randint(1, 12)):
+        data = rng.randbytes(rng.choice([0, 1, 100, JOIN_BODY_MAX, JOIN_BODY_MAX + 1, 9000]))
+        kind = rng.randrange(4)
+        if kind == 0:
+            cut = rng.randint(0, len(data))
+            bodies.append((data[:cut], memoryview(data[cut:])))
+        else:
+            bodies.append((bytes, bytearray, memoryview)[kind - 1](data))
+        joined.append(data)
+    offset = rng.randrange(1 << 40)
+    buf = bytearray(sum(RECORD_HEADER_SIZE + len(b) for b in joined))
+    offsets = RecordPacker(WAL_ID).pack(memoryview(buf), offset, bodies)
+    expected = b"".join(
+        encode_record(body=data, offset=off, wal_id=WAL_ID, first=i == 0)
+        for i, (data, off) in enumerate(zip(joined, offsets, strict=False))
+    )
+    assert bytes(buf) == expected, f"seed {seed}"
+    assert offsets[-1] == offset + len(expected)
 
 
 def test_zeroed_bytes_are_no_record() -> None:

@@ -14,9 +14,9 @@ from typing import Literal
 
 import pytest
 
+from tests.wal_faults import FaultyDevice
 from wal import (
     BlockWAL,
-    FaultyDevice,
     InvalidWalConfig,
     MemoryDevice,
     SyncBlockWAL,
@@ -503,54 +503,39 @@ async def test_small_and_large_bodies_mixed_in_one_group_round_trip() -> None:
     await wal.close()
 
 
-async def test_small_bodies_pack_to_the_same_bytes_by_either_packing_path() -> None:
-    """A group of single small bodies is packed by ``_pack_small`` (C-level loops); anything else by
-    ``_pack``. Both must write the same bytes: the device images of the same appends are equal."""
-    sizes = [0, 1, 100, 4096, 37, 1000, 3, 4095]
-    kinds = [bytes, bytearray, memoryview]
-    empty = MemoryDevice(CONFIG.device_bytes)
-    await (await BlockWAL.open(empty, CONFIG)).close()  # one WAL id for both runs
-    images = []
-    for small_path in (True, False):
-        dev = MemoryDevice(CONFIG.device_bytes, bytearray(empty.data))
-        wal = await BlockWAL.open(dev, CONFIG)
-        await wal.recover_all()
-        if not small_path:
-            wal._pack_small = lambda *args: -1  # type: ignore[method-assign]
-        for rnd in range(3):
-            futs = [wal.append(kinds[i % 3](body(i + rnd, n))) for i, n in enumerate(sizes)]
-            await asyncio.gather(*futs)
-        await wal.close()
-        images.append(bytes(dev.data[2 * CONFIG.block_size_bytes :]))
-        wal, recs = await reopen(dev)
-        assert [data for _, data in recs] == [
-            body(i + rnd, n) for rnd in range(3) for i, n in enumerate(sizes)
-        ]
-        await wal.close()
-    assert images[0] == images[1]
-
-
-async def test_a_group_with_parts_or_append_many_is_packed_by_the_general_path() -> None:
+async def test_a_group_of_single_appends_parts_and_append_many_reads_back_in_order() -> None:
     dev = MemoryDevice(CONFIG.device_bytes)
     wal = await BlockWAL.open(dev, CONFIG)
-    calls: list[int] = []
-    small = wal._pack_small
-
-    def spy(*args: object) -> int:
-        off = small(*args)  # type: ignore[arg-type]
-        calls.append(off)
-        return off
-
-    wal._pack_small = spy  # type: ignore[method-assign,assignment]
     a = wal.append(body(1))
     b = wal.append((body(2, 10), body(3, 20)))
     many = asyncio.ensure_future(wal.append_many([body(4), body(5)]))
     await asyncio.gather(a, b, many)
-    assert calls
-    assert calls[0] == -1  # the mixed group went to _pack
+    assert wal.stats["groups"] <= 2
     await wal.close()
     wal, recs = await reopen(dev)
     assert [data for _, data in recs] == [body(1), body(2, 10) + body(3, 20), body(4), body(5)]
+    await wal.close()
+
+
+async def test_append_many_split_over_groups_between_single_appends_reads_back_in_order() -> None:
+    """Groups with and without append_many calls, one of them cut across several groups: each is
+    packed whole and the queue's count of append_many calls returns to zero."""
+    dev = MemoryDevice(CONFIG.device_bytes)
+    wal = await BlockWAL.open(dev, CONFIG)
+    expected: list[bytes] = []
+    for rnd in range(3):
+        singles = [body(100 * rnd + i, 900) for i in range(5)]
+        many = [body(100 * rnd + 50 + i, 700) for i in range(40)]  # about 29 KiB: several groups
+        futs = [wal.append(b) for b in singles[:2]]
+        many_call = asyncio.ensure_future(wal.append_many(many))
+        await asyncio.sleep(0)
+        futs += [wal.append(b) for b in singles[2:]]
+        await asyncio.gather(*futs, many_call)
+        expected += [*singles[:2], *many, *singles[2:]]
+        assert wal._pending_many == 0
+    await wal.close()
+    wal, recs = await reopen(dev)
+    assert [data for _, data in recs] == expected
     await wal.close()
 
 

@@ -168,13 +168,13 @@ async def test_a_uring_wal_writes_on_its_io_threads_where_it_cannot_have_a_ring(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
     if missing == "ring":
-        monkeypatch.setattr("wal.service.Uring.create", classmethod(lambda cls, depth: None))
+        monkeypatch.setattr("wal.writer.Uring.create", classmethod(lambda cls, depth: None))
     else:
 
         def refuse(fd: int) -> int:
             raise PermissionError(errno.EACCES, "no")
 
-        monkeypatch.setattr("wal.service.reopen_plain", refuse)
+        monkeypatch.setattr("wal.writer.reopen_plain", refuse)
     fds_before = len(os.listdir("/proc/self/fd"))
     config = WalConfig(
         capacity_bytes=2 << 20, batch_max_bytes=64 << 10, record_max_bytes=64 << 10, aio="uring"

@@ -368,7 +368,7 @@ class S3ObjectStorage:
         """Create the client now (botocore's models and the client are ~60,000 Python objects and
         tens of ms of CPU): the assembly calls this while it opens the engine, so that start-up work
         is not done at the first upload, in the middle of appends, and the objects exist before an
-        application freezes its start-up heap (:func:`s3stream.assembly.freeze_startup_heap`)."""
+        application freezes its start-up heap (:func:`s3stream.heap.freeze_startup_heap`)."""
         await self.client()
 
     async def check_access(self) -> S3StreamError | None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from compaction.gc import GarbageCollector
-from s3stream.assembly import PreparedObjectReaper, open_client
+from compaction.gc import GarbageCollector, PreparedObjectReaper
+from s3stream.assembly import open_client
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
 from tests.crash.backend import SMALL_WAL_ENV, bucket_uri, engine_config, iterations

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from compaction.gc import PreparedObjectReaper
 from s3stream import RecordBatch
-from s3stream.assembly import PreparedObjectReaper, open_client
+from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.ids import NodeId
 from s3stream.metadata.base import ObjectState

@@ -148,27 +148,11 @@ class GarbageCollector:
 
 class PreparedObjectReaper:
     """Background component: every ``period_s``, expires PREPARED objects past their TTL and deletes
-    one batch of marked objects' bytes past ``retention_ms`` (``s3.object.delete.retention.minutes``),
-    through a :class:`GarbageCollector` without its orphan scan."""
+    one batch of marked objects' bytes past the collector's ``retention_ms``
+    (``s3.object.delete.retention.minutes``), through :meth:`GarbageCollector.reap`."""
 
-    def __init__(
-        self,
-        metadata: MetadataStore,
-        storage: ObjectStorage,
-        *,
-        namespace: str,
-        retention_ms: int,
-        period_s: float = REAPER_PERIOD_S,
-        clock_ms: Clock = wall_clock_ms,
-    ) -> None:
-        self.collector = GarbageCollector(
-            metadata,
-            storage,
-            namespace=namespace,
-            retention_ms=retention_ms,
-            orphan_ttl_ms=0,
-            clock_ms=clock_ms,
-        )
+    def __init__(self, collector: GarbageCollector, *, period_s: float = REAPER_PERIOD_S) -> None:
+        self.collector = collector
         self.period_s = period_s
         self.deleted_count = 0
         self._task: asyncio.Task[None] | None = None

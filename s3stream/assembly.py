@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from compaction.compactor import Compactor
-from compaction.gc import PreparedObjectReaper
+from compaction.gc import GarbageCollector, PreparedObjectReaper
 from s3stream import binding
 from s3stream.clock import node_epoch_now
 from s3stream.config import Config
@@ -168,12 +168,14 @@ async def open_client(
             hooks=hooks,
         )
         await engine.start()
-        reaper = PreparedObjectReaper(
+        collector = GarbageCollector(
             metadata,
             storage,
             namespace=config.namespace,
             retention_ms=config.object_delete_retention_minutes * 60_000,
+            orphan_ttl_ms=0,  # the reaper scans no orphans (the compactor's collector does)
         )
+        reaper = PreparedObjectReaper(collector)
         reaper.start()
         closers.append(reaper.close)
         compactor = Compactor(config, metadata, storage, node_id=NodeId(config.node_id), node_epoch=epoch)

@@ -131,8 +131,8 @@ async def assert_no_leaked_objects(data_dir: Path) -> None:
     await asyncio.sleep(CONFIG.object_prepared_ttl_ms / 1000 + 0.2)
     client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
-        reaper = PreparedObjectReaper(client.engine.metadata, client.engine.storage, namespace=CONFIG.namespace,
-                                      retention_ms=0)  # fmt: skip
+        reaper = PreparedObjectReaper(GarbageCollector(client.engine.metadata, client.engine.storage,
+                                                       namespace=CONFIG.namespace, retention_ms=0, orphan_ttl_ms=0))  # fmt: skip
         await reaper.run_once()
         committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
         keys = {object_key(o.object_id, CONFIG.namespace) for o in committed}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -178,8 +179,10 @@ async def bind_storage(
 ) -> None:
     """Record the storage of a new data dir, refusing storage whose objects are another's (ConflictError).
 
-    ``recorded`` False (storage handed in by the caller, so its URI is unknown) binds without recording
-    the storage, as data dirs did before the record existed.
+    The storage is recorded only for a new data dir (no stream, no object) whose storage the assembly
+    opened from ``bucket_uri`` (``recorded``); storage handed in by the caller, or a data dir from
+    before the record, is bound without recording it (``b"1"``), as before. A first open whose storage
+    did not answer records it unchecked; a later open checks it.
 
     Object ids come from the metadata store's counter and the object write is a plain PUT, so two
     data dirs on one bucket (and prefix and namespace) write the same keys: the second overwrote the
@@ -194,34 +197,37 @@ async def bind_storage(
     record = None if value is None else RecordedStorage.decode(value)
     if value is not None and (record is None or record.checked):
         return
-    checked = False
-    if reachable:
-        checked = True
-        if not await metadata.list_streams() and not await metadata.list_objects():
-            try:
-                found = await _first_object_key(storage, namespace)
-            except UnavailableError as exc:
-                log.warning(
-                    "could not list object storage to check it is this data dir's (checked later): %s", exc
+    empty = not await metadata.list_streams() and not await metadata.list_objects()
+    checked = reachable
+    if reachable and empty:
+        try:
+            found = await _first_object_key(storage, namespace)
+        except UnavailableError as exc:
+            log.warning(
+                "could not list object storage to check it is this data dir's (checked later): %s", exc
+            )
+            checked = False
+        else:
+            if found is not None:
+                raise ConflictError(
+                    f"object storage {storage!r} already holds objects of namespace {namespace!r} (such "
+                    f"as {found!r}) that this new metadata store did not write: another data dir uses "
+                    "this bucket, or this data dir's metadata was lost. Give this data dir its own bucket "
+                    "prefix or s3.namespace (reusing the keys would overwrite those objects)"
                 )
-                checked = False
-            else:
-                if found is not None:
-                    raise ConflictError(
-                        f"object storage {storage!r} already holds objects of namespace {namespace!r} (such "
-                        f"as {found!r}) that this new metadata store did not write: another data dir uses "
-                        "this bucket, or this data dir's metadata was lost. Give this data dir its own bucket "
-                        "prefix or s3.namespace (reusing the keys would overwrite those objects)"
-                    )
-    if not recorded:
+    if record is None and (not recorded or not empty):
+        # storage handed in by the caller, or a data dir from before the record whose objects may be
+        # elsewhere: bound as before, the storage not recorded
         if checked:
             await metadata.kv_put(STORAGE_BOUND_KEY, b"1", overwrite=False)
         return
-    if record is not None and not checked:
-        return  # still unchecked: nothing new to record
+    if record is not None:
+        if checked:
+            await metadata.kv_put(STORAGE_BOUND_KEY, dataclasses.replace(record, checked=True).encode())
+        return
     uri = None if bucket_uri is None else without_secrets(bucket_uri)
     new = RecordedStorage(uri, namespace, checked)
-    await metadata.kv_put(STORAGE_BOUND_KEY, new.encode(), overwrite=record is not None)
+    await metadata.kv_put(STORAGE_BOUND_KEY, new.encode(), overwrite=False)
 
 
 async def _first_object_key(storage: ObjectStorage, namespace: str) -> str | None:

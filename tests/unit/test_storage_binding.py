@@ -148,3 +148,30 @@ async def test_a_failed_open_of_an_existing_data_dir_removes_nothing(
     with pytest.raises(s3stream.UnavailableError, match="injected"):
         await s3stream.open(tmp_path, config=CONFIG)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+async def test_a_data_dir_from_before_the_binding_is_bound_without_recording_a_storage(
+    tmp_path: Path,
+) -> None:
+    await write_one_record(tmp_path / "data", "mem://binding-older-test")
+    metadata = await SqliteMetadataStore.open(tmp_path / "data" / "metadata.db")
+    await metadata.kv_delete(STORAGE_BOUND_KEY)  # data dirs older than the binding held no key
+    await metadata.close()
+    async with await s3stream.open(tmp_path / "data", config=CONFIG):
+        pass  # its objects may be anywhere: the storage of this open is not recorded as its own
+    assert read_recorded_storage(tmp_path / "data") is None
+    metadata = await SqliteMetadataStore.open(tmp_path / "data" / "metadata.db")
+    assert await metadata.kv_get(STORAGE_BOUND_KEY) == b"1"
+    await metadata.close()
+
+
+async def test_storage_that_did_not_answer_at_the_first_open_is_recorded_unchecked(tmp_path: Path) -> None:
+    uri = (
+        "s3://bucket?endpoint=http://127.0.0.1:9&pathStyle=true&accessKey=a&secretKey=b&apiCallTimeoutMs=500"
+    )
+    config = CONFIG.replace(upload_retry_backoff_ms=20)
+    async with await s3stream.open(tmp_path, bucket_uri=uri, config=config):
+        pass
+    assert read_recorded_storage(tmp_path) == RecordedStorage(
+        without_secrets(uri), CONFIG.namespace, checked=False
+    )

@@ -17,7 +17,6 @@ opening as before (with whatever storage the open names) and nothing is recorded
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -48,8 +47,6 @@ RECORD_VERSION = 1
 BIND_SCAN_KEYS_MAX = 10_000
 """Keys :func:`bind_storage` looks at, at most (a bucket may hold other applications' keys too)."""
 _SECRET_KEYS = frozenset({"accessKey", "secretKey"})
-_IDENTITY_KEYS = ("endpoint", "prefix")
-"""Query keys of an ``s3://`` URI that change which objects it names (the others tune the client)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +54,8 @@ class RecordedStorage:
     """The object storage recorded in a data dir's metadata."""
 
     bucket_uri: str | None
-    """The bucket URI without credentials; None: the data dir's own ``objects/`` folder."""
+    """The bucket URI without credentials; None: the data dir's own ``objects/`` folder (the record
+    says ``"storage": "local objects/ folder"``)."""
     namespace: str
     """The ``s3.namespace`` its object keys carry."""
     checked: bool = True
@@ -73,6 +71,7 @@ class RecordedStorage:
     def encode(self) -> bytes:
         fields = {
             "version": RECORD_VERSION,
+            "storage": "local objects/ folder" if self.bucket_uri is None else "bucket",
             "bucket_uri": self.bucket_uri,
             "namespace": self.namespace,
             "checked": self.checked,
@@ -130,6 +129,8 @@ def without_secrets(bucket_uri: str) -> str:
 
 
 def _identity(parsed: BucketURI) -> tuple[str, ...]:
+    """What names the objects of a storage: for ``s3://`` the bucket, endpoint and prefix (the other
+    query keys tune the client or carry credentials)."""
     if parsed.protocol == "file":
         return ("file", os.path.normpath(parsed.bucket))
     if parsed.protocol == "mem":
@@ -276,8 +277,3 @@ async def check_access(storage: ObjectStorage) -> bool:
         log.warning("object storage did not answer at open (uploads will retry): %s", unreachable)
         return False
     return True
-
-
-async def read_recorded_storage_async(data_dir: str | os.PathLike[str]) -> RecordedStorage | None:
-    """:func:`read_recorded_storage` off the event loop."""
-    return await asyncio.to_thread(read_recorded_storage, data_dir)

@@ -268,11 +268,10 @@ async def check_access(storage: ObjectStorage) -> bool:
     """Whether storage answered: an S3 bucket that is missing or refuses the credentials fails the
     open (NotFoundError, InvalidArgumentError); one that does not answer is only logged (appends go
     on while storage is down; they wait for room only once the WAL or the cache fills)."""
-    from s3stream.storage.s3 import S3ObjectStorage
-
-    if not isinstance(storage, S3ObjectStorage):
+    check = getattr(storage, "check_access", None)  # S3ObjectStorage's (the others need none)
+    if check is None:
         return True
-    unreachable = await storage.check_access()
+    unreachable = await check()
     if unreachable is not None:
         log.warning("object storage did not answer at open (uploads will retry): %s", unreachable)
         return False

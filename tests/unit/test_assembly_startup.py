@@ -83,3 +83,22 @@ def _kernel_has_aio() -> bool:
         return False
     probe.close()
     return True
+
+
+def test_opening_a_local_data_dir_does_not_import_botocore() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys, tempfile, s3stream\n"
+        "from s3stream import Config\n"
+        "config = Config(wal_capacity_bytes=8 << 20, wal_record_max_bytes=1 << 20, record_max_bytes=1 << 20)\n"
+        "async def main():\n"
+        "    with tempfile.TemporaryDirectory() as d:\n"
+        "        await (await s3stream.open(d, config=config)).close()\n"
+        "asyncio.run(main())\n"
+        "print('botocore' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "False"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from compaction.blockio import open_reader
 from compaction.execute import StreamSetCompactionExecutor
-from compaction.gc import GarbageCollector, GcReport, wall_clock_ms
+from compaction.gc import GarbageCollector, GcReport
 from compaction.hooks import CompactionHooks
 from compaction.plan import (
     CompactionLimits,
@@ -34,6 +34,7 @@ from compaction.stream_objects import (
     plan_stream_object_compaction,
 )
 from compaction.target import WriteTarget
+from s3stream.clock import wall_clock_ms
 from s3stream.config import Config
 from s3stream.errors import S3StreamError
 from s3stream.ids import NodeId, ObjectId, StreamId

@@ -10,22 +10,33 @@ alone. The orphan scan also reclaims what a writer killed mid-upload left invisi
 older than ``orphan_ttl_ms`` too: the local store's temporary files, an S3 bucket's (prefix's)
 incomplete multipart uploads. Such an upload's object id was prepared with a TTL (at most the orphan
 TTL, by default half of it), so it expired and can never be committed.
+
+:class:`PreparedObjectReaper` is the background component that runs the first two steps (no orphan
+scan) every second, one delete batch per pass, so crashed uploads never leak.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import asyncio
+import contextlib
+import dataclasses
+import logging
 from dataclasses import dataclass
 
 from compaction.hooks import CompactionHooks
-from s3stream.errors import InvalidArgumentError
+from s3stream.clock import Clock, wall_clock_ms
+from s3stream.errors import InvalidArgumentError, S3StreamError
+from s3stream.ids import ObjectId
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import object_key, parse_object_key
 from s3stream.storage.base import MAX_DELETE_BATCH, ObjectStorage
 
+log = logging.getLogger(__name__)
+
 DELETE_ROUNDS_MAX = 100
 """Batches deleted per pass (the rest waits for the next pass)."""
+REAPER_PERIOD_S = 1.0
+"""How often the reaper looks for expired prepared objects and destroyable objects (AutoMQ: 1 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +51,6 @@ class GcReport:
     """Local temporary files deleted or S3 multipart uploads aborted (orphan scans only)."""
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class GarbageCollector:
     """Removes what compaction, trimming, deletion and crashed uploads left behind."""
 
@@ -55,7 +62,7 @@ class GarbageCollector:
         namespace: str,
         retention_ms: int,
         orphan_ttl_ms: int,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_ms: Clock = wall_clock_ms,
         hooks: CompactionHooks | None = None,
     ) -> None:
         if retention_ms < 0 or orphan_ttl_ms < 0:
@@ -68,11 +75,31 @@ class GarbageCollector:
         self.clock_ms = clock_ms
         self.hooks = hooks or CompactionHooks()
 
-    async def collect(self, *, scan_orphans: bool = False) -> GcReport:
+    async def collect(self, *, scan_orphans: bool = False, rounds_max: int = DELETE_ROUNDS_MAX) -> GcReport:
+        """One pass; ``rounds_max`` bounds the delete batches (the rest waits for the next pass)."""
+        report, _ = await self._expire_and_delete(rounds_max)
+        if scan_orphans:
+            orphans, scanned = await self._delete_orphans(self.clock_ms())
+            reclaimed = await self._reclaim_incomplete_uploads()
+            report = dataclasses.replace(
+                report,
+                orphan_deleted_count=orphans,
+                scanned_key_count=scanned,
+                incomplete_uploads_reclaimed=reclaimed,
+            )
+        return report
+
+    async def reap(self) -> list[ObjectId]:
+        """Expire prepared objects, then delete one batch past retention; returns the deleted ids."""
+        _, deleted_ids = await self._expire_and_delete(1)
+        return deleted_ids
+
+    async def _expire_and_delete(self, rounds_max: int) -> tuple[GcReport, list[ObjectId]]:
         now_ms = self.clock_ms()
         expired = await self.metadata.expire_prepared(now_ms=now_ms)
-        deleted = deleted_bytes = requests = 0
-        for _ in range(DELETE_ROUNDS_MAX):
+        deleted_ids: list[ObjectId] = []
+        deleted_bytes = requests = 0
+        for _ in range(rounds_max):
             doomed = await self.metadata.destroyable_objects(
                 marked_before_ms=now_ms - self.retention_ms + 1, limit=MAX_DELETE_BATCH
             )
@@ -81,14 +108,11 @@ class GarbageCollector:
             await self.storage.delete([object_key(o.object_id, self.namespace) for o in doomed])
             await self.hooks.after_delete()
             await self.metadata.remove_objects([o.object_id for o in doomed])
-            deleted += len(doomed)
+            deleted_ids.extend(o.object_id for o in doomed)
             deleted_bytes += sum(o.size_bytes for o in doomed)
             requests += 1
-        orphans = scanned = reclaimed = 0
-        if scan_orphans:
-            orphans, scanned = await self._delete_orphans(now_ms)
-            reclaimed = await self._reclaim_incomplete_uploads()
-        return GcReport(len(expired), deleted, deleted_bytes, requests, orphans, scanned, reclaimed)
+        report = GcReport(len(expired), len(deleted_ids), deleted_bytes, requests)
+        return report, deleted_ids
 
     async def _reclaim_incomplete_uploads(self) -> int:
         """Uploads a killed writer never completed nor aborted (listings skip them; they take space)."""
@@ -120,3 +144,39 @@ class GarbageCollector:
         for i in range(0, len(orphans), MAX_DELETE_BATCH):
             await self.storage.delete(orphans[i : i + MAX_DELETE_BATCH])
         return len(orphans), scanned
+
+
+class PreparedObjectReaper:
+    """Background component: every ``period_s``, expires PREPARED objects past their TTL and deletes
+    one batch of marked objects' bytes past the collector's ``retention_ms``
+    (``s3.object.delete.retention.minutes``), through :meth:`GarbageCollector.reap`."""
+
+    def __init__(self, collector: GarbageCollector, *, period_s: float = REAPER_PERIOD_S) -> None:
+        self.collector = collector
+        self.period_s = period_s
+        self.deleted_count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="s3stream-prepared-reaper")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run_once(self) -> list[ObjectId]:
+        """One pass: expire, then delete what is past retention; returns the deleted ids."""
+        ids = await self.collector.reap()
+        self.deleted_count += len(ids)
+        return ids
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except (S3StreamError, OSError) as exc:
+                log.warning("object reaper pass failed (retried): %s", exc)
+            await asyncio.sleep(self.period_s)

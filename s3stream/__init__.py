@@ -1,6 +1,8 @@
 """s3stream: a stream storage engine on object storage, in the design of AutoMQ's S3Stream.
 
-``await s3stream.open(data_dir, bucket_uri=None, config=None)`` opens the embedded engine.
+``await s3stream.open(data_dir, bucket_uri=None, config=None)`` opens the embedded engine; an
+application calls ``s3stream.freeze_startup_heap()`` once its start-up is over. The object storage a
+data dir records is read by :func:`s3stream.binding.read_recorded_storage`.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.facade import SyncClient, SyncKVClient, SyncStream, SyncStreamClient
+from s3stream.heap import freeze_startup_heap
 from s3stream.ids import StreamId
 from s3stream.model import FetchedBatch, RecordBatch
 
@@ -64,6 +67,7 @@ __all__ = [
     "SyncStream",
     "SyncStreamClient",
     "UnavailableError",
+    "freeze_startup_heap",
     "open",
     "open_sync",
 ]

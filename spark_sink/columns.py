@@ -7,9 +7,9 @@ encode (:data:`spark_sink.encode.INPUT_COLUMNS`); a wrong schema is an
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
+from s3stream.clock import wall_clock_ms
 from s3stream.errors import InvalidArgumentError
 from spark_sink.encode import PARTITION_COLUMN, TIMESTAMP_MS_COLUMN
 
@@ -52,7 +52,7 @@ def normalize(
             cache[key] = hit
     cols, needs_clock = hit
     if needs_clock:
-        cols = [*cols, F.lit(int(time.time() * 1000)).cast("bigint").alias(TIMESTAMP_MS_COLUMN)]
+        cols = [*cols, F.lit(wall_clock_ms()).cast("bigint").alias(TIMESTAMP_MS_COLUMN)]
     return df.select(*cols)
 
 

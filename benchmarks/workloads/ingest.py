@@ -24,7 +24,7 @@ object store: S3 when given, the local store otherwise; default Config, so uploa
 - **append p99 latency** while uploads run, at half the measured maximum rate (1 KiB records,
   ``s3.wal.upload.threshold`` 8 MiB so several uploads overlap the run), vs the WAL alone at the
   same rate (goal <= 3 ms). Both targets first run :data:`WARMUP_S` of unrecorded paced appends,
-  then call :func:`s3stream.assembly.freeze_startup_heap` (what docs/architecture.md, "Latency and
+  then call :func:`s3stream.heap.freeze_startup_heap` (what docs/architecture.md, "Latency and
   Python's garbage collector", tells a long-running application to do once it has started): the
   harness, the WAL or the engine with its S3 client (created at open), streams and first uploads
   are out of the collector's scans; everything the recorded run allocates is collected as usual.
@@ -64,9 +64,10 @@ from typing import Any
 from benchmarks.baselines import Measured, PutCeilingSpec, raw_put_ceiling
 from benchmarks.core import Context, Result
 from benchmarks.measure import CountingStorage, LatencyRecorder, RequestCounter, per_gib
-from s3stream.assembly import freeze_startup_heap, open_block_wal, open_client
+from s3stream.assembly import open_block_wal, open_client
 from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
+from s3stream.heap import freeze_startup_heap
 from s3stream.model import RecordBatch
 from s3stream.record import RECORD_HEADER_SIZE
 from s3stream.storage.base import ObjectStorage
@@ -463,7 +464,7 @@ async def _engine_latency(
     pacer: PacerStats | None = None,
 ) -> tuple[LatencyRecorder, int, LatencyRecorder, GcPauses, int, YoungCollections]:
     """Append latency at ``rate_per_s`` after :data:`WARMUP_S` of unrecorded appends and
-    :func:`~s3stream.assembly.freeze_startup_heap`; also returns the uploads that ran, the
+    :func:`~s3stream.heap.freeze_startup_heap`; also returns the uploads that ran, the
     generator's send lag, the full collections during the recorded run, the objects frozen and the
     young collections during the recorded run. ``times`` and ``pacer`` are filled in over the
     recorded run."""

@@ -25,7 +25,7 @@ allocations triggered right after it cost the engine's round 75-90 ms of CPU (0.
 records; on a quiet machine that alone moves the ratio by ~0.1).
 
 An unmeasured raw pass warms the server first; then the start-up heap is frozen
-(:func:`s3stream.assembly.freeze_startup_heap`, as the ``ingest`` and ``wal`` workloads do and as an
+(:func:`s3stream.heap.freeze_startup_heap`, as the ``ingest`` and ``wal`` workloads do and as an
 application is told to once started: a full collection then skips the modules and the S3 client's
 models, ~90,000 objects, and scans only what the rounds create) until the rounds are over. In each
 round the engine makes one pass beside each of the baseline's settings (2 on the local store, 4 on
@@ -48,10 +48,10 @@ from typing import Any
 from benchmarks.baselines import raw_s3_client
 from benchmarks.core import Context, Result
 from benchmarks.measure import CountingStorage, RequestCounter
-from s3stream.assembly import freeze_startup_heap
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.reader import ObjectStreamReader
+from s3stream.heap import freeze_startup_heap
 from s3stream.ids import NodeId, StreamId
 from s3stream.metadata.base import CommitStreamSetObjectRequest
 from s3stream.metadata.memory import MemoryMetadataStore

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from sortedcontainers import SortedList
 
+from s3stream.clock import Clock, wall_clock_ms
 from s3stream.errors import ClosedError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
@@ -43,7 +44,7 @@ from s3stream.metadata.changes import (
     RemoveStreamSetObject,
     SetCounter,
 )
-from s3stream.metadata.store import Clock, TransactionalStore, wall_clock_ms
+from s3stream.metadata.store import TransactionalStore
 
 T = TypeVar("T")
 

@@ -8,11 +8,11 @@ raises) and :meth:`TransactionalStore._query` (run a read-only function on a con
 from __future__ import annotations
 
 import abc
-import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TypeVar
 
+from s3stream.clock import Clock
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
@@ -29,13 +29,6 @@ from s3stream.metadata.base import (
 )
 
 T = TypeVar("T")
-
-Clock = Callable[[], int]
-"""Wall-clock milliseconds; injected so tests can move time."""
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class TransactionalStore(abc.ABC):

@@ -42,23 +42,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from s3stream.errors import ClosedError, InvalidArgumentError, NotFoundError, S3StreamError
 from s3stream.storage.base import (
     MAX_PART_COUNT,
     MAX_PART_SIZE_BYTES,
     MIN_PART_SIZE_BYTES,
+    ObjectInfo,
     check_buffer_max_bytes,
 )
 from s3stream.storage.keys import resolve_range, validate_key, validate_range
-from s3stream.storage.s3body import Piece, PiecesReader, digest_params
+from s3stream.storage.s3body import BodyDigests, Piece, PiecesReader, digest_params
+from s3stream.storage.s3client import S3Config
+from s3stream.storage.stats import StorageStats
 
-if TYPE_CHECKING:
-    from s3stream.storage.s3 import S3ObjectStorage
-
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 PAGE_BYTES = 1024 * 1024
@@ -118,6 +119,33 @@ def upload_shape(
     return shape
 
 
+class UploadTarget(Protocol):
+    """What an upload needs of its storage: the retried calls of an :class:`S3Client` and three object
+    operations. :class:`~s3stream.storage.s3.S3ObjectStorage` is one (this module does not import it)."""
+
+    @property
+    def config(self) -> S3Config: ...
+
+    @property
+    def stats(self) -> StorageStats: ...
+
+    async def call(
+        self, op: str, what: str, attempt: Callable[[Any], Awaitable[T]], *, size_bytes: int = 0
+    ) -> T: ...
+
+    def full_key(self, key: str) -> str: ...
+
+    async def body_digests(self, pieces: Sequence[Piece], size_bytes: int) -> BodyDigests | None: ...
+
+    async def head(self, key: str) -> ObjectInfo: ...
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes: ...
+
+    async def put_pieces(
+        self, full: str, key: str, pieces: Sequence[Piece], *, if_absent: bool = False
+    ) -> None: ...
+
+
 def _size_of(pieces: Sequence[Piece]) -> int:
     return sum(end - start for _, start, end in pieces)
 
@@ -126,7 +154,7 @@ class S3Upload:
     """See the module docstring. Created by :meth:`S3ObjectStorage.upload`."""
 
     def __init__(
-        self, storage: S3ObjectStorage, key: str, full_key: str, *, buffer_max_bytes: int | None = None
+        self, storage: UploadTarget, key: str, full_key: str, *, buffer_max_bytes: int | None = None
     ) -> None:
         self.key = key
         self._storage = storage

@@ -21,13 +21,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from s3stream.errors import InvalidArgumentError
 from s3stream.storage.base import ObjectStorage
 from s3stream.storage.retry import RetryPolicy
-from s3stream.storage.s3 import S3Config
+
+if TYPE_CHECKING:
+    from s3stream.storage.s3client import S3Config
 
 _ID_PREFIX = re.compile(r"^(?:(-?\d+)@)?(?P<rest>.*)$", re.DOTALL)
 _SECRET_VALUE = re.compile(r"(secretKey=)[^&#]*", re.IGNORECASE)
@@ -134,6 +136,8 @@ _S3_KEYS: dict[str, Callable[[str, str], tuple[str, Any]]] = {
 
 def s3_config_from_uri(parsed: BucketURI) -> S3Config:
     """The S3Config a parsed ``s3://`` URI describes."""
+    from s3stream.storage.s3client import S3Config  # botocore is imported only where S3 is used
+
     fields: dict[str, Any] = {}
     retry = RetryPolicy()
     auth_type = "static"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from compaction.gc import GarbageCollector
-from s3stream.assembly import PreparedObjectReaper, open_client
+from compaction.gc import GarbageCollector, PreparedObjectReaper
+from s3stream.assembly import open_client
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
 from tests.crash.backend import SMALL_WAL_ENV, bucket_uri, engine_config, iterations
@@ -131,8 +131,8 @@ async def assert_no_leaked_objects(data_dir: Path) -> None:
     await asyncio.sleep(CONFIG.object_prepared_ttl_ms / 1000 + 0.2)
     client = await open_client(data_dir, config=engine_config(CONFIG), bucket_uri=bucket_uri())
     try:
-        reaper = PreparedObjectReaper(client.engine.metadata, client.engine.storage, namespace=CONFIG.namespace,
-                                      retention_ms=0)  # fmt: skip
+        reaper = PreparedObjectReaper(GarbageCollector(client.engine.metadata, client.engine.storage,
+                                                       namespace=CONFIG.namespace, retention_ms=0, orphan_ttl_ms=0))  # fmt: skip
         await reaper.run_once()
         committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
         keys = {object_key(o.object_id, CONFIG.namespace) for o in committed}

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from compaction.gc import GarbageCollector, PreparedObjectReaper
 from s3stream import RecordBatch
-from s3stream.assembly import PreparedObjectReaper, open_client
+from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.ids import NodeId
 from s3stream.metadata.base import ObjectState
@@ -97,7 +98,9 @@ async def test_expired_prepared_objects_are_deleted_from_the_bucket(
     key = object_key(orphan, CONFIG.namespace)
     await storage.put(key, b"an upload that crashed before its commit")
     await asyncio.sleep(0.3)
-    reaper = PreparedObjectReaper(metadata, storage, namespace=CONFIG.namespace, retention_ms=0)
+    reaper = PreparedObjectReaper(
+        GarbageCollector(metadata, storage, namespace=CONFIG.namespace, retention_ms=0, orphan_ttl_ms=0)
+    )
     assert orphan in await reaper.run_once()
     assert [o async for o in storage.list(key)] == []
     assert all(o.object_id != orphan for o in await metadata.list_objects([ObjectState.PREPARED]))

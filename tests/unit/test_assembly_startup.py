@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from s3stream.assembly import _open_storage, freeze_startup_heap, open_block_wal
+from s3stream.assembly import open_block_wal
+from s3stream.binding import open_storage
 from s3stream.config import Config
+from s3stream.heap import freeze_startup_heap
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.s3 import S3ObjectStorage
 from wal.aio import Aio
@@ -19,7 +21,7 @@ S3_URI = "0@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:9&pathStyle=t
 
 
 async def test_the_s3_client_is_created_when_the_assembly_opens_the_storage(tmp_path: Path) -> None:
-    storage = await _open_storage(tmp_path, S3_URI)  # creating the client sends no request
+    storage = await open_storage(tmp_path, S3_URI)  # creating the client sends no request
     try:
         assert isinstance(storage, S3ObjectStorage)
         assert storage._client is not None
@@ -31,7 +33,7 @@ async def test_the_s3_client_is_created_when_the_assembly_opens_the_storage(tmp_
 
 
 async def test_a_local_storage_needs_no_start_up_work(tmp_path: Path) -> None:
-    storage = await _open_storage(tmp_path, None)
+    storage = await open_storage(tmp_path, None)
     assert isinstance(storage, LocalObjectStorage)
     await storage.close()
 
@@ -81,3 +83,22 @@ def _kernel_has_aio() -> bool:
         return False
     probe.close()
     return True
+
+
+def test_opening_a_local_data_dir_does_not_import_botocore() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys, tempfile, s3stream\n"
+        "from s3stream import Config\n"
+        "config = Config(wal_capacity_bytes=8 << 20, wal_record_max_bytes=1 << 20, record_max_bytes=1 << 20)\n"
+        "async def main():\n"
+        "    with tempfile.TemporaryDirectory() as d:\n"
+        "        await (await s3stream.open(d, config=config)).close()\n"
+        "asyncio.run(main())\n"
+        "print('botocore' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "False"

@@ -20,7 +20,7 @@ from s3stream.errors import (
 )
 from s3stream.storage.base import ObjectStorage
 from s3stream.storage.retry import RetryPolicy, call_with_retries
-from s3stream.storage.s3 import translate_error
+from s3stream.storage.s3client import translate_error
 
 FAST = RetryPolicy(deadline_s=0.5, attempt_timeout_s=0.2, backoff_base_s=0.005, backoff_max_s=0.02)
 

@@ -12,7 +12,8 @@ import botocore.utils
 import pytest
 from aiobotocore.awsrequest import AioAWSResponse
 
-from s3stream.storage.s3 import S3Config, S3ObjectStorage, parse_s3_timestamp
+from s3stream.storage.s3 import S3Config, S3ObjectStorage
+from s3stream.storage.s3client import parse_s3_timestamp
 
 LAST_MODIFIED = "Sun, 22 Nov 2026 11:21:18 GMT"
 LIST_BODY = (

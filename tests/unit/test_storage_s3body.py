@@ -148,7 +148,7 @@ def _signed_request(body: object) -> dict[str, str]:
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    from s3stream.storage.s3 import PrehashedS3SigV4Auth
+    from s3stream.storage.s3client import PrehashedS3SigV4Auth
 
     request = AWSRequest(method="PUT", url="http://127.0.0.1:7480/bucket/key", data=body)
     request.context["timestamp"] = "20260101T000000Z"
@@ -178,7 +178,7 @@ def test_prehashed_signer_signs_exactly_as_botocore_without_reading_the_body() -
 
 
 def test_prehashed_signer_is_chosen_only_for_sigv4() -> None:
-    from s3stream.storage.s3 import PREHASHED_SIGNER, choose_prehashed_signer
+    from s3stream.storage.s3client import PREHASHED_SIGNER, choose_prehashed_signer
 
     assert choose_prehashed_signer(signature_version="s3v4") == PREHASHED_SIGNER
     assert choose_prehashed_signer(signature_version="s3v4a") is None

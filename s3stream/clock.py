@@ -1,0 +1,23 @@
+"""The product's one wall clock: milliseconds since the epoch, and the node epochs taken from it.
+
+Everything that stamps or compares wall-clock times (prepared-object TTLs, deletion retention, node
+epochs) reads :func:`wall_clock_ms` or takes a :data:`Clock` so tests can move time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+Clock = Callable[[], int]
+"""Wall-clock milliseconds; injected so tests can move time."""
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def node_epoch_now() -> int:
+    """A node epoch: the start time in ms (AutoMQ), so a restart always registers a newer one."""
+    return wall_clock_ms()

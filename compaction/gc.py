@@ -1,4 +1,4 @@
-"""Deletion and garbage collection of objects (reference sections 1.2 and 4).
+"""Deletion and garbage collection of objects (docs/automq-model.md sections 8 and 11).
 
 One pass: expire PREPARED objects past their TTL (they become MARK_DESTROYED); delete from the bucket
 the MARK_DESTROYED objects marked at least ``retention_ms`` ago (so reads in flight finish), in

@@ -1,22 +1,28 @@
-"""``s3stream produce``: append generated records or stdin lines to N streams, printing the offsets.
+"""``s3stream produce``: append generated records or stdin lines to N streams, printing each offset.
 
 The N streams are the ones tagged ``name=<prefix>-<i>`` (``--name``, default ``produce``), created
 when missing, so running the command again appends to the same streams. Generated records are
 ``--count`` per stream of ``--size`` bytes; with ``--stdin`` every non-empty input line is one record,
 spread over the streams in turn. The streams are closed at the end, which forces their data up to
 object storage.
+
+Each acknowledged offset is printed as it is acknowledged, one flushed line each (``--json``: one
+JSON object per line), then a summary line once the streams are closed (``--json``:
+``{"summary": {...}}``). An acknowledged record is durable: if a later append or the final close
+fails, the lines already printed say what is in, and stderr says not to write it again.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from s3stream._loop import run
-from s3stream.cli.streams import add_engine_args, open_client, open_existing, print_rows
+from s3stream.cli.streams import add_engine_args, open_client, open_existing
 from s3stream.engine.client import Client, Stream
 from s3stream.errors import InvalidArgumentError
 from s3stream.model import RecordBatch
@@ -47,17 +53,74 @@ async def named_streams(client: Client, prefix: str, count: int) -> list[Stream]
     return out
 
 
-async def append_all(plan: Sequence[tuple[Stream, bytes]]) -> list[dict[str, Any]]:
-    """Append every (stream, payload) in order, at most INFLIGHT_MAX awaited at once."""
+Ack = Callable[[int, int, int], None]
+"""Called with (stream_id, offset, bytes) as each append is acknowledged."""
+
+
+async def append_all(plan: Sequence[tuple[Stream, bytes]], on_ack: Ack | None = None) -> list[dict[str, Any]]:
+    """Append every (stream, payload) in order, at most INFLIGHT_MAX awaited at once; ``on_ack``
+    hears of each acknowledgement as it comes. Returns the rows in plan order."""
+
+    async def append_one(stream: Stream, payload: bytes) -> dict[str, Any]:
+        offset = await stream.append(RecordBatch(payload))
+        if on_ack is not None:
+            on_ack(stream.stream_id, offset, len(payload))
+        return {"stream_id": stream.stream_id, "offset": offset, "bytes": len(payload)}
+
     rows: list[dict[str, Any]] = []
     for start in range(0, len(plan), INFLIGHT_MAX):
         chunk = plan[start : start + INFLIGHT_MAX]
-        offsets = await asyncio.gather(*(stream.append(RecordBatch(payload)) for stream, payload in chunk))
-        rows.extend(
-            {"stream_id": stream.stream_id, "offset": offset, "bytes": len(payload)}
-            for (stream, payload), offset in zip(chunk, offsets, strict=True)
-        )
+        rows.extend(await asyncio.gather(*(append_one(stream, payload) for stream, payload in chunk)))
     return rows
+
+
+class AckPrinter:
+    """Prints each acknowledged offset on its own flushed line (a table row, or a JSON line), then a
+    summary; counts what was acknowledged so a failure can say it."""
+
+    COLUMNS = ("stream_id", "offset", "bytes")
+
+    def __init__(self, out: TextIO, *, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.records = 0
+        self.bytes = 0
+        if not as_json:
+            self._line("stream_id  offset      bytes")
+
+    def _line(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def ack(self, stream_id: int, offset: int, size_bytes: int) -> None:
+        self.records += 1
+        self.bytes += size_bytes
+        if self.as_json:
+            self._line(json.dumps({"stream_id": stream_id, "offset": offset, "bytes": size_bytes}))
+        else:
+            self._line(f"{stream_id:<9}  {offset:<10}  {size_bytes}")
+
+    def summary(self, streams: Sequence[Stream]) -> None:
+        next_offsets = {stream.stream_id: stream.next_offset for stream in streams}
+        if self.as_json:
+            summary = {"records": self.records, "bytes": self.bytes, "next_offsets": next_offsets}
+            self._line(json.dumps({"summary": summary}))
+        else:
+            ends = " ".join(f"{sid}:{end}" for sid, end in next_offsets.items())
+            self._line(
+                f"acknowledged {self.records} records ({self.bytes} bytes); streams closed, "
+                f"next offsets {ends}"
+            )
+
+    def failed(self) -> None:
+        """On stderr, before the error: what was acknowledged stays (the WAL holds it)."""
+        if self.records:
+            print(
+                f"s3stream produce: the {self.records} records acknowledged above are durable: "
+                "do not write them again",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def _produce(args: argparse.Namespace) -> int:
@@ -65,26 +128,33 @@ async def _produce(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--streams and --size must be at least 1, --count at least 0")
     lines = [line.rstrip(b"\r\n") for line in sys.stdin.buffer] if args.stdin else []
     client = await open_client(args, create=True)
+    printer: AckPrinter | None = None
     try:
-        record_max = client.config.record_max_bytes
-        if not args.stdin and args.size > record_max:
-            raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
-        streams = await named_streams(client, args.name, args.streams)
-        if args.stdin:
-            payloads = [line for line in lines if line]
-            plan = [(streams[i % len(streams)], p) for i, p in enumerate(payloads)]
-        else:
-            plan = [
-                (stream, generated_payload(stream.stream_id, stream.next_offset + i, args.size))
-                for i in range(args.count)
-                for stream in streams
-            ]
-        rows = await append_all(plan)
-        for stream in streams:
-            await stream.close()
-    finally:
-        await client.close()
-    print_rows(rows, ("stream_id", "offset", "bytes"), as_json=args.json)
+        try:
+            record_max = client.config.record_max_bytes
+            if not args.stdin and args.size > record_max:
+                raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
+            streams = await named_streams(client, args.name, args.streams)
+            if args.stdin:
+                payloads = [line for line in lines if line]
+                plan = [(streams[i % len(streams)], p) for i, p in enumerate(payloads)]
+            else:
+                plan = [
+                    (stream, generated_payload(stream.stream_id, stream.next_offset + i, args.size))
+                    for i in range(args.count)
+                    for stream in streams
+                ]
+            printer = AckPrinter(sys.stdout, as_json=args.json)
+            await append_all(plan, printer.ack)
+            for stream in streams:
+                await stream.close()
+        finally:
+            await client.close()
+    except BaseException:
+        if printer is not None:
+            printer.failed()
+        raise
+    printer.summary(streams)
     return 0
 
 

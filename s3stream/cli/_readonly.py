@@ -243,7 +243,7 @@ class ReadOnlyView:
     async def open(cls, data_dir: str, *, bucket_uri: str | None, config: Config) -> ReadOnlyView:
         root = Path(data_dir)
         if not await asyncio.to_thread(root.is_dir):
-            raise NotFoundError(f"no data dir at {data_dir}")
+            raise NotFoundError(f"no data dir at {data_dir} (--data-dir, or $S3STREAM_DATA_DIR)")
         metadata = await ReadOnlyMetadata.open(str(root / "metadata.db"))
         try:
             storage = await asyncio.to_thread(open_storage_readonly, root, bucket_uri)

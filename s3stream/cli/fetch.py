@@ -47,6 +47,10 @@ async def fetch_rows(
     pending = await view.unuploaded(stream_id, meta.end_offset)
     readable = pending[-1].base_offset + pending[-1].count if pending else meta.end_offset
     end = readable if end is None else end
+    if start > readable:
+        raise OffsetOutOfRangeError(
+            f"--start {start} is beyond stream {stream_id}'s confirm offset {readable}"
+        )
     if start < meta.start_offset or end > readable:
         raise OffsetOutOfRangeError(
             f"[{start}, {end}) is outside stream {stream_id}'s records [{meta.start_offset}, {readable})"

@@ -34,7 +34,8 @@ def test_compact_merges_the_objects_of_several_runs_and_fetch_still_returns_ever
     config.write_text(CONFIG)
     args = ["--data-dir", str(tmp_path / "data"), "--config", str(config)]
     for _ in range(3):  # each run closes its streams: one StreamSet object per run
-        run_json(capsys, ["produce", *args, "--streams", "3", "--count", "5", "--size", "100"])
+        assert main(["produce", *args, "--streams", "3", "--count", "5", "--size", "100"]) == 0
+        capsys.readouterr()
     objects = run_json(capsys, ["objects", *args])
     assert isinstance(objects, list)
     assert sum(o["state"] == "COMMITTED" for o in objects) == 3

@@ -4,8 +4,9 @@ Opening the client would write: it replays and uploads the WAL, bumps the epoch 
 opens, adds ranges, runs compaction and GC, and it takes the WAL's lock, so it fails while another
 process owns the data dir. This view writes nothing and takes no lock:
 
-* metadata: ``metadata.db`` opened read-only by SQLite (``file:...?mode=ro``), one consistent
-  read transaction per query; no migration, no journal-mode change;
+* metadata: ``metadata.db`` opened read-only by SQLite (``file:...?mode=ro``; also ``immutable=1``
+  when no process has it open, so no ``-wal``/``-shm`` file is created), one consistent read
+  transaction per query; no migration, no journal-mode change;
 * objects: read from the object storage with the engine's object reader (ranged GETs only);
 * WAL: the file opened ``O_RDONLY`` and scanned with the WAL's own recovery scanner; its bodies are
   decoded with the engine's WAL body codec. The records of a stream from its committed end offset on
@@ -79,7 +80,12 @@ class ReadOnlyMetadata(TransactionalStore):
             raise NotFoundError(f"no metadata database at {path}")
 
         def connect() -> sqlite3.Connection:
-            uri = Path(path).absolute().as_uri() + "?mode=ro"
+            # No -wal file: no process has the database open (SQLite removes it when the last
+            # connection closes), so it is opened immutable and SQLite creates no -wal/-shm files.
+            # A writer that opens it during this command is not seen: the command shows the state
+            # at its start.
+            closed = not os.path.exists(path + "-wal")
+            uri = Path(path).absolute().as_uri() + ("?mode=ro&immutable=1" if closed else "?mode=ro")
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0)
             try:
                 if schema.schema_version(conn) is None:

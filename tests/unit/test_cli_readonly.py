@@ -129,8 +129,10 @@ def test_read_commands_change_no_byte_of_a_closed_data_dir(
     capsys.readouterr()
     data = Path(engine_args[1])
     before = {name: digest(data / name) for name in ("metadata.db", "wal")}
+    files = sorted(p.relative_to(data) for p in data.rglob("*"))
     epochs = [s["epoch"] for s in cli_json(["streams", *engine_args])]
     assert len(cli_json(["fetch", *engine_args, "--stream", "1"])) == 4
     assert cli_json(["objects", *engine_args])
     assert [s["epoch"] for s in cli_json(["streams", *engine_args])] == epochs
     assert {name: digest(data / name) for name in ("metadata.db", "wal")} == before
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == files  # not even a -shm file

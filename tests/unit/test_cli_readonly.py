@@ -136,3 +136,18 @@ def test_read_commands_change_no_byte_of_a_closed_data_dir(
     assert [s["epoch"] for s in cli_json(["streams", *engine_args])] == epochs
     assert {name: digest(data / name) for name in ("metadata.db", "wal")} == before
     assert sorted(p.relative_to(data) for p in data.rglob("*")) == files  # not even a -shm file
+
+
+def test_an_unreadable_wal_is_a_note_and_the_uploaded_records_still_show(
+    engine_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["produce", *engine_args, "--count", "2"]) == 0
+    capsys.readouterr()
+    wal = Path(engine_args[1]) / "wal"
+    with wal.open("r+b") as f:
+        f.write(b"\xff" * 8192)  # both header slots damaged
+    assert main(["fetch", *engine_args, "--stream", "0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [row["offset"] for row in json.loads(captured.out)] == [0, 1]
+    assert captured.err.startswith("note: the WAL ")
+    assert "records not yet uploaded are not shown" in captured.err

@@ -35,7 +35,10 @@ from benchmarks.core import Result
 
 SCHEMA = "s3stream-bench/1"
 
-THROUGHPUT_UNITS = re.compile(r"^(k|M|G)?(i)?(B|b|ops|records|msgs|rows|objects|batches)/s$", re.IGNORECASE)
+THROUGHPUT_UNITS = re.compile(r"^\S+/s$")
+"""Any rate per second (MB/s, MiB/s, appends/s, records/s, rows/s, ops/s, ...) is a throughput."""
+PERCENTILE_KEY = re.compile(r"^p(\d+)$")
+"""Percentile keys of a latency summary: p50, p99, p999 (= 99.9th)."""
 TIME_UNITS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
 
 
@@ -295,7 +298,7 @@ def _panels(path: Path, title: str, panels: list[Panel], ylabel: str) -> None:
             axes.margins(y=0.15)
             axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
         figure.suptitle(title)
-        figure.tight_layout()
+        figure.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.4 / (4.4 * rows)))
         figure.savefig(path, dpi=90)
     finally:
         plt.close(figure)
@@ -311,57 +314,91 @@ def _merge_peers(panels: dict[tuple[str, str], Panel], key: tuple[str, str], pan
     peers.extend(peer for peer in panel[2] if peer[0] not in names)
 
 
+def percentile_keys(summary: dict[str, Any]) -> list[str]:
+    """The percentile keys of a latency summary in rank order (p50 < p99 < p999)."""
+    found = [key for key in summary if PERCENTILE_KEY.match(key)]
+    return sorted(found, key=lambda key: float("0." + key[1:]))
+
+
+def _percentiles(summary: dict[str, Any], keys: Sequence[str]) -> list[float]:
+    values = []
+    for key in keys:
+        value = summary.get(key)
+        values.append(float(value) if isinstance(value, int | float) else math.nan)
+    return values
+
+
+def _is_summary(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value.get("count")) and bool(percentile_keys(value))
+
+
+def throughput_panels(results: Sequence[Result]) -> list[Panel]:
+    """One panel per throughput metric (any ``<unit>/s``): its subject beside its baselines."""
+    panels: dict[tuple[str, str], Panel] = {}
+    for result in results:
+        if is_throughput(result.unit):
+            key = (f"{result.metric} ({result.unit})", f"{subject_of(result)}={result.value!r}")
+            panel: Panel = (
+                key[0],
+                [result.unit],
+                [(subject_of(result), [result.value]), (result.baseline, [result.baseline_value])],
+            )
+            _merge_peers(panels, key, panel)
+    return list(panels.values())
+
+
+def latency_panels(results: Sequence[Result]) -> list[Panel]:
+    """Latency panels in ms: each time-valued result (subject beside baseline), and, for any result,
+    each latency summary it carries in its extras (``*_ms`` dicts with a count and percentiles): its
+    percentiles on the x axis; ``latency_ms`` is drawn beside ``baseline_latency_ms``."""
+    panels: dict[tuple[str, str], Panel] = {}
+    for result in results:
+        if is_latency(result.unit):
+            scale = TIME_UNITS[result.unit.strip()]
+            key = (result.metric, f"{subject_of(result)}={result.value!r}")
+            panel: Panel = (
+                result.metric,
+                ["value"],
+                [
+                    (subject_of(result), [result.value * scale]),
+                    (result.baseline, [result.baseline_value * scale]),
+                ],
+            )
+            _merge_peers(panels, key, panel)
+        base = result.extra.get("baseline_latency_ms")
+        for name, summary in result.extra.items():
+            if name == "baseline_latency_ms" or not name.endswith("_ms") or not _is_summary(summary):
+                continue
+            keys = percentile_keys(summary)
+            if name == "latency_ms":
+                title = f"{result.metric} latency"
+                peers = [(subject_of(result), _percentiles(summary, keys))]
+                if isinstance(base, dict) and _is_summary(base):
+                    peers.append((result.baseline, _percentiles(base, keys)))
+            else:  # the summary's name first: long metric names are cut in the title
+                label = name.removesuffix("_ms")
+                title = f"{label} | {result.metric}"
+                peers = [(label, _percentiles(summary, keys))]
+            key = (title, f"{subject_of(result)}={summary.get(keys[0])!r}")
+            _merge_peers(panels, key, (title, keys, peers))
+    return list(panels.values())
+
+
 def plot(report: Report, plot_dir: Path) -> list[Path]:
-    """Per workload: ``<workload>-throughput.png`` (each throughput result: its subject beside its
-    baselines) and ``<workload>-latency.png`` (p50/p99/p999 from the ``latency_ms`` extras, and
-    time-valued results), one panel per metric; a metric compared with several peers shows them all."""
+    """Per workload: ``<workload>-throughput.png`` (:func:`throughput_panels`) and
+    ``<workload>-latency.png`` (:func:`latency_panels`), one panel per metric."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for run in report.runs:
-        throughput_panels: dict[tuple[str, str], Panel] = {}
-        for result in run.results:
-            if is_throughput(result.unit):
-                key = (f"{result.metric} ({result.unit})", f"{subject_of(result)}={result.value!r}")
-                panel: Panel = (
-                    key[0],
-                    [result.unit],
-                    [(subject_of(result), [result.value]), (result.baseline, [result.baseline_value])],
-                )
-                _merge_peers(throughput_panels, key, panel)
-        if throughput_panels:
+        throughput = throughput_panels(run.results)
+        if throughput:
             path = plot_dir / f"{run.name}-throughput.png"
-            _panels(
-                path,
-                f"{run.name}: throughput (higher is better)",
-                list(throughput_panels.values()),
-                "per second",
-            )
+            _panels(path, f"{run.name}: throughput (higher is better)", throughput, "per second")
             written.append(path)
-        latency_panels: dict[tuple[str, str], Panel] = {}
-        for result in run.results:
-            own, base = result.extra.get("latency_ms"), result.extra.get("baseline_latency_ms")
-            if is_latency(result.unit):
-                scale = TIME_UNITS[result.unit.strip()]
-                key = (result.metric, f"{subject_of(result)}={result.value!r}")
-                panel = (
-                    result.metric,
-                    ["value"],
-                    [
-                        (subject_of(result), [result.value * scale]),
-                        (result.baseline, [result.baseline_value * scale]),
-                    ],
-                )
-                _merge_peers(latency_panels, key, panel)
-            elif isinstance(own, dict) and own.get("count"):
-                keys = ("p50", "p99", "p999")
-                peers = [(subject_of(result), [float(own.get(key, math.nan)) for key in keys])]
-                if isinstance(base, dict) and base.get("count"):
-                    peers.append((result.baseline, [float(base.get(key, math.nan)) for key in keys]))
-                key = (f"{result.metric} latency", f"{subject_of(result)}={own.get('p50')!r}")
-                _merge_peers(latency_panels, key, (key[0], list(keys), peers))
-        if latency_panels:
+        latency = latency_panels(run.results)
+        if latency:
             path = plot_dir / f"{run.name}-latency.png"
-            _panels(path, f"{run.name}: latency in ms (lower is better)", list(latency_panels.values()), "ms")
+            _panels(path, f"{run.name}: latency in ms (lower is better)", latency, "ms")
             written.append(path)
     return written
 

@@ -37,11 +37,6 @@ DEMO_RECORD_BYTES = 1024
 async def produce_phase(args: argparse.Namespace, out: TextIO) -> dict[int, list[tuple[int, bytes]]]:
     """Append the demo records; returns per stream the (offset, payload) pairs acknowledged."""
     client = await open_client(args, create=True)
-    written: dict[int, list[tuple[int, bytes]]] = {}
-
-    def on_ack(stream: Stream, offset: int, payload: bytes) -> None:
-        written.setdefault(stream.stream_id, []).append((offset, payload))
-
     try:
         streams = await named_streams(client, "demo", DEMO_STREAMS)
         plan: list[tuple[Stream, bytes]] = []
@@ -51,9 +46,12 @@ async def produce_phase(args: argparse.Namespace, out: TextIO) -> dict[int, list
                 (stream, generated_payload(stream.stream_id, base + i, DEMO_RECORD_BYTES))
                 for i in range(DEMO_RECORDS)
             )
-        await append_all(plan, on_ack)
+        rows = await append_all(plan)
     finally:
         await client.close()  # closes the streams: their data goes up to object storage
+    written: dict[int, list[tuple[int, bytes]]] = {}
+    for (_, payload), row in zip(plan, rows, strict=True):
+        written.setdefault(row["stream_id"], []).append((row["offset"], payload))
     total = sum(len(v) for v in written.values())
     out.write(f"produced {total} records of {DEMO_RECORD_BYTES} bytes into streams {sorted(written)}\n")
     return written

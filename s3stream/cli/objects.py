@@ -1,4 +1,8 @@
-"""``s3stream objects``: the objects of an engine with their kind, stream ranges, sizes and states."""
+"""``s3stream objects``: the objects of an engine with their kind, stream ranges, sizes and states.
+
+Read-only (:mod:`s3stream.cli._readonly`): it reads the metadata only, works while another process
+owns the data dir and changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import argparse
 from typing import Any
 
 from s3stream._loop import run
-from s3stream.cli.streams import add_engine_args, open_client, print_rows
+from s3stream.cli._readonly import open_view
+from s3stream.cli.streams import add_engine_args, print_rows
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import object_key
@@ -44,20 +49,20 @@ async def object_rows(metadata: MetadataStore, *, node_id: NodeId, namespace: st
 
 
 async def _objects(args: argparse.Namespace) -> int:
-    client = await open_client(args)
+    view = await open_view(args.data_dir, bucket_uri=args.bucket_uri, config_path=args.config)
     try:
         rows = await object_rows(
-            client.engine.metadata, node_id=client.engine.node_id, namespace=client.config.namespace
+            view.metadata, node_id=NodeId(view.config.node_id), namespace=view.config.namespace
         )
     finally:
-        await client.close()
+        await view.close()
     print_rows(rows, OBJECT_COLUMNS, as_json=args.json)
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "objects", help="list objects with their kind, stream ranges, sizes and states"
+        "objects", help="list objects with their kind, stream ranges, sizes and states (reads only)"
     )
     add_engine_args(parser)
     parser.set_defaults(func=lambda args: run(_objects(args)))

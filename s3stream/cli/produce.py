@@ -1,4 +1,4 @@
-"""``s3stream produce``: append generated records or stdin lines to N streams, printing each acknowledgement.
+"""``s3stream produce``: append generated records or stdin lines to N streams, printing each offset.
 
 The N streams are the ones tagged ``name=<prefix>-<i>`` (``--name``, default ``produce``), created
 when missing, so running the command again appends to the same streams. Generated records are
@@ -6,27 +6,25 @@ when missing, so running the command again appends to the same streams. Generate
 spread over the streams in turn. The streams are closed at the end, which forces their data up to
 object storage.
 
-Output: one line per record as soon as it is acknowledged (durable in the WAL), flushed at once
-(``stream_id offset bytes``; with ``--json`` one JSON object per line), then a summary line
-(``--json``: ``{"summary": {...}}``). Whatever fails later (another append, the close, the upload)
-the lines already printed are the records that are stored: running the command again for them
-would write them twice. The error says how many were acknowledged.
+Each acknowledged offset is printed as it is acknowledged, one flushed line each (``--json``: one
+JSON object per line), then a summary line once the streams are closed (``--json``:
+``{"summary": {...}}``). An acknowledged record is durable: if a later append or the final close
+fails, the lines already printed say what is in, and stderr says not to write it again.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from s3stream._loop import run
 from s3stream.cli.streams import add_engine_args, open_client, open_existing
 from s3stream.engine.client import Client, Stream
-from s3stream.errors import InvalidArgumentError, S3StreamError
+from s3stream.errors import InvalidArgumentError
 from s3stream.model import RecordBatch
 
 INFLIGHT_MAX = 256
@@ -55,69 +53,82 @@ async def named_streams(client: Client, prefix: str, count: int) -> list[Stream]
     return out
 
 
-COLUMNS = ("stream_id", "offset", "bytes")
+Ack = Callable[[int, int, int], None]
+"""Called with (stream_id, offset, bytes) as each append is acknowledged."""
+
+
+async def append_all(plan: Sequence[tuple[Stream, bytes]], on_ack: Ack | None = None) -> list[dict[str, Any]]:
+    """Append every (stream, payload) in order, at most INFLIGHT_MAX awaited at once; ``on_ack``
+    hears of each acknowledgement as it comes. Returns the rows in plan order."""
+
+    async def append_one(stream: Stream, payload: bytes) -> dict[str, Any]:
+        offset = await stream.append(RecordBatch(payload))
+        if on_ack is not None:
+            on_ack(stream.stream_id, offset, len(payload))
+        return {"stream_id": stream.stream_id, "offset": offset, "bytes": len(payload)}
+
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(plan), INFLIGHT_MAX):
+        chunk = plan[start : start + INFLIGHT_MAX]
+        # Every append of the chunk finishes (and is reported) before a failure is raised, so what
+        # was printed when the error comes is all that was acknowledged.
+        results = await asyncio.gather(
+            *(append_one(stream, payload) for stream, payload in chunk), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        rows.extend(cast(list[dict[str, Any]], results))
+    return rows
 
 
 class AckPrinter:
-    """Prints each acknowledged record on its own flushed line and counts what it printed."""
+    """Prints each acknowledged offset on its own flushed line (a table row, or a JSON line), then a
+    summary; counts what was acknowledged so a failure can say it."""
+
+    COLUMNS = ("stream_id", "offset", "bytes")
 
     def __init__(self, out: TextIO, *, as_json: bool) -> None:
         self.out = out
         self.as_json = as_json
         self.records = 0
         self.bytes = 0
-        self.streams: set[int] = set()
         if not as_json:
-            self._write("  ".join(COLUMNS))
+            self._line("stream_id  offset      bytes")
 
-    def ack(self, stream: Stream, offset: int, payload: bytes) -> None:
-        stream_id, size_bytes = int(stream.stream_id), len(payload)
-        self.records += 1
-        self.bytes += size_bytes
-        self.streams.add(stream_id)
-        if self.as_json:
-            self._write(json.dumps({"stream_id": stream_id, "offset": offset, "bytes": size_bytes}))
-        else:
-            self._write(f"{stream_id}  {offset}  {size_bytes}")
-
-    def summary(self, *, closed: bool) -> None:
-        counts = {
-            "records": self.records,
-            "bytes": self.bytes,
-            "streams": len(self.streams),
-            "closed": closed,
-        }
-        if self.as_json:
-            self._write(json.dumps({"summary": counts}))
-        else:
-            state = "streams closed, data uploaded" if closed else "streams NOT closed"
-            self._write(
-                f"acknowledged {self.records} records ({self.bytes} bytes) in {len(self.streams)} streams; {state}"
-            )
-
-    def _write(self, line: str) -> None:
-        self.out.write(line + "\n")
+    def _line(self, text: str) -> None:
+        self.out.write(text + "\n")
         self.out.flush()
 
+    def ack(self, stream_id: int, offset: int, size_bytes: int) -> None:
+        self.records += 1
+        self.bytes += size_bytes
+        if self.as_json:
+            self._line(json.dumps({"stream_id": stream_id, "offset": offset, "bytes": size_bytes}))
+        else:
+            self._line(f"{stream_id:<9}  {offset:<10}  {size_bytes}")
 
-async def append_all(
-    plan: Sequence[tuple[Stream, bytes]], on_ack: Callable[[Stream, int, bytes], None]
-) -> None:
-    """Append every (stream, payload) in order, at most INFLIGHT_MAX in flight, calling ``on_ack(stream,
-    offset, payload)`` as each is acknowledged (a stream's acknowledgements come in offset order). A
-    failed append is raised once the others in flight have finished."""
+    def summary(self, streams: Sequence[Stream]) -> None:
+        next_offsets = {stream.stream_id: stream.next_offset for stream in streams}
+        if self.as_json:
+            summary = {"records": self.records, "bytes": self.bytes, "next_offsets": next_offsets}
+            self._line(json.dumps({"summary": summary}))
+        else:
+            ends = " ".join(f"{sid}:{end}" for sid, end in next_offsets.items())
+            self._line(
+                f"acknowledged {self.records} records ({self.bytes} bytes); streams closed, "
+                f"next offsets {ends}"
+            )
 
-    async def one(stream: Stream, payload: bytes) -> None:
-        on_ack(stream, await stream.append(RecordBatch(payload)), payload)
-
-    for start in range(0, len(plan), INFLIGHT_MAX):
-        chunk = plan[start : start + INFLIGHT_MAX]
-        results = await asyncio.gather(
-            *(one(stream, payload) for stream, payload in chunk), return_exceptions=True
-        )
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            raise failures[0]
+    def failed(self) -> None:
+        """On stderr, before the error: what was acknowledged stays (the WAL holds it)."""
+        if self.records:
+            print(
+                f"s3stream produce: the {self.records} records acknowledged above are durable: "
+                "do not write them again",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def _produce(args: argparse.Namespace) -> int:
@@ -125,45 +136,34 @@ async def _produce(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--streams and --size must be at least 1, --count at least 0")
     lines = [line.rstrip(b"\r\n") for line in sys.stdin.buffer] if args.stdin else []
     client = await open_client(args, create=True)
-    printer = AckPrinter(sys.stdout, as_json=args.json)
-    closed = False
+    printer: AckPrinter | None = None
     try:
-        record_max = client.config.record_max_bytes
-        if not args.stdin and args.size > record_max:
-            raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
-        streams = await named_streams(client, args.name, args.streams)
-        if args.stdin:
-            payloads = [line for line in lines if line]
-            plan = [(streams[i % len(streams)], p) for i, p in enumerate(payloads)]
-        else:
-            plan = [
-                (stream, generated_payload(stream.stream_id, stream.next_offset + i, args.size))
-                for i in range(args.count)
-                for stream in streams
-            ]
-        await append_all(plan, printer.ack)
-        for stream in streams:
-            await stream.close()
-        await client.close()
-        closed = True
-    except S3StreamError:
-        if printer.records:
-            print(f"s3stream produce: {acknowledged_note(printer)}", file=sys.stderr)
+        try:
+            record_max = client.config.record_max_bytes
+            if not args.stdin and args.size > record_max:
+                raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
+            streams = await named_streams(client, args.name, args.streams)
+            if args.stdin:
+                payloads = [line for line in lines if line]
+                plan = [(streams[i % len(streams)], p) for i, p in enumerate(payloads)]
+            else:
+                plan = [
+                    (stream, generated_payload(stream.stream_id, stream.next_offset + i, args.size))
+                    for i in range(args.count)
+                    for stream in streams
+                ]
+            printer = AckPrinter(sys.stdout, as_json=args.json)
+            await append_all(plan, printer.ack)
+            for stream in streams:
+                await stream.close()
+        finally:
+            await client.close()
+    except BaseException:
+        if printer is not None:
+            printer.failed()
         raise
-    finally:
-        if not closed:
-            with contextlib.suppress(S3StreamError):
-                await client.close()
-        printer.summary(closed=closed)
+    printer.summary(streams)
     return 0
-
-
-def acknowledged_note(printer: AckPrinter) -> str:
-    """What the user must know after a failure: which records are stored already."""
-    return (
-        f"the {printer.records} records printed before this error were acknowledged and are durable: "
-        "do not write them again; the next open uploads them"
-    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,5 +1,9 @@
 """``s3stream streams``: the streams of an engine with their offsets, epochs and state.
 
+Read-only (:mod:`s3stream.cli._readonly`): it works while another process owns the data dir and
+changes nothing. ``end_offset`` includes the records still only in the WAL; ``uploaded_end`` is
+where the stream's objects end.
+
 This module also holds what every engine subcommand (produce, fetch, streams, objects, demo)
 shares: the ``--data-dir / --bucket-uri / --config / --json`` options, opening the client, opening
 a stream for this process, and printing a table or JSON.
@@ -17,6 +21,7 @@ from typing import Any, TextIO
 
 from s3stream import assembly
 from s3stream._loop import run
+from s3stream.cli._readonly import open_view, print_notes, readable_end
 from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
 from s3stream.errors import NotFoundError
@@ -88,14 +93,20 @@ def print_rows(
         out.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
 
 
-def stream_rows(streams: Sequence[StreamMetadata]) -> list[dict[str, Any]]:
+def stream_rows(
+    streams: Sequence[StreamMetadata], readable_ends: Mapping[int, int] | None = None
+) -> list[dict[str, Any]]:
+    """One row per stream; ``end_offset`` is where its records end (``readable_ends``, objects and
+    WAL records not yet uploaded), ``uploaded_end`` where its objects end."""
+    ends = readable_ends or {}
     return [
         {
             "stream_id": m.stream_id,
             "epoch": m.epoch,
             "state": m.state.name,
             "start_offset": m.start_offset,
-            "end_offset": m.end_offset,
+            "end_offset": ends.get(m.stream_id, m.end_offset),
+            "uploaded_end": m.end_offset,
             "ranges": len(m.ranges),
             "tags": ",".join(f"{k}={v}" for k, v in sorted(m.tags.items())),
         }
@@ -103,20 +114,35 @@ def stream_rows(streams: Sequence[StreamMetadata]) -> list[dict[str, Any]]:
     ]
 
 
-STREAM_COLUMNS = ("stream_id", "epoch", "state", "start_offset", "end_offset", "ranges", "tags")
+STREAM_COLUMNS = (
+    "stream_id",
+    "epoch",
+    "state",
+    "start_offset",
+    "end_offset",
+    "uploaded_end",
+    "ranges",
+    "tags",
+)
 
 
 async def _streams(args: argparse.Namespace) -> int:
-    client = await open_client(args)
+    view = await open_view(args.data_dir, bucket_uri=args.bucket_uri, config_path=args.config)
     try:
-        streams = await client.streams.list_streams()
+        streams = await view.metadata.list_streams()
+        ends: dict[int, int] = {
+            m.stream_id: await readable_end(view, m.stream_id, m.end_offset) for m in streams
+        }
     finally:
-        await client.close()
-    print_rows(stream_rows(streams), STREAM_COLUMNS, as_json=args.json)
+        await view.close()
+    print_rows(stream_rows(streams, ends), STREAM_COLUMNS, as_json=args.json)
+    print_notes(view)
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("streams", help="list streams with their offsets, epochs and state")
+    parser = subparsers.add_parser(
+        "streams", help="list streams with their offsets, epochs and state (reads only; works while in use)"
+    )
     add_engine_args(parser)
     parser.set_defaults(func=lambda args: run(_streams(args)))

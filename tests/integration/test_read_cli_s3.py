@@ -63,6 +63,11 @@ def test_demo_and_fetch_with_objects_on_s3(
     assert main(["fetch", *args, "--stream", "1", "--start", "10", "--end", "12", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["offset"] for r in rows] == [10, 11]
+    # The data dir recorded its storage: without --bucket-uri the read commands read the same bucket
+    # (keys from the environment) instead of the empty local objects/ folder.
+    assert main(["fetch", *args[:4], "--stream", "1", "--start", "10", "--end", "12", "--json"]) == 0
+    assert [r["offset"] for r in json.loads(capsys.readouterr().out)] == [10, 11]
+    assert not (tmp_path / "data" / "objects").exists()
     assert main(["objects", *args, "--json"]) == 0
     objects = json.loads(capsys.readouterr().out)
     committed = {o["key"] for o in objects if o["state"] == "COMMITTED"}

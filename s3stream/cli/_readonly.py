@@ -1,0 +1,326 @@
+"""A read-only view of a data dir for the CLI's read commands (streams, objects, fetch).
+
+Opening the client would write: it replays and uploads the WAL, bumps the epoch of every stream it
+opens, adds ranges, runs compaction and GC, and it takes the WAL's lock, so it fails while another
+process owns the data dir. This view writes nothing and takes no lock:
+
+* metadata: ``metadata.db`` opened read-only by SQLite (``file:...?mode=ro``; also ``immutable=1``
+  when no process has it open, so no ``-wal``/``-shm`` file is created), one consistent read
+  transaction per query; no migration, no journal-mode change;
+* objects: read from the object storage with the engine's object reader (ranged GETs only);
+* WAL: the file opened ``O_RDONLY`` and scanned with the WAL's own recovery scanner; its bodies are
+  decoded with the engine's WAL body codec. The records of a stream from its committed end offset on
+  (appended, not yet uploaded) come from there. The WAL of a live process may be mid-write: the
+  first record that fails its checks is the end (what is shown is what was durable when read), and
+  a scan that stops early is reported as a note rather than as an error.
+
+Nothing here changes a byte of the data dir; ``tests/integration/test_cli_readonly.py`` hashes
+``metadata.db`` and ``wal`` around the read commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO, TypeVar
+
+from s3stream.binding import LOCAL_OBJECTS_DIR, METADATA_FILE, recorded_storage_of, storage_to_open
+from s3stream.clock import wall_clock_ms
+from s3stream.config import Config
+from s3stream.engine.blockcache import BlockCache
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.walbody import decode_body
+from s3stream.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
+from s3stream.ids import StreamId
+from s3stream.metadata import controller as ctl
+from s3stream.metadata import sqlite_schema as schema
+from s3stream.metadata.base import MetadataStore
+from s3stream.metadata.store import TransactionalStore
+from s3stream.objectformat import ObjectReaderCache
+from s3stream.record import StreamRecordBatch
+from s3stream.storage.base import ObjectStorage
+from wal.errors import WalCorruptionError
+from wal.format import WAL_HEADER_SIZE, WalHeader, decode_wal_header
+from wal.recovery import Layout, Scanner
+
+T = TypeVar("T")
+
+READER_CACHE_BYTES = 4 * 1024 * 1024
+"""Object index cache of the view's object reader."""
+BLOCK_CACHE_BYTES = 16 * 1024 * 1024
+"""Data block cache of the view's object reader."""
+WAL_BLOCK_BYTES_DEFAULT = 4096
+"""Where the second WAL header slot is looked for when the first one is not valid."""
+
+
+class ReadOnlyMetadata(TransactionalStore):
+    """The metadata store of a data dir, opened read-only: every query works, every write raises
+    InvalidArgumentError. Queries run one at a time in a worker thread, each in its own read
+    transaction (a consistent snapshot while another process writes)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        super().__init__(wall_clock_ms)
+        self._conn = conn
+        self._path = path
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: str) -> ReadOnlyMetadata:
+        if not await asyncio.to_thread(os.path.isfile, path):
+            raise NotFoundError(f"no metadata database at {path}")
+
+        def connect() -> sqlite3.Connection:
+            # No -wal file: no process has the database open (SQLite removes it when the last
+            # connection closes), so it is opened immutable and SQLite creates no -wal/-shm files.
+            # A writer that opens it during this command is not seen: the command shows the state
+            # at its start.
+            closed = not os.path.exists(path + "-wal")
+            uri = Path(path).absolute().as_uri() + ("?mode=ro&immutable=1" if closed else "?mode=ro")
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0)
+            try:
+                if schema.schema_version(conn) is None:
+                    raise InvalidArgumentError(f"{path} is not an s3stream metadata database")
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        try:
+            conn = await asyncio.to_thread(connect)
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, path) from exc
+        return cls(conn, path)
+
+    async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
+        raise InvalidArgumentError(f"the metadata store {self._path} is open read-only")
+
+    async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
+        def run() -> T:
+            self._conn.execute("BEGIN")
+            try:
+                return fn(schema.SqlView(self._conn))
+            finally:
+                self._conn.execute("ROLLBACK")
+
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(run)
+            except sqlite3.Error as exc:
+                raise _sqlite_error(exc, self._path) from exc
+
+    async def close(self) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self._conn.close)
+
+
+def _sqlite_error(exc: sqlite3.Error, path: str) -> S3StreamError:
+    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+        return CorruptionError(f"the metadata database is damaged or not a database: {exc}", source=path)
+    return UnavailableError(f"cannot read the metadata database {path} read-only: {exc}")
+
+
+class _ReadOnlyFile:
+    """The WAL scanner's Device over a file opened O_RDONLY (no lock: the owner may be running)."""
+
+    mode = "read-only"
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self.size_bytes = os.fstat(self._fd).st_size
+
+    def read_into(self, pos: int, buf: memoryview) -> int:
+        return os.preadv(self._fd, [buf], pos)
+
+    def write(self, pos: int, data: object) -> None:
+        raise InvalidArgumentError("the WAL is open read-only")
+
+    def sync(self) -> None:
+        raise InvalidArgumentError("the WAL is open read-only")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+@dataclass
+class WalView:
+    """The record batches the WAL holds (from its trim offset on), by stream, in WAL order."""
+
+    batches: dict[int, list[StreamRecordBatch]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _newest_header(head: bytes) -> WalHeader | None:
+    first = decode_wal_header(head[:WAL_HEADER_SIZE])
+    block = first.block_size if first is not None else WAL_BLOCK_BYTES_DEFAULT
+    second = decode_wal_header(head[block : block + WAL_HEADER_SIZE]) if len(head) >= block * 2 else None
+    valid = [h for h in (first, second) if h is not None]
+    return max(valid, key=lambda h: h.seq) if valid else None
+
+
+def scan_wal(path: str) -> WalView:
+    """Every batch of the WAL at ``path`` (blocking: run it in a thread). Writes nothing."""
+    view = WalView()
+    try:
+        device = _ReadOnlyFile(path)
+    except FileNotFoundError:
+        view.notes.append(f"no WAL at {path}: records not yet uploaded cannot be shown")
+        return view
+    except OSError as exc:
+        view.notes.append(
+            f"cannot read the WAL {path} ({exc.strerror}): records not yet uploaded are not shown"
+        )
+        return view
+    try:
+        head = bytearray(2 * 65536)
+        got = device.read_into(0, memoryview(head))
+        header = _newest_header(bytes(head[:got]))
+        if header is None:
+            view.notes.append(f"the WAL {path} has no valid header: records not yet uploaded are not shown")
+            return view
+        scanner = Scanner(device, Layout(header.block_size, header.capacity), header)
+        try:
+            while not scanner.done:
+                for rec in scanner.next_batch():
+                    body = decode_body(rec.data, source=path, position=rec.offset)
+                    for batch in body.batches:
+                        view.batches.setdefault(batch.stream_id, []).append(batch)
+        except (WalCorruptionError, CorruptionError) as exc:
+            # A live owner may be writing where the scan reads: what was read before is shown.
+            view.notes.append(
+                f"WAL scan stopped early ({exc}): later records not yet uploaded may be missing"
+            )
+        finally:
+            scanner.reader.close()
+    finally:
+        device.close()
+    return view
+
+
+def open_storage_readonly(data_dir: Path, bucket_uri: str | None) -> ObjectStorage | None:
+    """The object storage at ``bucket_uri`` (the data dir's recorded or given one, see
+    :func:`s3stream.binding.storage_to_open`), else the local ``<data_dir>/objects`` (None when that
+    does not exist: the data dir has uploaded nothing). Creates nothing.
+
+    The one place the read commands choose their storage."""
+    if bucket_uri is not None:
+        from s3stream.storage.uri import open_storage
+
+        return open_storage(bucket_uri)
+    objects = data_dir / LOCAL_OBJECTS_DIR
+    if not objects.is_dir():
+        return None
+    from s3stream.storage.local import LocalObjectStorage
+
+    return LocalObjectStorage(str(objects))
+
+
+class ReadOnlyView:
+    """Metadata, objects and WAL of a data dir, read without writing. Use :meth:`open`, then ``close()``."""
+
+    def __init__(
+        self, data_dir: Path, config: Config, metadata: ReadOnlyMetadata, storage: ObjectStorage | None
+    ) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.metadata: MetadataStore = metadata
+        self._metadata = metadata
+        self._storage = storage
+        self._reader: ObjectStreamReader | None = None
+        self._wal: WalView | None = None
+        if storage is not None:
+            self._reader = ObjectStreamReader(
+                metadata,
+                storage,
+                namespace=config.namespace,
+                block_cache=BlockCache(BLOCK_CACHE_BYTES),
+                reader_cache=ObjectReaderCache(storage, capacity_bytes=READER_CACHE_BYTES),
+            )
+
+    @classmethod
+    async def open(cls, data_dir: str, *, bucket_uri: str | None, config: Config) -> ReadOnlyView:
+        root = Path(data_dir)
+        if not await asyncio.to_thread(root.is_dir):
+            raise NotFoundError(f"no data dir at {data_dir} (--data-dir, or $S3STREAM_DATA_DIR)")
+        metadata = await ReadOnlyMetadata.open(str(root / METADATA_FILE))
+        try:
+            recorded = await recorded_storage_of(metadata)
+            bucket_uri = storage_to_open(recorded, bucket_uri, namespace=config.namespace)
+            storage = await asyncio.to_thread(open_storage_readonly, root, bucket_uri)
+        except BaseException:
+            await metadata.close()
+            raise
+        return cls(root, config, metadata, storage)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the view could not show (empty until the WAL was scanned)."""
+        return self._wal.notes if self._wal is not None else []
+
+    async def wal(self) -> WalView:
+        """The WAL's batches, scanned once."""
+        if self._wal is None:
+            self._wal = await asyncio.to_thread(scan_wal, str(self.data_dir / "wal"))
+        return self._wal
+
+    async def unuploaded(self, stream_id: StreamId, committed_end: int) -> list[StreamRecordBatch]:
+        """The WAL's batches of ``stream_id`` that continue its objects from ``committed_end``:
+        contiguous, the newest write of an offset winning (a reopened stream rewrites what its
+        previous owner left unacknowledged)."""
+        by_base: dict[int, StreamRecordBatch] = {}
+        for batch in (await self.wal()).batches.get(stream_id, []):
+            if batch.base_offset >= committed_end:
+                by_base[batch.base_offset] = batch
+        out = []
+        offset = committed_end
+        while offset in by_base:
+            batch = by_base[offset]
+            out.append(batch)
+            offset = batch.base_offset + batch.count
+        return out
+
+    async def read_objects(
+        self, stream_id: StreamId, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        if self._reader is None:
+            return []
+        return await self._reader.read(stream_id, start_offset, end_offset, max_bytes)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await self._reader.close()
+        if self._storage is not None:
+            with contextlib.suppress(Exception):
+                await self._storage.close()
+        await self._metadata.close()
+
+
+async def open_view(data_dir: str, *, bucket_uri: str | None, config_path: str | None) -> ReadOnlyView:
+    """The read-only view of ``--data-dir`` (config from ``--config`` and the environment, checked
+    first); NotFoundError for a missing data dir."""
+    config = Config.from_sources(config_path)
+    return await ReadOnlyView.open(data_dir, bucket_uri=bucket_uri, config=config)
+
+
+async def readable_end(view: ReadOnlyView, stream_id: StreamId, uploaded_end: int) -> int:
+    """Where a stream's records end: its objects' end, continued by its WAL records not yet uploaded."""
+    pending = await view.unuploaded(stream_id, uploaded_end)
+    return pending[-1].base_offset + pending[-1].count if pending else uploaded_end
+
+
+def print_notes(view: ReadOnlyView, out: TextIO | None = None) -> None:
+    """What the view could not show, one ``note:`` line each on stderr (stdout stays parseable)."""
+    for note in view.notes:
+        print(f"note: {note}", file=out or sys.stderr)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from compaction.hooks import CompactionHooks
+from compaction.observer import CompactionObserver
 from s3stream.errors import InvalidArgumentError
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import object_key, parse_object_key
@@ -56,7 +56,7 @@ class GarbageCollector:
         retention_ms: int,
         orphan_ttl_ms: int,
         clock_ms: Callable[[], int] = wall_clock_ms,
-        hooks: CompactionHooks | None = None,
+        observer: CompactionObserver | None = None,
     ) -> None:
         if retention_ms < 0 or orphan_ttl_ms < 0:
             raise InvalidArgumentError("retention_ms and orphan_ttl_ms must be non-negative")
@@ -66,7 +66,7 @@ class GarbageCollector:
         self.retention_ms = retention_ms
         self.orphan_ttl_ms = orphan_ttl_ms
         self.clock_ms = clock_ms
-        self.hooks = hooks or CompactionHooks()
+        self.observer = observer or CompactionObserver()
 
     async def collect(self, *, scan_orphans: bool = False) -> GcReport:
         now_ms = self.clock_ms()
@@ -79,7 +79,7 @@ class GarbageCollector:
             if not doomed:
                 break
             await self.storage.delete([object_key(o.object_id, self.namespace) for o in doomed])
-            await self.hooks.after_delete()
+            await self.observer.after_delete()
             await self.metadata.remove_objects([o.object_id for o in doomed])
             deleted += len(doomed)
             deleted_bytes += sum(o.size_bytes for o in doomed)

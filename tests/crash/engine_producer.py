@@ -23,7 +23,7 @@ from s3stream import RecordBatch
 from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.engine.client import Stream
-from s3stream.engine.core import TestHooks
+from s3stream.engine.core import UploadObserver
 from tests.crash.backend import bucket_uri, engine_config
 
 CONFIG = Config(
@@ -47,7 +47,7 @@ def payload(stream_id: int, base: int, count: int, size: int) -> bytes:
     return (head * (size // len(head) + 1))[:size]
 
 
-class KillHooks(TestHooks):
+class KillObserver(UploadObserver):
     def __init__(self, kill_at: str, kill_count: int) -> None:
         self.kill_at = kill_at
         self.remaining = kill_count
@@ -71,10 +71,12 @@ class KillHooks(TestHooks):
 
 async def main(argv: list[str]) -> None:
     data_dir, streams_count, run, seed = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    hooks = KillHooks(argv[4], int(argv[5])) if len(argv) > 5 else None
+    observer = KillObserver(argv[4], int(argv[5])) if len(argv) > 5 else None
     rng = random.Random(seed)
     print("OPENING", flush=True)
-    client = await open_client(data_dir, config=engine_config(CONFIG), hooks=hooks, bucket_uri=bucket_uri())
+    client = await open_client(
+        data_dir, config=engine_config(CONFIG), upload_observer=observer, bucket_uri=bucket_uri()
+    )
     ids_blob = await client.kv.get("crash/streams")
     if ids_blob is None:
         ids = [await client.streams.create_stream() for _ in range(streams_count)]

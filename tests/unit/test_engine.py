@@ -11,7 +11,7 @@ import pytest
 from s3stream.assembly import build_reader
 from s3stream.config import Config
 from s3stream.engine.client import Client
-from s3stream.engine.core import Engine, TestHooks
+from s3stream.engine.core import Engine, UploadObserver
 from s3stream.engine.pipeline import FROZEN_STREAMS_PER_TURN
 from s3stream.engine.walport import MemoryWal
 from s3stream.errors import (
@@ -573,7 +573,7 @@ async def test_an_upload_outliving_its_prepared_ttl_is_uploaded_again_under_new_
     reached, release = asyncio.Event(), asyncio.Event()
     calls = 0
 
-    class Hold(TestHooks):
+    class Hold(UploadObserver):
         async def before_commit(self) -> None:
             nonlocal calls
             calls += 1
@@ -581,7 +581,7 @@ async def test_an_upload_outliving_its_prepared_ttl_is_uploaded_again_under_new_
                 reached.set()
                 await release.wait()
 
-    client.engine.hooks = Hold()
+    client.engine.upload_observer = Hold()
     upload = asyncio.create_task(client.engine.force_upload(None))
     await reached.wait()
     expired = await node.metadata.expire_prepared(now_ms=1 << 60)  # the TTL passed meanwhile

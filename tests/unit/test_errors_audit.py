@@ -20,7 +20,7 @@ from s3stream.assembly import open_client
 from s3stream.cli import main
 from s3stream.config import Config
 from s3stream.engine.client import Client
-from s3stream.engine.pipeline import TestHooks
+from s3stream.engine.pipeline import UploadObserver
 from s3stream.errors import (
     ConflictError,
     CorruptionError,
@@ -253,7 +253,7 @@ async def test_kv_keys_of_the_engine_are_reserved(client: Client) -> None:
 # -- storage that does not answer: closes and opens give up with a typed error ----------------------
 
 
-class BlockedUploads(TestHooks):
+class BlockedUploads(UploadObserver):
     """Uploads wait before writing until ``release`` is set (object storage that does not answer)."""
 
     def __init__(self) -> None:
@@ -266,7 +266,11 @@ class BlockedUploads(TestHooks):
 async def test_stream_close_gives_up_after_the_close_timeout_and_loses_nothing(tmp_path: Path) -> None:
     hooks = BlockedUploads()
     client = await open_client(
-        tmp_path, config=CONFIG, hooks=hooks, metadata=MemoryMetadataStore(), storage=MemoryObjectStorage()
+        tmp_path,
+        config=CONFIG,
+        upload_observer=hooks,
+        metadata=MemoryMetadataStore(),
+        storage=MemoryObjectStorage(),
     )
     try:
         stream = await client.streams.create_and_open_stream()
@@ -337,7 +341,7 @@ async def test_open_waits_for_slow_replay_uploads_past_the_close_timeout(tmp_pat
         await closer()
 
     hooks = BlockedUploads()
-    opening = asyncio.ensure_future(open_client(tmp_path, config=CONFIG, hooks=hooks))
+    opening = asyncio.ensure_future(open_client(tmp_path, config=CONFIG, upload_observer=hooks))
     await asyncio.sleep(3 * CONFIG.close_timeout_ms / 1000)
     assert not opening.done()
     hooks.release.set()

@@ -21,16 +21,13 @@ from typing import Any
 
 from s3stream import RecordBatch
 from s3stream.assembly import open_client
-from s3stream.config import Config
 from s3stream.engine.client import Stream
 from s3stream.engine.core import UploadObserver
 from tests.crash.backend import bucket_uri, engine_config
+from tests.support.configs import small_config
 
-CONFIG = Config(
-    wal_capacity_bytes=8 << 20,
-    wal_record_max_bytes=1 << 20,
+CONFIG = small_config(
     record_max_bytes=256 << 10,
-    wal_cache_size_bytes=4 << 20,
     wal_upload_threshold_bytes=64 << 10,
     wal_upload_interval_ms=100,
     upload_retry_backoff_ms=10,

@@ -31,14 +31,12 @@ from s3stream.model import FetchedBatch, RecordBatch
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.configs import small_config
 
 KiB = 1024
 MiB = 1024 * KiB
 
-SMALL = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * KiB,
+SMALL = small_config(
     wal_cache_size_bytes=2 * MiB,
     wal_upload_threshold_bytes=256 * KiB,
     wal_upload_interval_ms=60_000,

@@ -34,17 +34,11 @@ from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
 from s3stream.storage.s3 import S3Config, S3ObjectStorage
 from s3stream.storage.uri import open_storage, parse_bucket_uri
-from tests.faults import Fault, FaultPlan, FaultyObjectStorage
+from tests.support.configs import small_config
+from tests.support.faults import Fault, FaultPlan, FaultyObjectStorage
 
 MiB = 1 << 20
-CONFIG = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * 1024,
-    wal_cache_size_bytes=4 * MiB,
-    wal_upload_threshold_bytes=1 * MiB,
-    close_timeout_ms=200,
-)
+CONFIG = small_config(close_timeout_ms=200)
 
 
 @pytest.fixture

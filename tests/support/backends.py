@@ -37,8 +37,8 @@ from s3stream.storage.base import ObjectStorage
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.s3 import S3ObjectStorage
 from s3stream.storage.uri import open_storage
-from tests.conftest import S3TestServer
 from tests.property.test_engine_stateful import EngineMachine
+from tests.support.s3 import S3TestServer
 
 METADATA_POOL_COUNT = 2
 """SQLite stores opened ahead per test: ``Node`` builds its metadata synchronously, SQLite opens
@@ -86,7 +86,7 @@ class Backend:
         if not self.metadata_ready:
             raise RuntimeError(
                 f"{self!r}: the test builds more than {len(self.metadata_used)} metadata stores; "
-                "raise METADATA_POOL_COUNT in tests/engine_backends.py"
+                "raise METADATA_POOL_COUNT in tests/support/backends.py"
             )
         store = self.metadata_ready.pop(0)
         self.metadata_used.append(store)

@@ -7,6 +7,7 @@
 - :mod:`tests.support.storage_contract`, :mod:`tests.support.metadata_contract`: the suites every
   ObjectStorage and MetadataStore implementation passes.
 - :mod:`tests.support.faults`: fault-injecting object storage and a flaky HTTP proxy for S3.
+- :mod:`tests.support.wal`: a WAL twin a test can make fail or hang.
 - :mod:`tests.support.objects`: write record batches as one committed StreamSet object.
 - :mod:`tests.support.directio`: whether the WAL's O_DIRECT write paths can run in a directory.
 """

@@ -10,8 +10,8 @@ left out by name and run as waiting variants (:data:`WAITING_VARIANTS`); a name 
 fails the import, so nothing is left out silently.
 
 The WAL stays the in-memory twin: the suite observes it through twin-only attributes (``records``,
-``append_count``, ``fail_next``, ``gate``); the real block WAL on a file is covered by
-``tests/unit/test_engine_embedded.py`` and the crash tests.
+``append_count``, and ``fail_next``, ``gate`` of :class:`~tests.support.wal.FaultyMemoryWal`); the
+real block WAL on a file is covered by ``tests/unit/test_engine_embedded.py`` and the crash tests.
 
 Isolation: every storage a backend hands out lives under its own directory or key prefix, every
 metadata store is its own SQLite file, and :meth:`Backend.aclose` closes them all (and deletes the

@@ -32,6 +32,7 @@ from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.support.configs import small_config
+from tests.support.wal import FaultyMemoryWal
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -62,7 +63,7 @@ class Node:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.wal = wal or MemoryWal(capacity_bytes=config.wal_capacity_bytes)
+        self.wal = wal or FaultyMemoryWal(capacity_bytes=config.wal_capacity_bytes)
         self.metadata = metadata or MemoryMetadataStore()
         self.storage = storage or MemoryObjectStorage()
         self.node_id = node_id

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from compaction.blockio import open_reader
 from compaction.execute import StreamSetCompactionExecutor
 from compaction.gc import GarbageCollector, GcReport
-from compaction.hooks import CompactionHooks
+from compaction.observer import CompactionObserver
 from compaction.plan import (
     CompactionLimits,
     SourceObject,
@@ -105,7 +105,7 @@ class Compactor:
         node_id: NodeId,
         node_epoch: int,
         clock_ms: Callable[[], int] = wall_clock_ms,
-        hooks: CompactionHooks | None = None,
+        observer: CompactionObserver | None = None,
         prepared_ttl_ms: int | None = None,
         orphan_ttl_ms: int | None = None,
     ) -> None:
@@ -117,8 +117,8 @@ class Compactor:
         self.clock_ms = clock_ms
         self.limits = CompactionLimits.from_config(config)
         ttl_ms = prepared_ttl_ms if prepared_ttl_ms is not None else config.object_prepared_ttl_ms
-        hooks = hooks or CompactionHooks()
-        target = WriteTarget(metadata, storage, config.namespace, node_id, node_epoch, ttl_ms, hooks)
+        observer = observer or CompactionObserver()
+        target = WriteTarget(metadata, storage, config.namespace, node_id, node_epoch, ttl_ms, observer)
         self.stream_set = StreamSetCompactionExecutor(
             target, writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes
         )
@@ -132,7 +132,7 @@ class Compactor:
             retention_ms=config.object_delete_retention_minutes * 60_000,
             orphan_ttl_ms=orphan_ttl_ms if orphan_ttl_ms is not None else 2 * ttl_ms,
             clock_ms=clock_ms,
-            hooks=hooks,
+            observer=observer,
         )
         self.interval_s = config.stream_set_object_compaction_interval_minutes * 60.0
         self.stream_object_interval_ms = config.stream_object_compaction_interval_minutes * 60_000

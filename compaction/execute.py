@@ -135,9 +135,9 @@ class StreamSetCompactionExecutor(TargetedExecutor):
             problem = f"sanity check failed: {len(missing)} live blocks not covered, first {missing[0]}"
             log.error("compaction of %s not committed: %s", plan.compacted_object_ids, problem)
             return dataclasses.replace(outcome, problem=problem)
-        await self.hooks.before_commit()
+        await self.observer.before_commit()
         await self.metadata.commit_stream_set_object(request)
-        await self.hooks.after_commit()
+        await self.observer.after_commit()
         return dataclasses.replace(outcome, committed=True)
 
     async def _write_stream_objects(

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from compaction.hooks import CompactionHooks
+from compaction.observer import CompactionObserver
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.errors import InvalidArgumentError, S3StreamError
 from s3stream.ids import ObjectId
@@ -63,7 +63,7 @@ class GarbageCollector:
         retention_ms: int,
         orphan_ttl_ms: int,
         clock_ms: Clock = wall_clock_ms,
-        hooks: CompactionHooks | None = None,
+        observer: CompactionObserver | None = None,
     ) -> None:
         if retention_ms < 0 or orphan_ttl_ms < 0:
             raise InvalidArgumentError("retention_ms and orphan_ttl_ms must be non-negative")
@@ -73,7 +73,7 @@ class GarbageCollector:
         self.retention_ms = retention_ms
         self.orphan_ttl_ms = orphan_ttl_ms
         self.clock_ms = clock_ms
-        self.hooks = hooks or CompactionHooks()
+        self.observer = observer or CompactionObserver()
 
     async def collect(self, *, scan_orphans: bool = False, rounds_max: int = DELETE_ROUNDS_MAX) -> GcReport:
         """One pass; ``rounds_max`` bounds the delete batches (the rest waits for the next pass)."""
@@ -106,7 +106,7 @@ class GarbageCollector:
             if not doomed:
                 break
             await self.storage.delete([object_key(o.object_id, self.namespace) for o in doomed])
-            await self.hooks.after_delete()
+            await self.observer.after_delete()
             await self.metadata.remove_objects([o.object_id for o in doomed])
             deleted_ids.extend(o.object_id for o in doomed)
             deleted_bytes += sum(o.size_bytes for o in doomed)

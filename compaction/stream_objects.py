@@ -223,7 +223,7 @@ class StreamObjectCompactor(TargetedExecutor):
         except BaseException:
             await upload.abort()
             raise
-        await self.hooks.before_commit()
+        await self.observer.before_commit()
         await self.metadata.commit_stream_object(
             self._request(
                 stream_id,
@@ -234,7 +234,7 @@ class StreamObjectCompactor(TargetedExecutor):
                 [o.object_id for o in group],
             )
         )
-        await self.hooks.after_commit()
+        await self.observer.after_commit()
         log.debug(
             "stream %s: merged %d stream objects into %d (%d bytes)", stream_id, len(group), object_id, size
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from compaction.hooks import CompactionHooks
+from compaction.observer import CompactionObserver
 from s3stream.ids import NodeId
 from s3stream.metadata.base import MetadataStore
 from s3stream.storage.base import ObjectStorage
@@ -16,7 +16,7 @@ class WriteTarget:
     """Where new objects go and whose commits they are (one per :class:`~compaction.compactor.Compactor`).
 
     ``prepared_ttl_ms``: how long a prepared object id stays reserved before the garbage collector may
-    delete what was uploaded under it. ``hooks``: crash-test stop points around each commit.
+    delete what was uploaded under it. ``observer``: told of each commit (before and after).
     """
 
     metadata: MetadataStore
@@ -25,7 +25,7 @@ class WriteTarget:
     node_id: NodeId
     node_epoch: int
     prepared_ttl_ms: int
-    hooks: CompactionHooks = dataclasses.field(default_factory=CompactionHooks)
+    observer: CompactionObserver = dataclasses.field(default_factory=CompactionObserver)
 
 
 class TargetedExecutor:
@@ -39,4 +39,4 @@ class TargetedExecutor:
         self.node_id = target.node_id
         self.node_epoch = target.node_epoch
         self.prepared_ttl_ms = target.prepared_ttl_ms
-        self.hooks = target.hooks
+        self.observer = target.observer

@@ -28,7 +28,7 @@ from s3stream.clock import node_epoch_now
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
-from s3stream.engine.core import Engine, TestHooks
+from s3stream.engine.core import Engine, UploadObserver
 from s3stream.engine.reader import ObjectStreamReader
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.errors import InvalidArgumentError
@@ -95,7 +95,7 @@ async def open_client(
     *,
     bucket_uri: str | None = None,
     config: Config | None = None,
-    hooks: TestHooks | None = None,
+    upload_observer: UploadObserver | None = None,
     wal: WriteAheadLog | None = None,
     metadata: MetadataStore | None = None,
     storage: ObjectStorage | None = None,
@@ -165,7 +165,7 @@ async def open_client(
             node_id=NodeId(config.node_id),
             node_epoch=epoch,
             reader=reader,
-            hooks=hooks,
+            upload_observer=upload_observer,
         )
         await engine.start()
         collector = GarbageCollector(

@@ -28,12 +28,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -73,8 +73,9 @@ from spark_sink.topic import PARTITION_MAX_COUNT, Topic, ensure_topic, open_part
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-KILL_ENV = "S3STREAM_SPARK_SINK_KILL_AT"
-"""Crash-test hook: ``after_chunk:<batch>:<chunk>`` or ``after_batch:<batch>`` SIGKILLs the driver there."""
+ProgressObserver = Callable[[str], None]
+"""Called after each durable step of a micro-batch with the step's name: ``after_chunk:<batch>:<chunk>``
+once the chunk's ``append_atomic`` returned, ``after_batch:<batch>`` once the whole batch is written."""
 
 BATCH_BYTES_TARGET_DEFAULT = 1 << 20
 RECORD_MAX_BYTES_DEFAULT = 1 << 20
@@ -102,9 +103,8 @@ class BatchStats:
     """Engine appends (``append_atomic`` per chunk)."""
 
 
-def _kill_hook(point: str) -> None:
-    if os.environ.get(KILL_ENV) == point:
-        os.kill(os.getpid(), signal.SIGKILL)
+def _no_progress_observer(step: str) -> None:
+    """The default :data:`ProgressObserver`: does nothing."""
 
 
 class S3StreamSink:
@@ -113,6 +113,7 @@ class S3StreamSink:
     ``data_dir``/``bucket_uri``/``config`` open the engine (see ``s3stream.open``); or pass an open
     ``client`` (the sink then does not close it). ``stream_column`` names an integer column giving the
     partition of each row in ``[0, partitions)``; without it rows are routed by key hash.
+    ``progress_observer`` is called with the name of each durable step (see :data:`ProgressObserver`).
     """
 
     def __init__(
@@ -131,6 +132,7 @@ class S3StreamSink:
         query_id: str | None = None,
         spill: bool | None = None,
         spill_dir: str | os.PathLike[str] | None = None,
+        progress_observer: ProgressObserver = _no_progress_observer,
     ) -> None:
         if (data_dir is None) == (client is None):
             raise InvalidArgumentError("give exactly one of data_dir and client")
@@ -151,6 +153,7 @@ class S3StreamSink:
         wal_max = self._config.wal_record_max_bytes
         self.chunk_max_bytes = wal_max if chunk_max_bytes is None else chunk_max_bytes
         self._query_id = query_id
+        self._progress_observer = progress_observer
         self.spill = spill
         """True: executors hand payloads over in files (same machine only); None: in local mode."""
         if spill_dir is not None:
@@ -397,8 +400,8 @@ class S3StreamSink:
             except ConflictError as exc:
                 raise self._refused_chunk(batch_id, index, exc) from exc
             assert bases == [a[2] for a in appends], "a conditional chunk is appended where expected only"
-            _kill_hook(f"after_chunk:{batch_id}:{index}")
-        _kill_hook(f"after_batch:{batch_id}")
+            self._progress_observer(f"after_chunk:{batch_id}:{index}")
+        self._progress_observer(f"after_batch:{batch_id}")
         return BatchStats(
             batch_id=batch_id,
             rows=sum(r.record_count for r in refs),

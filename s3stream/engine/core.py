@@ -22,7 +22,7 @@ from s3stream.config import Config
 from s3stream.engine.append import AppendPath
 from s3stream.engine.kvlog import KvApplier, apply_mutation
 from s3stream.engine.logcache import LogCache
-from s3stream.engine.pipeline import EngineStats, TestHooks, UploadPipeline
+from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
 from s3stream.engine.reader import merge_fetch
 from s3stream.engine.recovery import plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
@@ -48,7 +48,7 @@ from s3stream.model import FetchedBatch
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
-__all__ = ["Engine", "EngineStats", "ObjectStreamReaderLike", "Status", "StreamHandle", "TestHooks"]
+__all__ = ["Engine", "EngineStats", "ObjectStreamReaderLike", "Status", "StreamHandle", "UploadObserver"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Engine:
         node_id: NodeId,
         node_epoch: int,
         reader: ObjectStreamReaderLike | None = None,
-        hooks: TestHooks | None = None,
+        upload_observer: UploadObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -125,7 +125,7 @@ class Engine:
             supervisor=self._supervisor,
             streams=self.streams,
             stats=self.stats,
-            hooks=hooks or TestHooks(),
+            upload_observer=upload_observer or UploadObserver(),
             clock=clock,
         )
         self._kv = KvApplier(metadata, self._live, self._supervisor)
@@ -146,12 +146,12 @@ class Engine:
         self._ticker: asyncio.Task[None] | None = None
 
     @property
-    def hooks(self) -> TestHooks:
-        return self._pipeline.hooks
+    def upload_observer(self) -> UploadObserver:
+        return self._pipeline.upload_observer
 
-    @hooks.setter
-    def hooks(self, hooks: TestHooks) -> None:
-        self._pipeline.hooks = hooks
+    @upload_observer.setter
+    def upload_observer(self, upload_observer: UploadObserver) -> None:
+        self._pipeline.upload_observer = upload_observer
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:

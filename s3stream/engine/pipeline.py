@@ -57,10 +57,11 @@ COMMIT_REVALIDATE_MAX = 8
 _NODE_LEVEL_CODES = (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST)
 
 
-class TestHooks:
-    """Points where crash tests pause or kill the process (set from the environment by the caller)."""
+class UploadObserver:
+    """Called at the points of the upload protocol, in order, for every archived block; a no-op here.
 
-    __test__ = False
+    Each call is awaited, so an observer may also hold the pipeline at that point.
+    """
 
     async def before_upload(self) -> None:
         """After prepare, before the objects are written."""
@@ -117,7 +118,7 @@ class UploadPipeline:
         supervisor: Supervisor,
         streams: Mapping[int, StreamHandle],
         stats: EngineStats,
-        hooks: TestHooks,
+        upload_observer: UploadObserver,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -129,7 +130,7 @@ class UploadPipeline:
         self.supervisor = supervisor
         self.streams = streams
         self.stats = stats
-        self.hooks = hooks
+        self.upload_observer = upload_observer
         self.clock = clock
         self.room = asyncio.Event()
         """Set whenever a commit frees LogCache and WAL room (or the engine fails): appenders waiting
@@ -200,11 +201,11 @@ class UploadPipeline:
                 order_id = first_id
                 task.prepared.set()
                 while True:
-                    await self.hooks.before_upload()
+                    await self.upload_observer.before_upload()
                     ids = first_id
                     request = await self._retry("upload", functools.partial(self.uploader.write, plan, ids))
                     request = dataclasses.replace(request, order_id=order_id)
-                    await self.hooks.before_commit()
+                    await self.upload_observer.before_commit()
                     if task.prev is not None:
                         await task.prev.done.wait()
                     self.supervisor.check_alive()
@@ -218,7 +219,7 @@ class UploadPipeline:
                     # order id (the data's place in the node's StreamSet object order does not change).
                     log.warning("prepared objects from %d expired before their commit: uploading again", ids)
                     first_id = await self._retry("prepare", lambda: self.uploader.prepare(plan))
-                await self.hooks.after_commit()
+                await self.upload_observer.after_commit()
             finally:
                 self._slots.release()
             await self._after_commit(task, request)

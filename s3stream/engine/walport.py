@@ -92,12 +92,15 @@ class MemoryWal:
         self.closed = False
         self.append_count = 0
         self.trim_calls: list[int] = []
-        self.fail_next: BaseException | None = None
-        """Set by tests: the next append raises this instead of writing."""
-        self.gate: asyncio.Event | None = None
-        """Set by tests: appends wait for this event before completing."""
 
     async def append(self, body: BodyParts) -> int:
+        offset = self._store(body, self._admit(body))
+        await asyncio.sleep(0)
+        return offset
+
+    def _admit(self, body: BodyParts) -> int:
+        """The bytes ``body`` takes in the WAL; raises if the WAL is closed, the record too large or
+        the WAL full."""
         if self.closed:
             raise ClosedError("WAL is closed")
         length = body_size(body)
@@ -106,21 +109,16 @@ class MemoryWal:
         size = length + MEMORY_RECORD_OVERHEAD_BYTES
         if self.used_bytes + size > self.capacity_bytes:
             raise CapacityError(f"WAL full: {self.used_bytes} of {self.capacity_bytes} bytes used")
-        if self.fail_next is not None:
-            exc, self.fail_next = self.fail_next, None
-            raise exc
+        return size
+
+    def _store(self, body: BodyParts, size: int) -> int:
+        """Write ``body`` (admitted at ``size`` bytes) as the next record; returns its offset."""
         offset = self.next_offset
         self.next_offset += size
         self.used_bytes += size
         # Stored joined, as the block WAL's recovery returns it (parts are copied here, in the twin).
         self.records[offset] = b"".join(body) if isinstance(body, list | tuple) else bytes(body)
         self.append_count += 1
-        if self.gate is not None:
-            await self.gate.wait()
-            if self.closed:
-                raise ClosedError("WAL closed while the append was in flight")
-        else:
-            await asyncio.sleep(0)
         return offset
 
     async def trim(self, offset: int) -> None:
@@ -138,12 +136,8 @@ class MemoryWal:
 
     async def close(self) -> None:
         self.closed = True
-        if self.gate is not None:
-            self.gate.set()
 
     def reopen(self) -> MemoryWal:
         """The same log after a restart."""
         self.closed = False
-        self.gate = None
-        self.fail_next = None
         return self

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from s3stream.config import Config
+from tests.support.configs import small_config
 
-CONFIG = Config(
-    wal_capacity_bytes=8 << 20,
-    wal_record_max_bytes=1 << 20,
+CONFIG = small_config(
     record_max_bytes=256 << 10,
-    wal_cache_size_bytes=4 << 20,
-    wal_upload_threshold_bytes=1 << 20,
     wal_upload_interval_ms=3_600_000,
     upload_retry_backoff_ms=10,
     upload_retry_backoff_max_ms=100,

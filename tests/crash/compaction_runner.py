@@ -18,13 +18,13 @@ import signal
 import sys
 
 from compaction.compactor import Compactor
-from compaction.hooks import CompactionHooks
+from compaction.observer import CompactionObserver
 from s3stream.assembly import open_client
 from tests.crash.backend import bucket_uri, engine_config
 from tests.crash.compaction_data import CONFIG
 
 
-class KillHooks(CompactionHooks):
+class KillObserver(CompactionObserver):
     def __init__(self, kill_at: str, kill_count: int) -> None:
         self.kill_at = kill_at
         self.remaining = kill_count
@@ -57,7 +57,7 @@ async def main(argv: list[str]) -> None:
         engine.storage,
         node_id=engine.node_id,
         node_epoch=engine.node_epoch,
-        hooks=KillHooks(kill_at, kill_count),
+        observer=KillObserver(kill_at, kill_count),
     )
     report = await compactor.run_once(stream_objects=True)
     print(f"DONE {report.summary()}", flush=True)

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import S3TestServer
 from tests.crash.backend import BUCKET_URI_ENV
+from tests.support.s3 import S3TestServer
 
 
 @pytest.fixture

@@ -21,16 +21,13 @@ from typing import Any
 
 from s3stream import RecordBatch
 from s3stream.assembly import open_client
-from s3stream.config import Config
 from s3stream.engine.client import Stream
-from s3stream.engine.core import TestHooks
+from s3stream.engine.core import UploadObserver
 from tests.crash.backend import bucket_uri, engine_config
+from tests.support.configs import small_config
 
-CONFIG = Config(
-    wal_capacity_bytes=8 << 20,
-    wal_record_max_bytes=1 << 20,
+CONFIG = small_config(
     record_max_bytes=256 << 10,
-    wal_cache_size_bytes=4 << 20,
     wal_upload_threshold_bytes=64 << 10,
     wal_upload_interval_ms=100,
     upload_retry_backoff_ms=10,
@@ -47,7 +44,7 @@ def payload(stream_id: int, base: int, count: int, size: int) -> bytes:
     return (head * (size // len(head) + 1))[:size]
 
 
-class KillHooks(TestHooks):
+class KillObserver(UploadObserver):
     def __init__(self, kill_at: str, kill_count: int) -> None:
         self.kill_at = kill_at
         self.remaining = kill_count
@@ -71,10 +68,12 @@ class KillHooks(TestHooks):
 
 async def main(argv: list[str]) -> None:
     data_dir, streams_count, run, seed = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    hooks = KillHooks(argv[4], int(argv[5])) if len(argv) > 5 else None
+    observer = KillObserver(argv[4], int(argv[5])) if len(argv) > 5 else None
     rng = random.Random(seed)
     print("OPENING", flush=True)
-    client = await open_client(data_dir, config=engine_config(CONFIG), hooks=hooks, bucket_uri=bucket_uri())
+    client = await open_client(
+        data_dir, config=engine_config(CONFIG), upload_observer=observer, bucket_uri=bucket_uri()
+    )
     ids_blob = await client.kv.get("crash/streams")
     if ids_blob is None:
         ids = [await client.streams.create_stream() for _ in range(streams_count)]

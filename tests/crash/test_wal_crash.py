@@ -26,7 +26,7 @@ import pytest
 from crc32c import crc32c
 
 from tests.crash.wal_writer import CONFIG
-from tests.directio import loop_writes_work
+from tests.support.directio import loop_writes_work
 from wal import BlockWAL, WalLockedError
 from wal.format import FLAG_FIRST, PAD_MAGIC, decode_record_header, decode_wal_header
 from wal.recovery import Layout, Scanner

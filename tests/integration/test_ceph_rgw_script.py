@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from aiobotocore.session import get_session
 
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 

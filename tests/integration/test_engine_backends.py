@@ -3,7 +3,7 @@
 Every ``test_*`` of ``tests.unit.test_engine`` is re-run here with the ``Node`` helper's object
 storage swapped for an :class:`~s3stream.storage.s3.S3ObjectStorage` (opened from the test server's
 bucket URI) under a fresh key prefix per storage, and its metadata for a SQLite file (see
-``tests/engine_backends.py``; the WAL stays the twin the suite inspects). The objects are deleted
+``tests/support/backends.py``; the WAL stays the twin the suite inspects). The objects are deleted
 when the test ends. Node ids name this module, and a failing test's captured output names the
 backend and its key prefix. The local backend runs in ``tests/unit/test_engine_local_backend.py``.
 """
@@ -20,8 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 import tests.unit.test_engine as suite
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.storage.s3 import S3ObjectStorage
-from tests.conftest import S3TestServer
-from tests.engine_backends import (
+from tests.support.backends import (
     WAITING_VARIANTS,
     Backend,
     backend_machine,
@@ -32,12 +31,13 @@ from tests.engine_backends import (
     s3_backend_factory,
     waiting_variant_tests,
 )
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 
 RUN_AS_VARIANTS: dict[str, str] = {name: reason for name, (reason, _) in WAITING_VARIANTS.items()}
 """Suite tests not re-run as they are, with the reason: they assume the twin's timing, and run as
-``<name>_waiting`` variants instead (``tests/engine_backends.py``). The outage tests patch ``upload``
+``<name>_waiting`` variants instead (``tests/support/backends.py``). The outage tests patch ``upload``
 on the storage instance, which works on every backend, so none is left out for its hooks."""
 
 globals().update(export_suite(suite, RUN_AS_VARIANTS))

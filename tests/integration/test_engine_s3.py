@@ -14,7 +14,7 @@ from s3stream.config import Config
 from s3stream.ids import NodeId
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 KiB = 1024

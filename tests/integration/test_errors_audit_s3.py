@@ -12,19 +12,13 @@ from urllib.parse import quote
 import pytest
 
 from s3stream.assembly import open_client
-from s3stream.config import Config
 from s3stream.errors import InvalidArgumentError, NotFoundError
 from s3stream.model import RecordBatch
-from tests.conftest import S3TestServer
+from tests.support.configs import small_config
+from tests.support.s3 import S3TestServer
 
 MiB = 1 << 20
-CONFIG = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * 1024,
-    wal_cache_size_bytes=4 * MiB,
-    wal_upload_threshold_bytes=1 * MiB,
-)
+CONFIG = small_config()
 
 
 def _uri(server: S3TestServer, *, bucket: str, access_key: str, secret_key: str) -> str:

@@ -9,8 +9,7 @@ import pytest
 
 from s3stream._loop import run
 from s3stream.cli import main
-from s3stream.storage.s3 import S3Config, S3ObjectStorage
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 
@@ -25,17 +24,7 @@ CONFIG = """
 
 
 async def _keys(server: S3TestServer, prefix: str) -> list[str]:
-    storage = S3ObjectStorage(
-        S3Config(
-            bucket=server.bucket,
-            endpoint=server.endpoint,
-            region=server.region,
-            path_style=True,
-            access_key=server.access_key,
-            secret_key=server.secret_key,
-            prefix=prefix,
-        )
-    )
+    storage = server.storage(prefix)
     try:
         keys = [info.key async for info in storage.list("")]
         await storage.delete(keys)

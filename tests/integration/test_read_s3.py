@@ -21,9 +21,9 @@ from s3stream.metadata.base import CommitStreamObjectRequest
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
-from s3stream.storage.s3 import S3Config, S3ObjectStorage
-from tests.conftest import S3TestServer
-from tests.objects import commit_stream_set_object
+from s3stream.storage.s3 import S3ObjectStorage
+from tests.support.objects import commit_stream_set_object
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 
@@ -68,17 +68,7 @@ class World:
 
 @pytest.fixture
 async def world(s3_server: S3TestServer, s3_prefix: str, tmp_path: Path) -> AsyncIterator[World]:
-    storage = S3ObjectStorage(
-        S3Config(
-            bucket=s3_server.bucket,
-            endpoint=s3_server.endpoint,
-            region=s3_server.region,
-            path_style=True,
-            access_key=s3_server.access_key,
-            secret_key=s3_server.secret_key,
-            prefix=s3_prefix,
-        )
-    )
+    storage = s3_server.storage(s3_prefix)
     metadata = await SqliteMetadataStore.open(tmp_path / "metadata.db")
     await metadata.register_node(node_id=NODE, node_epoch=1)
     try:

@@ -12,7 +12,7 @@ import s3stream
 from s3stream import Config, RecordBatch
 from s3stream.binding import read_recorded_storage
 from s3stream.storage.s3 import S3ObjectStorage
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from s3stream.storage.base import MIN_PART_SIZE_BYTES
 from s3stream.storage.retry import RetryPolicy
 from s3stream.storage.s3 import S3Config, S3ObjectStorage
 from s3stream.storage.uri import open_storage, parse_bucket_uri, s3_config_from_uri
-from tests.conftest import S3TestServer
-from tests.storage_contract import (
+from tests.support.s3 import S3TestServer
+from tests.support.storage_contract import (
     LIST_PAGE_SIZE,
     MULTIPART_THRESHOLD_BYTES,
     MiB,

@@ -18,10 +18,10 @@ from s3stream.errors import ConflictError, InvalidArgumentError, NotFoundError, 
 from s3stream.storage.base import MIN_PART_SIZE_BYTES
 from s3stream.storage.retry import RetryPolicy
 from s3stream.storage.s3 import S3ObjectStorage
-from tests.conftest import S3TestServer
-from tests.faults import FlakyS3Proxy, ProxyRule
 from tests.integration.test_storage_s3 import contract_config, wipe
-from tests.storage_contract import keys_of, payload
+from tests.support.faults import FlakyS3Proxy, ProxyRule
+from tests.support.s3 import S3TestServer
+from tests.support.storage_contract import keys_of, payload
 
 pytestmark = pytest.mark.integration
 

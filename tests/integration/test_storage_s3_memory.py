@@ -17,7 +17,7 @@ from s3stream.storage.retry import RetryPolicy
 from s3stream.storage.s3 import S3ObjectStorage
 from s3stream.storage.s3upload import PAGE_BYTES
 from s3stream.storage.uri import parse_bucket_uri, s3_config_from_uri
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 

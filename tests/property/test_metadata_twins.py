@@ -24,7 +24,7 @@ from s3stream.metadata.base import (
 )
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
-from tests.metadata_contract import FakeClock, snapshot, sso_request
+from tests.support.metadata_contract import FakeClock, snapshot, sso_request
 
 NODES = st.sampled_from([NodeId(1), NodeId(2), NodeId(3)])
 NODE_EPOCHS = st.integers(min_value=0, max_value=3)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from tests.wal_faults import FaultyDevice
+from tests.support.wal_faults import FaultyDevice
 from wal import BlockWAL, WalCapacityError, WalConfig, WalIOError
 
 T = TypeVar("T")

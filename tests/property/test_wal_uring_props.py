@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.directio import loop_writes_work
+from tests.support.directio import loop_writes_work
 from wal import BlockWAL, WalConfig
 
 CONFIG = WalConfig(

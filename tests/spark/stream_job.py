@@ -1,7 +1,8 @@
 """A Structured Streaming driver for the crash tests: rate-micro-batch rows into a topic, exactly once.
 
 Run as a subprocess (``python tests/spark/stream_job.py --data-dir D --checkpoint C ...``); the tests
-SIGKILL it (from outside, or through the sink's ``S3STREAM_SPARK_SINK_KILL_AT`` hook) and run it
+SIGKILL it (from outside, or with ``--kill-at STEP``: the sink's progress observer SIGKILLs the driver
+when the sink reports that step, ``after_chunk:<batch>:<chunk>`` or ``after_batch:<batch>``) and run it
 again from the same checkpoint. Each micro-batch the sink finished is printed as a JSON line
 ``{"event": "batch", "batch_id": N, ...}`` to stdout; ``{"event": "stopped"}`` after a clean stop.
 
@@ -14,10 +15,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+
+def killer_at(kill_at: str | None) -> Callable[[str], None]:
+    """A sink progress observer that SIGKILLs this process when the sink reports step ``kill_at``."""
+
+    def observe(step: str) -> None:
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return observe
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until-batch", type=int, required=True, help="stop after this batch id is written")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--value-bytes", type=int, default=200)
-    parser.add_argument("--chunk-bytes-max", type=int, default=None)
+    parser.add_argument("--chunk-max-bytes", type=int, default=None)
     parser.add_argument("--batch-bytes-target", type=int, default=1 << 20)
     parser.add_argument("--timeout-s", type=float, default=120)
+    parser.add_argument("--kill-at", default=None, help="SIGKILL the driver when the sink reports this step")
     args = parser.parse_args(argv)
 
     from pyspark.sql import functions as F
@@ -51,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk_max_bytes=args.chunk_max_bytes,
         batch_bytes_target=args.batch_bytes_target,
         record_max_bytes=max(4096, args.value_bytes * 2),
+        progress_observer=killer_at(args.kill_at),
     )
     done = threading.Event()
 

@@ -27,7 +27,6 @@ import pytest
 
 from s3stream.assembly import open_sync
 from spark_sink.reader import read_records
-from spark_sink.sink import KILL_ENV
 from spark_sink.topic import describe_topic, open_partitions
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash]
@@ -55,7 +54,7 @@ def _job_args(data_dir: Path, ckpt: Path, until: int) -> list[str]:
         "200",
         "--batch-bytes-target",
         "8192",
-        "--chunk-bytes-max",
+        "--chunk-max-bytes",
         "20000",
     ]
 
@@ -63,12 +62,11 @@ def _job_args(data_dir: Path, ckpt: Path, until: int) -> list[str]:
 def _run(
     data_dir: Path, ckpt: Path, until: int, *, kill_at: str | None = None
 ) -> tuple[int, list[dict[str, Any]]]:
-    env = dict(os.environ)
-    env.pop(KILL_ENV, None)
+    args = _job_args(data_dir, ckpt, until)
     if kill_at is not None:
-        env[KILL_ENV] = kill_at
+        args += ["--kill-at", kill_at]
     proc = subprocess.run(
-        _job_args(data_dir, ckpt, until), env=env, capture_output=True, text=True, timeout=240, check=False
+        args, env=dict(os.environ), capture_output=True, text=True, timeout=240, check=False
     )
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode not in (0, -signal.SIGKILL):
@@ -80,11 +78,9 @@ def _run(
 
 def _run_and_kill(data_dir: Path, ckpt: Path, until: int, rng: random.Random) -> list[dict[str, Any]]:
     """Start the driver, wait for its first finished batch, SIGKILL it after a random delay."""
-    env = dict(os.environ)
-    env.pop(KILL_ENV, None)
     proc = subprocess.Popen(
         _job_args(data_dir, ckpt, until),
-        env=env,
+        env=dict(os.environ),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -23,7 +23,7 @@ from benchmarks.core import Context, Result
 from benchmarks.measure import MIB, CountingStorage, LatencyRecorder, RequestCounter, ResourceMeter, per_gib
 from benchmarks.report import SCHEMA
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 RESULT_KEYS = {
     "workload",

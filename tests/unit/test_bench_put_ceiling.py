@@ -7,7 +7,7 @@ import pytest
 from benchmarks.baselines import PutCeilingSpec, raw_put_ceiling
 from benchmarks.measure import MIB
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 
 class RecordingStorage(MemoryObjectStorage):

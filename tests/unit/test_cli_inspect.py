@@ -15,7 +15,7 @@ from s3stream.errors import NotFoundError
 from s3stream.objectformat import ObjectWriter
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 from tests.unit.test_objectformat import AUTOMQ_OBJECT, OBJECT
 
 
@@ -161,18 +161,7 @@ async def test_s3_uri_reads_through_the_s3_backend(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from s3stream.storage.s3 import S3Config, S3ObjectStorage
-
-    storage = S3ObjectStorage(
-        S3Config(
-            bucket=s3_server.bucket,
-            endpoint=s3_server.endpoint,
-            region=s3_server.region,
-            path_style=True,
-            access_key=s3_server.access_key,
-            secret_key=s3_server.secret_key,
-        )
-    )
+    storage = s3_server.storage()
     key = s3_prefix + "43210000/DEFAULT/4660"
     try:
         await storage.put(key, OBJECT)

@@ -11,7 +11,7 @@ import pytest
 from s3stream.assembly import build_reader
 from s3stream.config import Config
 from s3stream.engine.client import Client
-from s3stream.engine.core import Engine, TestHooks
+from s3stream.engine.core import Engine, UploadObserver
 from s3stream.engine.pipeline import FROZEN_STREAMS_PER_TURN
 from s3stream.engine.walport import MemoryWal
 from s3stream.errors import (
@@ -31,14 +31,13 @@ from s3stream.model import FetchedBatch, RecordBatch
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.configs import small_config
+from tests.support.wal import FaultyMemoryWal
 
 KiB = 1024
 MiB = 1024 * KiB
 
-SMALL = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * KiB,
+SMALL = small_config(
     wal_cache_size_bytes=2 * MiB,
     wal_upload_threshold_bytes=256 * KiB,
     wal_upload_interval_ms=60_000,
@@ -64,7 +63,7 @@ class Node:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.wal = wal or MemoryWal(capacity_bytes=config.wal_capacity_bytes)
+        self.wal = wal or FaultyMemoryWal(capacity_bytes=config.wal_capacity_bytes)
         self.metadata = metadata or MemoryMetadataStore()
         self.storage = storage or MemoryObjectStorage()
         self.node_id = node_id
@@ -573,7 +572,7 @@ async def test_an_upload_outliving_its_prepared_ttl_is_uploaded_again_under_new_
     reached, release = asyncio.Event(), asyncio.Event()
     calls = 0
 
-    class Hold(TestHooks):
+    class Hold(UploadObserver):
         async def before_commit(self) -> None:
             nonlocal calls
             calls += 1
@@ -581,7 +580,7 @@ async def test_an_upload_outliving_its_prepared_ttl_is_uploaded_again_under_new_
                 reached.set()
                 await release.wait()
 
-    client.engine.hooks = Hold()
+    client.engine.upload_observer = Hold()
     upload = asyncio.create_task(client.engine.force_upload(None))
     await reached.wait()
     expired = await node.metadata.expire_prepared(now_ms=1 << 60)  # the TTL passed meanwhile

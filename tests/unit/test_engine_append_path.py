@@ -20,6 +20,7 @@ from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.wal import FaultyMemoryWal
 from tests.unit.test_engine import SMALL, Node
 
 
@@ -174,7 +175,7 @@ def test_record_batch_checks_its_fields_and_stays_a_frozen_value() -> None:
 
 async def test_watchdog_fails_only_an_append_in_flight_longer_than_the_timeout() -> None:
     now = [0.0]
-    wal = MemoryWal(capacity_bytes=SMALL.wal_capacity_bytes)
+    wal = FaultyMemoryWal(capacity_bytes=SMALL.wal_capacity_bytes)
     client = await Node(SMALL.replace(wal_append_timeout_ms=1000), wal=wal).open()
     appends = client.engine._appends
     appends.clock = lambda: now[0]

@@ -3,7 +3,7 @@
 Every ``test_*`` of ``tests.unit.test_engine`` is re-run here with the ``Node`` helper's object
 storage swapped for a :class:`~s3stream.storage.local.LocalObjectStorage` in a tmp dir and its
 metadata for a :class:`~s3stream.metadata.sqlite.SqliteMetadataStore` in a tmp file (see
-``tests/engine_backends.py``; the WAL stays the twin the suite inspects). Node ids name this module,
+``tests/support/backends.py``; the WAL stays the twin the suite inspects). Node ids name this module,
 and a failing test's captured output names the backend and its directory.
 """
 
@@ -19,7 +19,7 @@ from hypothesis.stateful import run_state_machine_as_test
 import tests.unit.test_engine as suite
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.storage.local import LocalObjectStorage
-from tests.engine_backends import (
+from tests.support.backends import (
     WAITING_VARIANTS,
     Backend,
     backend_machine,
@@ -32,7 +32,7 @@ from tests.engine_backends import (
 
 RUN_AS_VARIANTS: dict[str, str] = {name: reason for name, (reason, _) in WAITING_VARIANTS.items()}
 """Suite tests not re-run as they are, with the reason: they assume the twin's timing, and run as
-``<name>_waiting`` variants instead (``tests/engine_backends.py``). The outage tests patch ``upload``
+``<name>_waiting`` variants instead (``tests/support/backends.py``). The outage tests patch ``upload``
 on the storage instance, which works on every backend, so none is left out for its hooks."""
 
 globals().update(export_suite(suite, RUN_AS_VARIANTS))

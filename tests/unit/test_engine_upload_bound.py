@@ -12,7 +12,7 @@ from s3stream.ids import ObjectId
 from s3stream.objectformat import object_key
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.objects import make_uploader
+from tests.support.objects import make_uploader
 
 KiB = 1024
 STREAM_BYTES = 256 * KiB

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from s3stream.assembly import build_reader, open_block_wal
-from s3stream.config import Config
 from s3stream.engine.append import PARTS_MIN_BYTES
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine
@@ -24,18 +23,12 @@ from s3stream.record import RECORD_MAGIC, StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.configs import small_config
 
 KiB = 1024
 MiB = 1024 * KiB
 
-CONFIG = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * KiB,
-    wal_cache_size_bytes=4 * MiB,
-    wal_upload_threshold_bytes=4 * MiB,
-    wal_upload_interval_ms=600_000,
-)
+CONFIG = small_config(wal_upload_threshold_bytes=4 * MiB, wal_upload_interval_ms=600_000)
 
 PAYLOADS = [b"a", bytes(range(256)) * 4, bytes(range(251)) * 261, b"\x00" * (64 * KiB)]
 """1 B, 1 KiB, an odd ~64 KiB and exactly 64 KiB."""

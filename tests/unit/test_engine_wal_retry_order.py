@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 from s3stream.assembly import build_reader
-from s3stream.config import Config
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine
 from s3stream.engine.walport import BodyParts, MemoryWal, body_size
@@ -15,16 +14,10 @@ from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.configs import small_config
 
 MiB = 1 << 20
-CONFIG = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * 1024,
-    wal_cache_size_bytes=4 * MiB,
-    wal_upload_threshold_bytes=2 * MiB,
-    append_backpressure_wait_ms=5_000,
-)
+CONFIG = small_config(wal_upload_threshold_bytes=2 * MiB, append_backpressure_wait_ms=5_000)
 BIG_BYTES = 64 * 1024
 
 

@@ -20,7 +20,7 @@ from s3stream.assembly import open_client
 from s3stream.cli import main
 from s3stream.config import Config
 from s3stream.engine.client import Client
-from s3stream.engine.pipeline import TestHooks
+from s3stream.engine.pipeline import UploadObserver
 from s3stream.errors import (
     ConflictError,
     CorruptionError,
@@ -34,17 +34,11 @@ from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
 from s3stream.storage.s3 import S3Config, S3ObjectStorage
 from s3stream.storage.uri import open_storage, parse_bucket_uri
-from tests.faults import Fault, FaultPlan, FaultyObjectStorage
+from tests.support.configs import small_config
+from tests.support.faults import Fault, FaultPlan, FaultyObjectStorage
 
 MiB = 1 << 20
-CONFIG = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * 1024,
-    wal_cache_size_bytes=4 * MiB,
-    wal_upload_threshold_bytes=1 * MiB,
-    close_timeout_ms=200,
-)
+CONFIG = small_config(close_timeout_ms=200)
 
 
 @pytest.fixture
@@ -253,7 +247,7 @@ async def test_kv_keys_of_the_engine_are_reserved(client: Client) -> None:
 # -- storage that does not answer: closes and opens give up with a typed error ----------------------
 
 
-class BlockedUploads(TestHooks):
+class BlockedUploads(UploadObserver):
     """Uploads wait before writing until ``release`` is set (object storage that does not answer)."""
 
     def __init__(self) -> None:
@@ -266,7 +260,11 @@ class BlockedUploads(TestHooks):
 async def test_stream_close_gives_up_after_the_close_timeout_and_loses_nothing(tmp_path: Path) -> None:
     hooks = BlockedUploads()
     client = await open_client(
-        tmp_path, config=CONFIG, hooks=hooks, metadata=MemoryMetadataStore(), storage=MemoryObjectStorage()
+        tmp_path,
+        config=CONFIG,
+        upload_observer=hooks,
+        metadata=MemoryMetadataStore(),
+        storage=MemoryObjectStorage(),
     )
     try:
         stream = await client.streams.create_and_open_stream()
@@ -337,7 +335,7 @@ async def test_open_waits_for_slow_replay_uploads_past_the_close_timeout(tmp_pat
         await closer()
 
     hooks = BlockedUploads()
-    opening = asyncio.ensure_future(open_client(tmp_path, config=CONFIG, hooks=hooks))
+    opening = asyncio.ensure_future(open_client(tmp_path, config=CONFIG, upload_observer=hooks))
     await asyncio.sleep(3 * CONFIG.close_timeout_ms / 1000)
     assert not opening.done()
     hooks.release.set()

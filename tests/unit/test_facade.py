@@ -20,15 +20,10 @@ from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.configs import small_config
 
 MiB = 1 << 20
-CONFIG = Config(
-    wal_capacity_bytes=8 * MiB,
-    wal_record_max_bytes=1 * MiB,
-    record_max_bytes=512 * 1024,
-    wal_cache_size_bytes=2 * MiB,
-    wal_upload_threshold_bytes=256 * 1024,
-)
+CONFIG = small_config(wal_cache_size_bytes=2 * MiB, wal_upload_threshold_bytes=256 * 1024)
 
 
 def sync_client() -> SyncClient:

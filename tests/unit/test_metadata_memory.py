@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from s3stream.metadata.memory import MemoryMetadataStore
-from tests.metadata_contract import FakeClock, MetadataContract
+from tests.support.metadata_contract import FakeClock, MetadataContract
 
 
 class TestMemoryMetadataStore(MetadataContract):

@@ -25,7 +25,7 @@ from s3stream.metadata import sqlite_schema
 from s3stream.metadata.base import ObjectState, StreamState
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
-from tests.metadata_contract import (
+from tests.support.metadata_contract import (
     EPOCH,
     N1,
     N2,

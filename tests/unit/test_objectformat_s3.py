@@ -10,8 +10,8 @@ import pytest
 from s3stream.errors import CorruptionError
 from s3stream.objectformat import ObjectReader, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
-from s3stream.storage.s3 import S3Config, S3ObjectStorage
-from tests.conftest import S3TestServer
+from s3stream.storage.s3 import S3ObjectStorage
+from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -19,19 +19,7 @@ MiB = 1 << 20
 
 @pytest.fixture
 async def storage(s3_server: S3TestServer, s3_prefix: str) -> AsyncIterator[S3ObjectStorage]:
-    store = S3ObjectStorage(
-        S3Config(
-            bucket=s3_server.bucket,
-            endpoint=s3_server.endpoint,
-            region=s3_server.region,
-            path_style=True,
-            access_key=s3_server.access_key,
-            secret_key=s3_server.secret_key,
-            prefix=s3_prefix,
-            multipart_threshold_bytes=5 * MiB,
-            part_size_bytes=5 * MiB,
-        )
-    )
+    store = s3_server.storage(s3_prefix, multipart_threshold_bytes=5 * MiB, part_size_bytes=5 * MiB)
     yield store
     keys = [info.key async for info in store.list()]
     await store.delete(keys)

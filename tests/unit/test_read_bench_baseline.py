@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.core import Context
 from benchmarks.workloads import read
-from tests.conftest import S3TestServer
+from tests.support.s3 import S3TestServer
 
 
 async def test_the_baseline_is_the_best_of_4_and_16_gets_in_flight(

@@ -16,7 +16,7 @@ from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import DataBlock, ObjectReaderCache
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.objects import commit_stream_set_object
+from tests.support.objects import commit_stream_set_object
 
 MiB = 1 << 20
 NS = "gets"

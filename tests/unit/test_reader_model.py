@@ -18,7 +18,7 @@ from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import DataBlock, ObjectReaderCache, ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.objects import commit_stream_set_object
+from tests.support.objects import commit_stream_set_object
 from tests.unit.test_reader_merge import reference
 
 NS = "model"

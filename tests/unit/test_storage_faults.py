@@ -15,8 +15,8 @@ from s3stream.storage.base import ObjectStorage
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.memory import MemoryObjectStorage
 from s3stream.storage.retry import RetryPolicy, call_with_retries
-from tests.faults import Fault, FaultPlan, FaultyObjectStorage
-from tests.storage_contract import keys_of, payload
+from tests.support.faults import Fault, FaultPlan, FaultyObjectStorage
+from tests.support.storage_contract import keys_of, payload
 
 
 @pytest.fixture(params=["memory", "local"])

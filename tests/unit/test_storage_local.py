@@ -15,7 +15,7 @@ import pytest
 from s3stream._loop import run
 from s3stream.errors import ClosedError, ConflictError, NotFoundError
 from s3stream.storage.local import UPLOAD_BUFFER_MAX_BYTES, LocalObjectStorage, _LocalUpload
-from tests.storage_contract import LIST_PAGE_SIZE, StorageContract, keys_of
+from tests.support.storage_contract import LIST_PAGE_SIZE, StorageContract, keys_of
 
 
 @pytest.fixture

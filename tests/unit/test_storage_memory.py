@@ -8,7 +8,7 @@ import pytest
 
 from s3stream.errors import ClosedError, InvalidArgumentError
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.storage_contract import LIST_PAGE_SIZE, StorageContract
+from tests.support.storage_contract import LIST_PAGE_SIZE, StorageContract
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import ObjectWriter, object_key
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.objects import make_uploader
+from tests.support.objects import make_uploader
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.directio import loop_writes_work
+from tests.support.directio import loop_writes_work
 from tests.unit.test_wal_aio import CONFIG as AIO_CONFIG
 from wal import BlockWAL, MemoryDevice
 from wal.adaptive import AIO, THREADS, CpuLoad, PathChooser, parse_cpu_ticks, size_class

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.directio import loop_writes_work
+from tests.support.directio import loop_writes_work
 from wal import BlockWAL, MemoryDevice, WalClosedError, WalConfig, WalIOError
 from wal.adaptive import PathChooser
 from wal.aio import Aio

@@ -12,7 +12,7 @@ from benchmarks.core import Context
 from benchmarks.measure import LatencyRecorder
 from benchmarks.workloads import wal as wal_workload
 from benchmarks.workloads.wal import PAIRED_SLICES, _NoopAppend, _paced_latency, _paired_appends
-from tests.directio import loop_writes_work
+from tests.support.directio import loop_writes_work
 from wal import BlockWAL, MemoryDevice, WalConfig
 
 

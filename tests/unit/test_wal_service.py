@@ -14,7 +14,7 @@ from typing import Literal
 
 import pytest
 
-from tests.wal_faults import FaultyDevice
+from tests.support.wal_faults import FaultyDevice
 from wal import (
     BlockWAL,
     InvalidWalConfig,

@@ -1,11 +1,11 @@
-"""Points in the executors where crash tests stop the process (no-ops by default)."""
+"""The points of the compaction commit protocol that an observer is told about (no-ops by default)."""
 
 from __future__ import annotations
 
 
-class CompactionHooks:
-    """Subclassed by crash tests; every executor calls these around each commit, the garbage
-    collector around each delete."""
+class CompactionObserver:
+    """Every executor calls these around each commit, the garbage collector after each delete; each
+    call is awaited, so an observer may also hold the executor at that point."""
 
     async def before_commit(self) -> None:
         """Every new object of the commit is written; nothing is committed yet."""

@@ -10,8 +10,8 @@ left out by name and run as waiting variants (:data:`WAITING_VARIANTS`); a name 
 fails the import, so nothing is left out silently.
 
 The WAL stays the in-memory twin: the suite observes it through twin-only attributes (``records``,
-``append_count``, ``fail_next``, ``gate``); the real block WAL on a file is covered by
-``tests/unit/test_engine_embedded.py`` and the crash tests.
+``append_count``, and ``fail_next``, ``gate`` of :class:`~tests.support.wal.FaultyMemoryWal`); the
+real block WAL on a file is covered by ``tests/unit/test_engine_embedded.py`` and the crash tests.
 
 Isolation: every storage a backend hands out lives under its own directory or key prefix, every
 metadata store is its own SQLite file, and :meth:`Backend.aclose` closes them all (and deletes the
@@ -37,8 +37,8 @@ from s3stream.storage.base import ObjectStorage
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.s3 import S3ObjectStorage
 from s3stream.storage.uri import open_storage
-from tests.conftest import S3TestServer
 from tests.property.test_engine_stateful import EngineMachine
+from tests.support.s3 import S3TestServer
 
 METADATA_POOL_COUNT = 2
 """SQLite stores opened ahead per test: ``Node`` builds its metadata synchronously, SQLite opens
@@ -86,7 +86,7 @@ class Backend:
         if not self.metadata_ready:
             raise RuntimeError(
                 f"{self!r}: the test builds more than {len(self.metadata_used)} metadata stores; "
-                "raise METADATA_POOL_COUNT in tests/engine_backends.py"
+                "raise METADATA_POOL_COUNT in tests/support/backends.py"
             )
         store = self.metadata_ready.pop(0)
         self.metadata_used.append(store)

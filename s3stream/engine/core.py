@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
 from s3stream.engine.kvlog import KvApplier, apply_mutation
-from s3stream.engine.logcache import LogCache
+from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, TestHooks, UploadPipeline
 from s3stream.engine.reader import merge_fetch
 from s3stream.engine.recovery import plan_replay
@@ -134,7 +134,7 @@ class Engine:
             cache=self.cache,
             wal=wal,
             kv=self._kv,
-            live=self._live,
+            trim_tracker=self._live,
             pipeline=self._pipeline,
             supervisor=self._supervisor,
             stats=self.stats,
@@ -438,7 +438,8 @@ class Engine:
             batch,
         ) in plan.release:  # each stream in offset order (held batches after their predecessor)
             self._pipeline.put(
-                (batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload), seqs[index]
+                CachedBatch(batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload),
+                seqs[index],
             )
             replayed += 1
         self.stats.recovered_records = replayed

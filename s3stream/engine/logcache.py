@@ -37,14 +37,24 @@ import itertools
 from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sortedcontainers import SortedDict
 
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 
-CachedBatch = tuple[int, int, int, int, bytes]
-"""(stream id, epoch, base offset, count, payload): ``StreamRecordBatch(*item)`` rebuilds the batch."""
+
+class CachedBatch(NamedTuple):
+    """One acknowledged record batch as the append path and the sequencer hand it to the LogCache:
+    ``StreamRecordBatch(*item)`` rebuilds the batch. A tuple (nothing more for the collector to track
+    than a plain one), read by field name."""
+
+    stream_id: int
+    epoch: int
+    base_offset: int
+    record_count: int
+    payload: bytes
+
 
 NO_WAL_OFFSET = 1 << 62
 """``LogCacheBlock.wal_offset_min`` of a block holding no per-block record (above any WAL offset)."""
@@ -102,7 +112,7 @@ class StreamCache:
         return self.end
 
     def fields(self) -> list[CachedBatch]:
-        """Every record as a :data:`CachedBatch` tuple (built now; the cache keeps none)."""
+        """Every record as a :class:`CachedBatch` tuple (built now; the cache keeps none)."""
         return [self.field(i) for i in range(len(self.payloads))]
 
     def __len__(self) -> int:
@@ -154,7 +164,7 @@ class StreamCache:
         return cache
 
     def field(self, index: int) -> CachedBatch:
-        """Record ``index`` (negative: from the end) as a :data:`CachedBatch`."""
+        """Record ``index`` (negative: from the end) as a :class:`CachedBatch`."""
         bases = self.bases
         if index < 0:
             index += len(bases)
@@ -162,7 +172,7 @@ class StreamCache:
         count = (bases[index + 1] if index + 1 < len(bases) else self.end) - base
         epoch = self.epoch if self.epochs is None else self.epochs[index]
         assert epoch is not None
-        return (self.stream_id, epoch, base, count, self.payloads[index])
+        return CachedBatch(self.stream_id, epoch, base, count, self.payloads[index])
 
     def batches(self, start: int = 0, end: int | None = None) -> list[StreamRecordBatch]:
         """The records ``[start, end)`` (positions in this cache) as StreamRecordBatch objects."""
@@ -313,10 +323,11 @@ class LogCacheBlock:
         self._next_fold_at()
 
     def put(self, item: CachedBatch) -> None:
+        stream_id, epoch, _, _, _ = item  # unpacked: a plain 5-tuple works too
         streams = self.streams
-        cache = streams.get(item[0])
+        cache = streams.get(stream_id)
         if cache is None:
-            cache = streams[item[0]] = StreamCache(item[0], item[1])
+            cache = streams[stream_id] = StreamCache(stream_id, epoch)
             self._next_fold_at()
         self.size_bytes += cache.add(item)
 
@@ -365,7 +376,7 @@ class LogCache:
     def put(self, record: StreamRecordBatch) -> bool:
         """Add an acknowledged record to the active block; True when the block is now full."""
         return self.put_item(
-            (record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
+            CachedBatch(record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
         )
 
     def put_item(self, item: CachedBatch, seq: int = -1, wal_offset: int = -1) -> bool:
@@ -375,11 +386,12 @@ class LogCache:
         block's ``wal_offset_min`` and ``wal_bytes``."""
         if seq < 0:
             return self.put_plain(*item, wal_offset)
+        stream_id, epoch, _, _, _ = item  # unpacked: a plain 5-tuple works too
         block = self.blocks[-1]
         streams = block.streams
-        cache = streams.get(item[0])
+        cache = streams.get(stream_id)
         if cache is None:
-            cache = streams[item[0]] = StreamCache(item[0], item[1])
+            cache = streams[stream_id] = StreamCache(stream_id, epoch)
             block._next_fold_at()
         size = cache.add(item)
         block.seqs.append(seq)

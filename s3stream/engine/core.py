@@ -20,10 +20,10 @@ from typing import Any, Protocol, cast
 
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
+from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_mutation
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, TestHooks, UploadPipeline
-from s3stream.engine.reader import merge_fetch
 from s3stream.engine.recovery import plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle

@@ -322,14 +322,17 @@ class LogCacheBlock:
             streams.update(new)
         self._next_fold_at()
 
-    def put(self, item: CachedBatch) -> None:
+    def put(self, item: CachedBatch) -> int:
+        """Add a record to its stream's cache (after a fold of the staged ones); returns its size."""
         stream_id, epoch, _, _, _ = item  # unpacked: a plain 5-tuple works too
         streams = self.streams
-        cache = streams.get(stream_id)
+        cache: StreamCache | None = streams.get(stream_id)
         if cache is None:
             cache = streams[stream_id] = StreamCache(stream_id, epoch)
             self._next_fold_at()
-        self.size_bytes += cache.add(item)
+        size = cache.add(item)
+        self.size_bytes += size
+        return size
 
     def take_seqs(self) -> array[int]:
         """The block's ``seqs``, handed over once (the block keeps none afterwards)."""
@@ -386,18 +389,11 @@ class LogCache:
         block's ``wal_offset_min`` and ``wal_bytes``."""
         if seq < 0:
             return self.put_plain(*item, wal_offset)
-        stream_id, epoch, _, _, _ = item  # unpacked: a plain 5-tuple works too
         block = self.blocks[-1]
-        streams = block.streams
-        cache = streams.get(stream_id)
-        if cache is None:
-            cache = streams[stream_id] = StreamCache(stream_id, epoch)
-            block._next_fold_at()
-        size = cache.add(item)
+        size = block.put(item)
         block.seqs.append(seq)
-        block.size_bytes += size
         self.size_bytes += size
-        return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count
+        return block.size_bytes >= self.upload_threshold_bytes or len(block.folded) >= self.max_stream_count
 
     def put_plain(
         self, stream_id: int, epoch: int, base_offset: int, count: int, payload: bytes, wal_offset: int

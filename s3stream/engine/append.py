@@ -200,7 +200,9 @@ class AppendPath:
         """One batch to one stream: :meth:`append`'s common case, written for speed (it runs once per
         record batch): released in line when its base offset is its stream's confirm offset once
         durable (see :mod:`s3stream.engine.sequencer`), with no future of its own, no PendingAppend,
-        no queue entry and no calls it can do inline."""
+        no queue entry; the trim tracker's and the LogCache's bookkeeping stay theirs (one call each:
+        :meth:`WalTrimTracker.write_started`, :meth:`~WalTrimTracker.write_returned`,
+        :meth:`LogCache.put_plain`)."""
         supervisor = self.supervisor
         if handle.status is not _OPEN or supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
@@ -285,7 +287,7 @@ class AppendPath:
         failed): it waits for its turn as a :class:`PendingAppend`, held by the trim tracker."""
         failure = handle.append_failure
         if failure is not None:
-            self.trim_tracker.live_bytes -= RECORD_HEADER_SIZE + len(item.payload)  # nothing to keep
+            self.trim_tracker.failed(seq, RECORD_HEADER_SIZE + len(item.payload))  # nothing to keep
             raise failure
         pending = PendingAppend(seq, None, 1, item)
         pending.persisted = True

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from compaction.plan import READ_SIZE_MAX_BYTES
 from s3stream.errors import CorruptionError
 from s3stream.objectformat import IndexEntry, ObjectReader, decode_block
-from s3stream.objectformat.codec import check_block_header, verify_crc
+from s3stream.objectformat.block import check_block_header
+from s3stream.objectformat.codec import verify_crc
 from s3stream.storage.base import ObjectStorage
 
 READ_CONCURRENCY_MAX = 8

@@ -84,7 +84,7 @@ class AppendPath:
         cache: LogCache,
         wal: WriteAheadLog,
         kv: KvApplier,
-        live: WalTrimTracker,
+        trim_tracker: WalTrimTracker,
         pipeline: UploadPipeline,
         supervisor: Supervisor,
         stats: EngineStats,
@@ -94,7 +94,7 @@ class AppendPath:
         self.cache = cache
         self.wal = wal
         self.kv = kv
-        self.live = live
+        self.trim_tracker = trim_tracker
         self.pipeline = pipeline
         self.supervisor = supervisor
         self.stats = stats
@@ -157,7 +157,7 @@ class AppendPath:
             base = handle.next_offset
             handle.next_offset += count
             by_stream.setdefault(handle, []).append(
-                (handle.stream_id, handle.epoch, base, count, bytes(payload))
+                CachedBatch(handle.stream_id, handle.epoch, base, count, bytes(payload))
             )
             bases.append(base)
         body = encode_group([StreamRecordBatch(*i) for items in by_stream.values() for i in items], kv_puts)
@@ -176,18 +176,18 @@ class AppendPath:
             kv_entry = self.kv.submit(seq, [KvMutation(KvOp.PUT, k, v) for k, v in kv_puts])
         live_count = record_count + (1 if kv_entry is not None else 0)
         if live_count:
-            self.live.submitted(seq, batch_count=live_count, size_bytes=len(body))
+            self.trim_tracker.submitted(seq, batch_count=live_count, size_bytes=len(body))
         offset = await self._write(body, pending, by_stream, kv_entry)
-        self.live.written(offset, seq)
+        self.trim_tracker.written(offset, seq)
         pending.persisted = True
         if kv_entry is not None:
             self.kv.persisted(kv_entry, offset)
         failure = next((h.append_failure for h in by_stream if h.append_failure is not None), None)
         if failure is not None:
-            fail_group(pending, failure, self.live)  # one of its streams failed while it was in flight
+            fail_group(pending, failure, self.trim_tracker)  # a stream failed while it was in flight
         else:
             for handle, items in by_stream.items():
-                take_turn(handle, pending, items[0][2], self._put, self.live)
+                take_turn(handle, pending, items[0].base_offset, self._put, self.trim_tracker)
         await pending.outcome()
         if kv_entry is not None:
             await kv_entry.future
@@ -200,7 +200,9 @@ class AppendPath:
         """One batch to one stream: :meth:`append`'s common case, written for speed (it runs once per
         record batch): released in line when its base offset is its stream's confirm offset once
         durable (see :mod:`s3stream.engine.sequencer`), with no future of its own, no PendingAppend,
-        no queue entry and no calls it can do inline."""
+        no queue entry; the trim tracker's and the LogCache's bookkeeping stay theirs (one call each:
+        :meth:`WalTrimTracker.write_started`, :meth:`~WalTrimTracker.write_returned`,
+        :meth:`LogCache.put_plain`)."""
         supervisor = self.supervisor
         if handle.status is not _OPEN or supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
@@ -211,8 +213,11 @@ class AppendPath:
                 f"record batch of {size} bytes is above s3.record.size.max ({self.record_max_bytes})"
             )
         cache = self.cache
-        live = self.live
-        if cache.size_bytes + size > cache.capacity_bytes or live.live_bytes + size > self.wal_room_bytes:
+        trim_tracker = self.trim_tracker
+        if (
+            cache.size_bytes + size > cache.capacity_bytes
+            or trim_tracker.live_bytes + size > self.wal_room_bytes
+        ):
             await self._admit(size)
             handle.check_writable()
         # No await from here until the WAL write: offsets are assigned in submission order.
@@ -223,9 +228,7 @@ class AppendPath:
         seq = self._seq
         self._seq = seq + 1
         body_bytes = RECORD_HEADER_SIZE + size
-        live.live_bytes += body_bytes  # a per-block record of the trim tracker once released
-        inflight = live.inflight
-        inflight[seq] = live.end_offset  # its floor in the trim tracker; the watchdog's view
+        trim_tracker.write_started(seq, body_bytes)  # a per-block record once released
         try:
             # The body is StreamRecordBatch.encode()'s bytes (header packed here, see walbody.plain_parts):
             # joined when small, as (header, payload) parts otherwise (see PARTS_MIN_BYTES).
@@ -236,33 +239,23 @@ class AppendPath:
                 exc = self._translate_wal_error(exc)
             body = plain_parts(stream_id, epoch, base, count, payload)
             pending = PendingAppend(seq, None, 1)
-            offset = await self._after_failed_write(exc, body, pending, (handle,), None, body_bytes)
-        finally:
-            del inflight[seq]
-        if offset >= live.end_offset:  # WalTrimTracker.written, inlined
-            live.end_offset = offset + 1
+            try:
+                offset = await self._after_failed_write(exc, body, pending, (handle,), None, body_bytes)
+            except BaseException:
+                trim_tracker.write_returned(seq)
+                raise
+        trim_tracker.write_returned(seq, offset)
         if base == handle.confirm_offset and handle.append_failure is None:
             # Its stream's next append to release (the usual case): released right here, in line,
-            # as a per-block record of the trim tracker (the block keeps its WAL offset), staged in
-            # the active block (LogCache.put_plain, inlined: one call less per append).
-            block = cache.blocks[-1]
-            staged = block.staged
-            assert staged is not None  # the active block's
-            staged += (stream_id, epoch, base, count, payload)
-            if offset < block.wal_offset_min:
-                block.wal_offset_min = offset
-            block.wal_bytes += body_bytes
-            block.size_bytes += body_bytes
-            cache.size_bytes += body_bytes
-            if (
-                len(staged) >= block.fold_at or block.size_bytes >= cache.upload_threshold_bytes
-            ) and cache.staged_full(block):
+            # as a per-block record of the trim tracker (the block keeps its WAL offset).
+            if cache.put_plain(stream_id, epoch, base, count, payload, offset):
                 self.pipeline.archive_and_upload()
             handle.confirm_offset = end
             if handle.waiting:  # later appends that completed first wait for this one
-                release_waiting(handle, self._put, live)
+                release_waiting(handle, self._put, trim_tracker)
         else:
-            await self._wait_turn(handle, seq, (stream_id, epoch, base, count, payload), offset)
+            item = CachedBatch(stream_id, epoch, base, count, payload)
+            await self._wait_turn(handle, seq, item, offset)
         stats = self.stats
         stats.appended_records += 1
         stats.appended_bytes += size
@@ -282,9 +275,9 @@ class AppendPath:
             )
         seq = self.next_seq()
         kv_entry = self.kv.submit(seq, [mutation])
-        self.live.submitted(seq, batch_count=1, size_bytes=len(body))
+        self.trim_tracker.submitted(seq, batch_count=1, size_bytes=len(body))
         offset = await self._write(body, PendingAppend(seq, {}, 0), (), kv_entry)
-        self.live.written(offset, seq)
+        self.trim_tracker.written(offset, seq)
         self.kv.persisted(kv_entry, offset)
         (result,) = await kv_entry.future
         return result
@@ -294,12 +287,12 @@ class AppendPath:
         failed): it waits for its turn as a :class:`PendingAppend`, held by the trim tracker."""
         failure = handle.append_failure
         if failure is not None:
-            self.live.live_bytes -= RECORD_HEADER_SIZE + len(item[4])  # nothing to keep
+            self.trim_tracker.failed(seq, RECORD_HEADER_SIZE + len(item.payload))  # nothing to keep
             raise failure
         pending = PendingAppend(seq, None, 1, item)
         pending.persisted = True
-        self.live.hold(seq, offset)
-        handle.waiting[item[2]] = pending
+        self.trim_tracker.hold(seq, offset)
+        handle.waiting[item.base_offset] = pending
         await pending.outcome()
 
     def _put(self, item: CachedBatch, seq: int, wal_offset: int) -> None:
@@ -312,7 +305,7 @@ class AppendPath:
     def _has_room(self, size_bytes: int) -> bool:
         return (
             self.cache.size_bytes + size_bytes <= self.cache.capacity_bytes
-            and self.live.live_bytes + size_bytes <= self.wal_room_bytes
+            and self.trim_tracker.live_bytes + size_bytes <= self.wal_room_bytes
         )
 
     async def _admit(self, size_bytes: int) -> None:
@@ -322,7 +315,8 @@ class AppendPath:
         while True:
             self.supervisor.check_alive()
             if self.cache.has_room(size_bytes) and (
-                self.live.live_bytes + size_bytes <= self.wal_room_bytes or self.live.live_bytes == 0
+                self.trim_tracker.live_bytes + size_bytes <= self.wal_room_bytes
+                or self.trim_tracker.live_bytes == 0
             ):
                 return
             self.pipeline.upload_for_room()
@@ -331,7 +325,7 @@ class AppendPath:
                 self.stats.backpressure_rejections += 1
                 raise CapacityError(
                     f"no room: LogCache {self.cache.size_bytes}/{self.cache.capacity_bytes} bytes, WAL "
-                    f"{self.live.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload "
+                    f"{self.trim_tracker.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload "
                     f"({self.pipeline.failure_hint()}); back off and retry"
                 )
             room.clear()
@@ -345,15 +339,17 @@ class AppendPath:
         handles: Iterable[StreamHandle],
         kv_entry: KvEntry | None,
     ) -> int:
-        """The WAL write of a record (``append_one`` has its own copy inline: the hot path)."""
-        inflight = self.live.inflight
-        inflight[pending.seq] = self.live.end_offset  # its floor; the watchdog's view
+        """The WAL write of a record with a per-record trim entry (``append_one`` writes its own)."""
+        trim_tracker = self.trim_tracker
+        trim_tracker.write_started(pending.seq)  # its floor; the watchdog's view
+        offset = -1
         try:
-            return await self.wal.append(body)
+            offset = await self.wal.append(body)
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
-            return await self._after_failed_write(exc, body, pending, handles, kv_entry)
+            offset = await self._after_failed_write(exc, body, pending, handles, kv_entry)
         finally:
-            del inflight[pending.seq]
+            trim_tracker.write_returned(pending.seq, offset)
+        return offset
 
     async def _after_failed_write(
         self,
@@ -405,7 +401,7 @@ class AppendPath:
         Called every tick: the oldest append in flight is timed from the first tick that saw it, so a
         stuck append fails the engine between the timeout and the timeout plus one tick after it began.
         """
-        in_wal = self.live.inflight
+        in_wal = self.trim_tracker.inflight
         if not in_wal:
             self._watched = None
             return
@@ -428,7 +424,7 @@ class AppendPath:
         plain_bytes: int = 0,
     ) -> None:
         """Any append failure fences its streams (AutoMQ): later appends of them fail too."""
-        self.live.failed(pending.seq, plain_bytes)
+        self.trim_tracker.failed(pending.seq, plain_bytes)
         fence = (
             error
             if isinstance(error, FencedError)
@@ -436,5 +432,5 @@ class AppendPath:
         )
         for handle in handles:
             handle.fence(fence)
-            fail_stream(handle, fence, self.live)
+            fail_stream(handle, fence, self.trim_tracker)
         self.pipeline.room.set()

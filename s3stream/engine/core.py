@@ -1,11 +1,11 @@
 """The node-local stream engine: stream lifecycle, fetch, restart recovery, and the wiring of its parts.
 
-:class:`Engine` is the storage of every open stream on one node (AutoMQ's ``S3Storage``). It owns
-the streams' state (:mod:`s3stream.engine.stream`) and delegates the write path: appends and their
-ordered acknowledgement to :class:`~s3stream.engine.append.AppendPath`, LogCache blocks through
-prepare -> upload -> commit -> WAL trim to :class:`~s3stream.engine.pipeline.UploadPipeline`, and its
-background tasks to a :class:`~s3stream.engine.supervisor.Supervisor`. Fetches read the LogCache, then
-objects. ``start()`` first replays the WAL's untrimmed records (reference 3.11 step 5; the plan is
+:class:`Engine` is the storage of every open stream on one node (AutoMQ's ``S3Storage``). It owns the streams'
+state (:mod:`s3stream.engine.stream`) and delegates the write path: appends and their ordered acknowledgement
+to :class:`~s3stream.engine.append.AppendPath`, LogCache blocks through prepare -> upload -> commit -> WAL
+trim to :class:`~s3stream.engine.pipeline.UploadPipeline`, and its background tasks to a
+:class:`~s3stream.engine.supervisor.Supervisor`. Fetches read the LogCache, then objects. ``start()`` first
+replays the WAL's untrimmed records (``docs/automq-model.md`` section 13; the plan is
 :func:`~s3stream.engine.recovery.plan_replay`). See ``docs/architecture.md``.
 """
 
@@ -20,10 +20,10 @@ from typing import Any, Protocol, cast
 
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
+from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_mutation
-from s3stream.engine.logcache import LogCache
+from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
-from s3stream.engine.reader import merge_fetch
 from s3stream.engine.recovery import plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle
@@ -113,7 +113,7 @@ class Engine:
         )
         self.streams: dict[int, StreamHandle] = {}
         self.stats = EngineStats()
-        self._live = WalTrimTracker()
+        self._trim_tracker = WalTrimTracker()
         self._supervisor = Supervisor(self._on_failure)
         self._pipeline = UploadPipeline(
             config,
@@ -121,20 +121,20 @@ class Engine:
             uploader=self.uploader,
             metadata=metadata,
             wal=wal,
-            live=self._live,
+            trim_tracker=self._trim_tracker,
             supervisor=self._supervisor,
             streams=self.streams,
             stats=self.stats,
             upload_observer=upload_observer or UploadObserver(),
             clock=clock,
         )
-        self._kv = KvApplier(metadata, self._live, self._supervisor)
+        self._kv = KvApplier(metadata, self._trim_tracker, self._supervisor)
         self._appends = AppendPath(
             config,
             cache=self.cache,
             wal=wal,
             kv=self._kv,
-            live=self._live,
+            trim_tracker=self._trim_tracker,
             pipeline=self._pipeline,
             supervisor=self._supervisor,
             stats=self.stats,
@@ -207,7 +207,7 @@ class Engine:
         fence = error if isinstance(error, FencedError | ClosedError) else ClosedError(str(error))
         for handle in self.streams.values():
             handle.fence(fence)
-            fail_stream(handle, error, self._live)
+            fail_stream(handle, error, self._trim_tracker)
         self._kv.fail_all(error)
         self._pipeline.wake_all()
 
@@ -421,12 +421,12 @@ class Engine:
         for gap in plan.gaps:
             log.error("WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
                       gap.stream_id, gap.expected_offset, gap.found_offset)  # fmt: skip
-        self._live.written(plan.wal_end_offset - 1)
+        self._trim_tracker.written(plan.wal_end_offset - 1)
         seqs = []
         for record in plan.records:  # WAL order: the trim tracker follows WAL offsets
             seq = self._appends.next_seq()
             seqs.append(seq)
-            self._live.submitted(
+            self._trim_tracker.submitted(
                 seq,
                 batch_count=len(record.batches),
                 size_bytes=record.body_size_bytes,
@@ -438,7 +438,8 @@ class Engine:
             batch,
         ) in plan.release:  # each stream in offset order (held batches after their predecessor)
             self._pipeline.put(
-                (batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload), seqs[index]
+                CachedBatch(batch.stream_id, batch.epoch, batch.base_offset, batch.count, batch.payload),
+                seqs[index],
             )
             replayed += 1
         self.stats.recovered_records = replayed
@@ -450,7 +451,7 @@ class Engine:
             await self._await_replay_uploads(asyncio.gather(*waits), replayed)
         self._check_alive()
         if records:
-            await self.wal.trim(max(self._live.trim_point() or 0, self._live.end_offset))
+            await self.wal.trim(max(self._trim_tracker.trim_point() or 0, self._trim_tracker.end_offset))
         for meta in opening:
             with contextlib.suppress(FencedError, ConflictError, NotFoundError):
                 await self.metadata.close_stream(

@@ -53,9 +53,9 @@ class KvEntry:
 class KvApplier:
     """Applies the KV changes of durable WAL records to metadata in WAL offset order."""
 
-    def __init__(self, metadata: MetadataStore, live: WalTrimTracker, supervisor: Supervisor) -> None:
+    def __init__(self, metadata: MetadataStore, trim_tracker: WalTrimTracker, supervisor: Supervisor) -> None:
         self.metadata = metadata
-        self.live = live
+        self.trim_tracker = trim_tracker
         self.supervisor = supervisor
         self._unapplied: dict[int, KvEntry] = {}
         """seq -> every entry submitted and not yet applied (durable or not)."""
@@ -124,4 +124,4 @@ class KvApplier:
         if self._queue and self._queue[0] is entry:
             self._queue.popleft()
         self._unapplied.pop(entry.seq, None)
-        self.live.committed([entry.seq])
+        self.trim_tracker.committed([entry.seq])

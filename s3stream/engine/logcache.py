@@ -1,11 +1,11 @@
 """The LogCache: acknowledged record batches held in memory until (and after) they are uploaded.
 
-AutoMQ's delta-WAL cache (reference section 4): an ordered list of blocks, oldest first; the last one
-is the *active* block that receives records, older ones are *archived* (being uploaded, or uploaded
-and kept for reads). Each block keeps one :class:`StreamCache` per stream (records in offset order).
-A block is full at ``upload_threshold_bytes`` or at ``max_stream_count`` streams. After an upload's
-commit the block is marked *free*; free blocks stay readable and are dropped (oldest first) only when
-the cache holds more than 90 % of its capacity. No I/O, no clock: the caller passes times.
+AutoMQ's delta-WAL cache (``docs/automq-model.md`` section 4): an ordered list of blocks, oldest first; the
+last one is the *active* block that receives records, older ones are *archived* (being uploaded, or uploaded
+and kept for reads). Each block keeps one :class:`StreamCache` per stream (records in offset order). A block
+is full at ``upload_threshold_bytes`` or at ``max_stream_count`` streams. After an upload's commit the block
+is marked *free*; free blocks stay readable and are dropped (oldest first) only when the cache holds more than
+90 % of its capacity. No I/O, no clock: the caller passes times.
 
 Plain appends (the hot path) are staged in the active block, one flat list of their fields, and
 folded into the stream caches up to :data:`STAGED_ROWS_MAX` records at a time, and whenever the
@@ -37,20 +37,31 @@ import itertools
 from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sortedcontainers import SortedDict
 
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 
-CachedBatch = tuple[int, int, int, int, bytes]
-"""(stream id, epoch, base offset, count, payload): ``StreamRecordBatch(*item)`` rebuilds the batch."""
+
+class CachedBatch(NamedTuple):
+    """One acknowledged record batch as the append path and the sequencer hand it to the LogCache:
+    ``StreamRecordBatch(*item)`` rebuilds the batch. A tuple (nothing more for the collector to track
+    than a plain one), read by field name."""
+
+    stream_id: int
+    epoch: int
+    base_offset: int
+    record_count: int
+    payload: bytes
+
 
 NO_WAL_OFFSET = 1 << 62
 """``LogCacheBlock.wal_offset_min`` of a block holding no per-block record (above any WAL offset)."""
 
 FREE_THRESHOLD_RATIO = 0.9
-"""Free blocks are released once the cache holds more than this share of its capacity (AutoMQ 4.4)."""
+"""Free blocks are released once the cache holds more than this share of its capacity (docs/automq-model.md
+section 4)."""
 
 STAGED_ROWS_MAX = 1024
 """Plain records the active block stages (:attr:`LogCacheBlock.staged`) before it folds them into
@@ -102,7 +113,7 @@ class StreamCache:
         return self.end
 
     def fields(self) -> list[CachedBatch]:
-        """Every record as a :data:`CachedBatch` tuple (built now; the cache keeps none)."""
+        """Every record as a :class:`CachedBatch` tuple (built now; the cache keeps none)."""
         return [self.field(i) for i in range(len(self.payloads))]
 
     def __len__(self) -> int:
@@ -154,7 +165,11 @@ class StreamCache:
         return cache
 
     def field(self, index: int) -> CachedBatch:
-        """Record ``index`` (negative: from the end) as a :data:`CachedBatch`."""
+        """Record ``index`` (negative: from the end) as a :class:`CachedBatch`."""
+        return CachedBatch(*self._row(index))
+
+    def _row(self, index: int) -> tuple[int, int, int, int, bytes]:
+        """:meth:`field` as a plain tuple (the read path builds one per record it returns)."""
         bases = self.bases
         if index < 0:
             index += len(bases)
@@ -167,7 +182,7 @@ class StreamCache:
     def batches(self, start: int = 0, end: int | None = None) -> list[StreamRecordBatch]:
         """The records ``[start, end)`` (positions in this cache) as StreamRecordBatch objects."""
         return [
-            StreamRecordBatch(*self.field(i)) for i in range(*slice(start, end).indices(len(self.payloads)))
+            StreamRecordBatch(*self._row(i)) for i in range(*slice(start, end).indices(len(self.payloads)))
         ]
 
     @property
@@ -185,7 +200,7 @@ class StreamCache:
         for i in range(index, len(bases)):
             if bases[i] >= end_offset:
                 break
-            out.append(StreamRecordBatch(*self.field(i)))  # records continue each other: all overlap
+            out.append(StreamRecordBatch(*self._row(i)))  # records continue each other: all overlap
         return out
 
 
@@ -312,13 +327,17 @@ class LogCacheBlock:
             streams.update(new)
         self._next_fold_at()
 
-    def put(self, item: CachedBatch) -> None:
+    def put(self, item: CachedBatch) -> int:
+        """Add a record to its stream's cache (after a fold of the staged ones); returns its size."""
+        stream_id, epoch, _, _, _ = item  # unpacked: a plain 5-tuple works too
         streams = self.streams
-        cache = streams.get(item[0])
+        cache: StreamCache | None = streams.get(stream_id)
         if cache is None:
-            cache = streams[item[0]] = StreamCache(item[0], item[1])
+            cache = streams[stream_id] = StreamCache(stream_id, epoch)
             self._next_fold_at()
-        self.size_bytes += cache.add(item)
+        size = cache.add(item)
+        self.size_bytes += size
+        return size
 
     def take_seqs(self) -> array[int]:
         """The block's ``seqs``, handed over once (the block keeps none afterwards)."""
@@ -365,7 +384,7 @@ class LogCache:
     def put(self, record: StreamRecordBatch) -> bool:
         """Add an acknowledged record to the active block; True when the block is now full."""
         return self.put_item(
-            (record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
+            CachedBatch(record.stream_id, record.epoch, record.base_offset, record.count, record.payload)
         )
 
     def put_item(self, item: CachedBatch, seq: int = -1, wal_offset: int = -1) -> bool:
@@ -376,16 +395,10 @@ class LogCache:
         if seq < 0:
             return self.put_plain(*item, wal_offset)
         block = self.blocks[-1]
-        streams = block.streams
-        cache = streams.get(item[0])
-        if cache is None:
-            cache = streams[item[0]] = StreamCache(item[0], item[1])
-            block._next_fold_at()
-        size = cache.add(item)
+        size = block.put(item)
         block.seqs.append(seq)
-        block.size_bytes += size
         self.size_bytes += size
-        return block.size_bytes >= self.upload_threshold_bytes or len(streams) >= self.max_stream_count
+        return block.size_bytes >= self.upload_threshold_bytes or len(block.folded) >= self.max_stream_count
 
     def put_plain(
         self, stream_id: int, epoch: int, base_offset: int, count: int, payload: bytes, wal_offset: int

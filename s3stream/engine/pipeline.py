@@ -114,7 +114,7 @@ class UploadPipeline:
         uploader: ObjectUploader,
         metadata: MetadataStore,
         wal: WriteAheadLog,
-        live: WalTrimTracker,
+        trim_tracker: WalTrimTracker,
         supervisor: Supervisor,
         streams: Mapping[int, StreamHandle],
         stats: EngineStats,
@@ -126,7 +126,7 @@ class UploadPipeline:
         self.uploader = uploader
         self.metadata = metadata
         self.wal = wal
-        self.live = live
+        self.trim_tracker = trim_tracker
         self.supervisor = supervisor
         self.streams = streams
         self.stats = stats
@@ -242,8 +242,8 @@ class UploadPipeline:
         for start in range(0, len(seqs), COMMITTED_SEQS_PER_TURN):
             if start:
                 await asyncio.sleep(0)
-            self.live.committed(seqs[start : start + COMMITTED_SEQS_PER_TURN])
-        self.live.released(task.block.wal_bytes)
+            self.trim_tracker.committed(seqs[start : start + COMMITTED_SEQS_PER_TURN])
+        self.trim_tracker.released(task.block.wal_bytes)
         blocks = list(self.cache.blocks)
         self.cache.mark_free(task.block)  # may release free blocks, from the head only
         holders = [
@@ -265,7 +265,7 @@ class UploadPipeline:
 
     def trim_wal(self) -> None:
         """Trim the WAL below its oldest live record (after a commit, and when the WAL is full)."""
-        trim_to = self.live.trim_point(self.cache.uncommitted_wal_offset_min())
+        trim_to = self.trim_tracker.trim_point(self.cache.uncommitted_wal_offset_min())
         if trim_to is not None:
             self.supervisor.spawn(self._trim_wal(trim_to), name="s3stream-wal-trim")
 

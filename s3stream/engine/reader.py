@@ -1,7 +1,7 @@
 """The read path below the LogCache: stream ranges from objects, through the block cache, with readahead.
 
-Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 6.3-6.5; the prose is in
-``docs/architecture.md`` "Read path"):
+Design (AutoMQ's ``StreamReaders``/``StreamReader``, ``docs/automq-model.md`` section 12; the prose is
+in ``docs/architecture.md`` "Read path"):
 
 * A read of ``[start_offset, end_offset)`` of one stream walks an *index window*: the data blocks
   of the stream, in offset order, found through ``MetadataStore.get_objects`` (at most
@@ -10,16 +10,17 @@ Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 
   exactly; a window that does not is refreshed.
 * Block data comes from the :class:`~s3stream.engine.blockcache.BlockCache`; the blocks missing from
   it are fetched with merged range GETs (consecutive blocks of one object, at most
-  :data:`MERGED_GET_MAX_BYTES` per GET, the GETs of one read running concurrently).
+  :data:`~s3stream.engine.readplan.MERGED_GET_MAX_BYTES` per GET, the GETs of one read running
+  concurrently).
 * A reader *state* (index window, held blocks, readahead) is kept per ``(stream, next offset)`` so a
   sequential consumer continues where it stopped. After each read (and each readahead load),
   readahead loads blocks ahead of the consumer: the window starts at 512 KiB and grows on block
-  misses up to 48 MiB; loads (at most :data:`READAHEAD_TASKS_MAX` at once) refill it in chunks of
-  at least half the window (or a whole load), never filling the cache's last 32 MiB (at most a
-  quarter of the cache); a block it loaded that was evicted before being read resets it and pauses
-  it for a minute. A read that leaves loads in flight gives the event loop one turn before it
-  returns, so a consumer working through loaded blocks, awaiting nothing else, does not hold back
-  the next GETs.
+  misses up to 48 MiB; loads (at most :data:`~s3stream.engine.readstate.READAHEAD_TASKS_MAX` at
+  once) refill it in chunks of at least half the window (or a whole load), never filling the
+  cache's last 32 MiB (at most a quarter of the cache); a block it loaded that was evicted before
+  being read resets it and pauses it for a minute. A read that leaves loads in flight gives the
+  event loop one turn before it returns, so a consumer working through loaded blocks, awaiting
+  nothing else, does not hold back the next GETs.
 * Objects replaced by compaction between the metadata lookup and the read (the GET says the object
   does not exist, or the new window does not continue) make the read refresh its window and retry,
   up to :data:`READ_RETRY_MAX` times.
@@ -27,28 +28,24 @@ Design (AutoMQ's ``StreamReaders``/``StreamReader``, reference sections 1.8 and 
   overlap; anything else is a :class:`~s3stream.errors.CorruptionError`, never data.
 
 :func:`~s3stream.engine.fetchmerge.merge_fetch` joins the object-storage head of a fetch with the
-LogCache tail; reader states and the readahead sizing rule are in :mod:`s3stream.engine.readstate`.
-Both are re-exported here.
+LogCache tail; reader states and the readahead sizing rule are in :mod:`s3stream.engine.readstate`,
+the GET and readahead load plans in :mod:`s3stream.engine.readplan`, taking records out of blocks in
+:mod:`s3stream.engine.readtake`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import dataclasses
-import itertools
-import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
 
 from s3stream.engine.blockcache import BlockCache, BlockKey, BlockRequest
-from s3stream.engine.fetchmerge import merge_fetch
+from s3stream.engine.readplan import merged_runs, plan_load
 from s3stream.engine.readstate import (
-    READAHEAD_TASKS_MAX,
     BlockRef,
     ReadaheadSettings,
     ReadState,
@@ -56,6 +53,7 @@ from s3stream.engine.readstate import (
     default_free_guard_bytes,
     readahead_size,
 )
+from s3stream.engine.readtake import take_each, take_slice
 from s3stream.errors import (
     ClosedError,
     CorruptionError,
@@ -69,34 +67,12 @@ from s3stream.objectformat import DataBlock, ObjectReader, ObjectReaderCache, ob
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 
-KiB = 1024
-MiB = 1024 * KiB
-
 GET_OBJECTS_STEP = 4
 """Objects asked from metadata per window extension (AutoMQ's StreamReader)."""
 READ_RETRY_MAX = 2
 """Retries of a read whose objects were replaced under it."""
-LOAD_TAIL_DIVISOR = 4
-"""A readahead load that would leave at most a quarter of its size of its object takes that rest
-along (see :func:`_plan_load`)."""
-MERGED_GET_MAX_BYTES = 8 * MiB + 8 * MiB // LOAD_TAIL_DIVISOR
-"""Largest span of consecutive blocks fetched by one GET: a default readahead load (8 MiB) plus the
-rest of its object it may take along (AutoMQ's MAX_MERGE_READ_SIZE is 4 MiB; a GET costs the client
-about as much CPU as 1 MiB of data, so fewer, larger GETs pay)."""
-__all__ = [
-    "GET_OBJECTS_STEP",
-    "LOAD_TAIL_DIVISOR",
-    "MERGED_GET_MAX_BYTES",
-    "READAHEAD_TASKS_MAX",
-    "READ_RETRY_MAX",
-    "ObjectStreamReader",
-    "ReadaheadSettings",
-    "ReaderStats",
-    "merge_fetch",
-]
 
 _UNBOUNDED = (1 << 63) - 1
-_BASE_OFFSET = operator.attrgetter("base_offset")
 
 
 class _ObjectGoneError(Exception):
@@ -250,11 +226,11 @@ class ObjectStreamReader:
                     read_keys.append(ref.cache_key)
                     continue
                 if block.contiguous:
-                    next_offset, budget, done = _take_slice(
+                    next_offset, budget, done = take_slice(
                         out, block, ref, start_offset, next_offset, end_offset, budget
                     )
                 else:
-                    next_offset, budget, done = _take_each(
+                    next_offset, budget, done = take_each(
                         out, block, ref, start_offset, next_offset, end_offset, budget
                     )
                 if next_offset >= entry.end_offset:
@@ -411,7 +387,7 @@ class ObjectStreamReader:
     async def _load(self, refs: Sequence[BlockRef]) -> list[DataBlock]:
         """Fetch blocks with merged GETs: runs of consecutive blocks of one object, each GET at most
         MERGED_GET_MAX_BYTES, all GETs concurrent. Results in the order of ``refs``."""
-        runs = _merged_runs(refs)
+        runs = merged_runs(refs)
 
         async def fetch(run: list[int]) -> list[DataBlock]:
             first = refs[run[0]]
@@ -498,7 +474,7 @@ class ObjectStreamReader:
                 start = max(state.next_offset, state.readahead_end_offset)
                 await self._blocks_for_locked(state, start, _UNBOUNDED, size_bytes)  # the window covers them
                 guard_bytes = self._readahead.free_guard_bytes or 0
-                refs = _plan_load(
+                refs = plan_load(
                     size_bytes,
                     [r for r in state.window if r.entry.start_offset >= start],
                     room_bytes=self._cache.free_bytes - guard_bytes,
@@ -511,7 +487,7 @@ class ObjectStreamReader:
                     self._maybe_readahead(state, 0)  # the next load plans now: loads overlap in order
                 # one cache request per merged GET: its blocks are readable as soon as that GET is in
                 results = await asyncio.gather(
-                    *(self._get_blocks(state, [refs[i] for i in run]) for run in _merged_runs(refs)),
+                    *(self._get_blocks(state, [refs[i] for i in run]) for run in merged_runs(refs)),
                     return_exceptions=True,
                 )
                 for result in results:
@@ -519,58 +495,6 @@ class ObjectStreamReader:
                         raise result
                 if not state.dropped:
                     self._maybe_readahead(state, 0)  # keep the pipeline full while the consumer works
-
-
-def _plan_load(size_bytes: int, candidates: Sequence[BlockRef], *, room_bytes: int) -> list[BlockRef]:
-    """The blocks of one readahead load: from the first of ``candidates`` (window blocks in offset
-    order), whole blocks of that block's object only, within ``size_bytes`` (at least one); and if
-    the rest of that object's blocks add up to at most ``size_bytes // LOAD_TAIL_DIVISOR`` (and fit
-    in ``room_bytes`` with the load), those too.
-
-    Loads that end where objects end stay aligned with them: a load that ran on into the next
-    object took a second GET there, and the loads after it started mid-object, so objects of
-    16 MiB and a bit, read with 8 MiB loads, took three data GETs each, two of them split; now two
-    (8 MiB, then the rest of the object)."""
-    if not candidates:
-        return []
-    object_id = candidates[0].object_id
-    same = list(itertools.takewhile(lambda r: r.object_id == object_id, candidates))
-    plan = _within(size_bytes, same)
-    rest_bytes = sum(r.entry.size_bytes for r in same[len(plan) :])
-    planned_bytes = sum(r.entry.size_bytes for r in plan)
-    if 0 < rest_bytes <= size_bytes // LOAD_TAIL_DIVISOR and planned_bytes + rest_bytes <= room_bytes:
-        return same
-    return plan
-
-
-def _within(size_bytes: int, refs: list[BlockRef]) -> list[BlockRef]:
-    """The first of ``refs`` whose blocks add up to at most ``size_bytes`` (at least one), so that a
-    load of the merged-GET size is one GET, not one and a sliver."""
-    total = 0
-    for i, ref in enumerate(refs):
-        total += ref.entry.size_bytes
-        if total > size_bytes and i:
-            return refs[:i]
-    return refs
-
-
-def _merged_runs(refs: Sequence[BlockRef]) -> list[list[int]]:
-    """Indexes of ``refs`` grouped into merged GETs: runs of consecutive blocks of one object, each
-    spanning at most MERGED_GET_MAX_BYTES (a block larger than that is a run of its own)."""
-    runs: list[list[int]] = []
-    for i, ref in enumerate(refs):
-        if runs:
-            last = refs[runs[-1][-1]]
-            first = refs[runs[-1][0]]
-            if (
-                last.object_id == ref.object_id
-                and last.entry.end_position == ref.entry.start_position
-                and ref.entry.end_position - first.entry.start_position <= MERGED_GET_MAX_BYTES
-            ):
-                runs[-1].append(i)
-                continue
-        runs.append([i])
-    return runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,80 +506,3 @@ class CacheReadOfBlocks:
 def _needs_hold(state: ReadState, key: BlockKey, cache: BlockCache[DataBlock]) -> bool:
     """A state holds each block once; a held block that was evicted since is held again when reloaded."""
     return key not in state.held or not cache.stored_or_loading(key)
-
-
-def _first_index(
-    records: Sequence[StreamRecordBatch], out: list[StreamRecordBatch], start_offset: int, next_offset: int
-) -> int:
-    """Index of the first record to take: the one at ``next_offset`` (or, for the first record of
-    the result, the one holding ``start_offset``; a record ending before it is skipped)."""
-    i = max(0, bisect.bisect_right(records, next_offset, key=_BASE_OFFSET) - 1)
-    if not out and i < len(records) and records[i].base_offset + records[i].count <= start_offset:
-        i += 1  # ends before the start: the start lies in a later record or block
-    return i
-
-
-def _take_slice(
-    out: list[StreamRecordBatch],
-    block: DataBlock,
-    ref: BlockRef,
-    start_offset: int,
-    next_offset: int,
-    end_offset: int,
-    budget: int,
-) -> tuple[int, int, bool]:
-    """Take records of a contiguous block as one slice: from the record at ``next_offset`` while
-    they start before ``end_offset`` and the budget before each is positive (the first one always).
-    Returns the new next offset, the budget left and whether the read is done."""
-    records = block.records
-    n = len(records)
-    i = _first_index(records, out, start_offset, next_offset)
-    if i == n:
-        return next_offset, budget, False
-    base = records[i].base_offset
-    if base >= end_offset or (out and budget <= 0):
-        return next_offset, budget, True
-    if base != next_offset if out else base > start_offset:
-        _raise_unexpected(ref, records[i], next_offset)
-    prefix = block.payload_prefix
-    j = bisect.bisect_left(records, end_offset, i, n, key=_BASE_OFFSET)
-    j = min(j, bisect.bisect_left(prefix, budget + prefix[i], i + 1, n))
-    out.extend(records[i:j])
-    return records[j - 1].base_offset + records[j - 1].count, budget - (prefix[j] - prefix[i]), j < n
-
-
-def _take_each(
-    out: list[StreamRecordBatch],
-    block: DataBlock,
-    ref: BlockRef,
-    start_offset: int,
-    next_offset: int,
-    end_offset: int,
-    budget: int,
-) -> tuple[int, int, bool]:
-    """:func:`_take_slice` record by record, for a block with a gap (reported once it is reached)."""
-    records = block.records
-    n = len(records)
-    i = _first_index(records, out, start_offset, next_offset)
-    while i < n:
-        record = records[i]
-        base = record.base_offset
-        if base >= end_offset or (out and budget <= 0):
-            return next_offset, budget, True
-        if base != next_offset if out else base > start_offset:
-            _raise_unexpected(ref, record, next_offset)
-        out.append(record)
-        next_offset = base + record.count
-        budget -= len(record.payload)
-        i += 1
-    return next_offset, budget, False
-
-
-def _raise_unexpected(ref: BlockRef, record: StreamRecordBatch, next_offset: int) -> NoReturn:
-    base = record.base_offset
-    raise CorruptionError(
-        f"stream {record.stream_id}: batch [{base}, {base + record.count}) where offset "
-        f"{next_offset} was expected",
-        source=ref.key,
-        position=ref.entry.start_position,
-    )

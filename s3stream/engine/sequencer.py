@@ -42,19 +42,23 @@ Put = Callable[[CachedBatch, int, int], None]
 
 
 def release(
-    handle: StreamHandle, pending: PendingAppend, put: Put, live: WalTrimTracker, more: list[StreamHandle]
+    handle: StreamHandle,
+    pending: PendingAppend,
+    put: Put,
+    trim_tracker: WalTrimTracker,
+    more: list[StreamHandle],
 ) -> bool:
     """``pending`` has reached the stream's confirm offset: release it (True) or park it (False).
 
     A plain append's batch enters the LogCache through ``put`` with its WAL offset (it was held by
-    the trim tracker ``live`` since durable and is a per-block record from now on), moving the
+    the trim tracker ``trim_tracker`` since durable and is a per-block record from now on), moving the
     confirm offset. A group is parked until it has reached the confirm offset of every stream it
     touches; then its batches enter with its seq (a per-record entry) and an offset of -1, in every
     stream at once, and its other streams are added to ``more`` (their waiting appends may go on)."""
     item = pending.item
     if item is not None:
-        put(item, -1, live.unhold(pending.seq))
-        handle.confirm_offset = item[2] + item[3]
+        put(item, -1, trim_tracker.unhold(pending.seq))
+        handle.confirm_offset = item.base_offset + item.record_count
     else:
         pending.remaining -= 1
         if pending.remaining:
@@ -65,7 +69,8 @@ def release(
         for stream, items in by_stream.items():
             for batch in items:
                 put(batch, seq, -1)
-            stream.confirm_offset = items[-1][2] + items[-1][3]
+            last = items[-1]
+            stream.confirm_offset = last.base_offset + last.record_count
             if stream is not handle:
                 more.append(stream)
     pending.acked = True
@@ -75,24 +80,24 @@ def release(
     return True
 
 
-def release_waiting(handle: StreamHandle, put: Put, live: WalTrimTracker) -> None:
+def release_waiting(handle: StreamHandle, put: Put, trim_tracker: WalTrimTracker) -> None:
     """Release the waiting appends that continue the stream's confirm offset, in order (and those of
     the other streams of a group released on the way)."""
-    _drain([handle], put, live)
+    _drain([handle], put, trim_tracker)
 
 
-def _drain(more: list[StreamHandle], put: Put, live: WalTrimTracker) -> None:
+def _drain(more: list[StreamHandle], put: Put, trim_tracker: WalTrimTracker) -> None:
     while more:
         stream = more.pop()
         waiting = stream.waiting
         while waiting:
             pending = waiting.pop(stream.confirm_offset, None)
-            if pending is None or not release(stream, pending, put, live, more):
+            if pending is None or not release(stream, pending, put, trim_tracker, more):
                 break
 
 
 def take_turn(
-    handle: StreamHandle, pending: PendingAppend, base_offset: int, put: Put, live: WalTrimTracker
+    handle: StreamHandle, pending: PendingAppend, base_offset: int, put: Put, trim_tracker: WalTrimTracker
 ) -> None:
     """The durable ``pending`` starts at ``base_offset`` in the stream: released now if that is the
     confirm offset (then the appends waiting behind it), else it waits for its predecessors."""
@@ -100,9 +105,9 @@ def take_turn(
         handle.waiting[base_offset] = pending
         return
     more: list[StreamHandle] = []
-    if release(handle, pending, put, live, more):
+    if release(handle, pending, put, trim_tracker, more):
         more.append(handle)
-        _drain(more, put, live)
+        _drain(more, put, trim_tracker)
 
 
 def wait_drained(handle: StreamHandle) -> asyncio.Future[None] | None:
@@ -117,12 +122,12 @@ def wait_drained(handle: StreamHandle) -> asyncio.Future[None] | None:
 def fail_stream(
     handle: StreamHandle,
     failure: S3StreamError,
-    live: WalTrimTracker,
+    trim_tracker: WalTrimTracker,
     error_of: Callable[[PendingAppend], S3StreamError] | None = None,
 ) -> None:
     """Fail every unacknowledged append of the stream: those waiting now (with ``error_of(append)``,
     default ``failure``) and those in flight once they complete (with ``failure``). A durable plain
-    append held by the trim tracker ``live`` is dropped from it (nothing to keep); a group fails as a
+    append held by the trim tracker ``trim_tracker`` is dropped from it (nothing to keep); a group fails as a
     whole (:func:`fail_group`), fencing and failing its other streams in turn."""
     failing = [(handle, failure, error_of)]
     while failing:
@@ -136,32 +141,32 @@ def fail_stream(
                 continue  # a group already failed through another of its streams
             item = pending.item
             if item is not None:
-                live.drop_held(pending.seq, RECORD_HEADER_SIZE + len(item[4]))
+                trim_tracker.drop_held(pending.seq, RECORD_HEADER_SIZE + len(item.payload))
             reason = error if error_for is None else error_for(pending)
             if pending.by_stream:
                 failing.extend(
-                    (s, f, None) for s, f in _group_failed(pending, reason, live) if s is not stream
+                    (s, f, None) for s, f in _group_failed(pending, reason, trim_tracker) if s is not stream
                 )
             else:
                 pending.fail(reason)
 
 
-def fail_group(pending: PendingAppend, error: S3StreamError, live: WalTrimTracker) -> None:
+def fail_group(pending: PendingAppend, error: S3StreamError, trim_tracker: WalTrimTracker) -> None:
     """The durable group ``pending`` cannot be released (one of its streams failed): fail it, drop
     its batches from the trim tracker (its KV puts stay live until applied) and fence and fail each
     stream it touches."""
-    for stream, fence in _group_failed(pending, error, live):
-        fail_stream(stream, fence, live)
+    for stream, fence in _group_failed(pending, error, trim_tracker):
+        fail_stream(stream, fence, trim_tracker)
 
 
 def _group_failed(
-    pending: PendingAppend, error: S3StreamError, live: WalTrimTracker
+    pending: PendingAppend, error: S3StreamError, trim_tracker: WalTrimTracker
 ) -> list[tuple[StreamHandle, S3StreamError]]:
-    """Fail the group, drop its batches from ``live`` and fence its streams: the streams to fail."""
+    """Fail the group, drop its batches from ``trim_tracker`` and fence its streams: the streams to fail."""
     by_stream = pending.by_stream
     assert by_stream
     pending.fail(error)
-    live.committed([pending.seq] * sum(len(items) for items in by_stream.values()))
+    trim_tracker.committed([pending.seq] * sum(len(items) for items in by_stream.values()))
     fence = (
         error
         if isinstance(error, FencedError)

@@ -59,15 +59,14 @@ class WalTrimTracker:
         self._last_seq = -1
         self.inflight: dict[int, int] = {}
         """seq -> floor of every append whose WAL write has not returned, oldest first: the floor is
-        ``end_offset`` at its submission, at most the offset the write will return (the append path
-        stores and deletes the entries itself; its watchdog times the oldest)."""
+        ``end_offset`` at its submission, at most the offset the write will return
+        (:meth:`write_started`, :meth:`write_returned`; the append path's watchdog times the oldest)."""
         self.live_bytes = 0
-        """Body bytes of live records: what the WAL must still hold (back-pressure counts it). The
-        append path adds a plain append's bytes at submission; :meth:`released` takes a committed
+        """Body bytes of live records: what the WAL must still hold (back-pressure counts it).
+        :meth:`write_started` adds a plain append's bytes; :meth:`released` takes a committed
         block's back."""
         self.end_offset = 0
-        """One past the largest WAL offset seen: trimming here drops every record written so far.
-        The append path's hot path updates it in line (as :meth:`written` does)."""
+        """One past the largest WAL offset seen: trimming here drops every record written so far."""
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -84,6 +83,23 @@ class WalTrimTracker:
         self.live_bytes += size_bytes
         if offset >= 0:
             self.written(offset, seq)
+
+    def write_started(self, seq: int, plain_bytes: int = 0) -> None:
+        """The WAL write of record ``seq`` begins: it is in flight, its floor the current ``end_offset``.
+
+        ``plain_bytes``: a plain append's body bytes, live from now on without a per-record entry
+        (a per-block record once released into the LogCache, or :meth:`hold`)."""
+        self.live_bytes += plain_bytes
+        self.inflight[seq] = self.end_offset
+
+    def write_returned(self, seq: int, offset: int = -1) -> None:
+        """The WAL write of record ``seq`` returned: durable at ``offset`` (negative: it failed).
+
+        Only what every write needs (the append hot path calls this once per record); a record with a
+        per-record entry also reports its offset with :meth:`written`."""
+        del self.inflight[seq]
+        if offset >= self.end_offset:
+            self.end_offset = offset + 1
 
     def hold(self, seq: int, offset: int) -> None:
         """A plain append (its bytes counted in ``live_bytes`` at submission) is durable at ``offset``

@@ -21,13 +21,13 @@ import functools
 import struct
 from typing import NamedTuple
 
+from s3stream.objectformat.block import decode_block_gapless
 from s3stream.objectformat.codec import (
     DATA_BLOCK_HEADER,
     DATA_BLOCK_HEADER_SIZE,
     DATA_BLOCK_MAGIC,
     I64_MAX,
     IndexEntry,
-    decode_block_gapless,
 )
 from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch, build_records
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from s3stream.errors import CorruptionError, InvalidArgumentError
+from s3stream.objectformat.block import check_block_header, decode_block
 from s3stream.objectformat.codec import (
     BLOCK_CRC_SIZE,
     CHECKSUM_SECTION_HEADER_SIZE,
@@ -30,13 +31,11 @@ from s3stream.objectformat.codec import (
     IndexEntry,
     NeedBytes,
     ObjectTail,
-    check_block_header,
-    decode_block,
-    decode_tail,
     tail_guess_bytes,
     verify_crc,
 )
 from s3stream.objectformat.decode import decode_data_block
+from s3stream.objectformat.tail import decode_tail
 from s3stream.record import StreamRecordBatch
 
 NO_END_OFFSET = -1

@@ -21,6 +21,7 @@ from crc32c import crc32c
 from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError
 from s3stream.ids import StreamId
 from s3stream.metadata.base import StreamOffsetRange
+from s3stream.objectformat.block import check_block_header
 from s3stream.objectformat.codec import (
     DATA_BLOCK_FLAG,
     DATA_BLOCK_HEADER,
@@ -30,9 +31,8 @@ from s3stream.objectformat.codec import (
     I64_MAX,
     INDEX_ENTRY,
     IndexEntry,
-    check_block_header,
-    encode_tail_index,
 )
+from s3stream.objectformat.tail import encode_tail_index
 from s3stream.record import RECORD_HEADER, RECORD_HEADER_SIZE, RECORD_MAGIC, StreamRecordBatch
 from s3stream.storage.base import MIN_PART_SIZE_BYTES, Upload
 

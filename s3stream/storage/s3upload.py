@@ -1,6 +1,6 @@
 """S3Upload: one object written in pieces to S3, as one PUT or as a multipart upload.
 
-The writer follows AutoMQ's ProxyWriter / MultiPartWriter (reference section 6.3):
+The writer follows AutoMQ's ProxyWriter / MultiPartWriter (``docs/automq-model.md`` section 14):
 
 * **Staged** while the total stays <= the staging limit, ``min(multipart_threshold_bytes,
   part_concurrency_max * part_size_bytes)``: written bytes are kept and copies are kept as ranges;

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.readstate import ReadaheadSettings
 from s3stream.errors import CorruptionError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import CommitStreamObjectRequest

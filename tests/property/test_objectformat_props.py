@@ -11,15 +11,9 @@ from hypothesis import strategies as st
 
 from s3stream.errors import CorruptionError
 from s3stream.objectformat import ObjectReader, ObjectWriter
-from s3stream.objectformat.codec import (
-    INDEX_ENTRY_SIZE,
-    IndexEntry,
-    decode_block,
-    decode_checksum_section,
-    decode_footer,
-    decode_index,
-    decode_tail,
-)
+from s3stream.objectformat.block import decode_block
+from s3stream.objectformat.codec import INDEX_ENTRY_SIZE, IndexEntry
+from s3stream.objectformat.tail import decode_checksum_section, decode_footer, decode_index, decode_tail
 from s3stream.record import StreamRecordBatch, decode_record
 from s3stream.storage.memory import MemoryObjectStorage
 

@@ -24,7 +24,7 @@ async def _two_streams(wal: ReorderingWal) -> tuple[Node, Client, Stream, Stream
 
 
 def _nothing_live(client: Client) -> None:
-    live = client.engine._live
+    live = client.engine._trim_tracker
     assert (len(live), live.live_bytes, live.inflight) == (0, 0, {})
 
 
@@ -100,7 +100,7 @@ async def test_a_group_with_kv_puts_failing_after_it_is_durable_pins_the_wal_onl
         await group
     # The KV put is in the WAL, which recovery replays in order: it is applied like any durable one.
     for _ in range(100):
-        if await client.kv.get("k") is not None and len(client.engine._live) == 0:
+        if await client.kv.get("k") is not None and len(client.engine._trim_tracker) == 0:
             break
         await asyncio.sleep(0.01)
     assert await client.kv.get("k") == b"v"

@@ -24,7 +24,7 @@ async def _streams(count: int, wal: ReorderingWal | None = None) -> tuple[Node, 
 
 def _state(node: Node, client: Client, streams: list[Stream]) -> tuple[object, ...]:
     """Everything a refused append must leave as it was."""
-    live = client.engine._live
+    live = client.engine._trim_tracker
     return (
         [(s.next_offset, s.confirm_offset, s.handle.status, s.handle.append_failure) for s in streams],
         node.wal.append_count,

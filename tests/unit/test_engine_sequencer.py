@@ -94,7 +94,7 @@ async def test_a_failed_append_fails_its_streams_appends_in_flight_and_a_waiting
     with pytest.raises(FencedError):
         await second
     assert stream.confirm_offset == 0
-    assert client.engine._live.live_bytes == 0
+    assert client.engine._trim_tracker.live_bytes == 0
     await client.close()
 
 

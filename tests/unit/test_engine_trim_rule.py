@@ -35,7 +35,7 @@ async def test_the_wal_is_never_trimmed_past_an_append_in_flight() -> None:
     await client.engine.force_upload(None)
     await asyncio.sleep(0)
     assert wal.records == {}  # everything committed: trimmed past the last record
-    assert client.engine._live.live_bytes == 0
+    assert client.engine._trim_tracker.live_bytes == 0
     await client.close()
 
 
@@ -73,7 +73,7 @@ async def test_appends_completing_out_of_order_are_trimmed_once_committed() -> N
     await client.engine.force_upload(None)
     await asyncio.sleep(0)
     assert wal.records == {}
-    assert client.engine._live.live_bytes == 0
+    assert client.engine._trim_tracker.live_bytes == 0
     await client.close()
 
 
@@ -90,7 +90,7 @@ async def test_a_failed_append_and_its_fenced_durable_successor_pin_no_wal_recor
         await first
     with pytest.raises(FencedError):
         await second
-    assert client.engine._live.live_bytes == 0
+    assert client.engine._trim_tracker.live_bytes == 0
     wal.hold = False
     await other.append(RecordBatch(b"c"))
     await client.engine.force_upload(None)

@@ -24,15 +24,8 @@ from s3stream.objectformat import (
     encode_block,
     encode_tail,
 )
-from s3stream.objectformat.codec import (
-    FOOTER_SIZE,
-    Footer,
-    NeedBytes,
-    decode_footer,
-    decode_tail,
-    encode_footer,
-    tail_guess_bytes,
-)
+from s3stream.objectformat.codec import FOOTER_SIZE, Footer, NeedBytes, tail_guess_bytes
+from s3stream.objectformat.tail import decode_footer, decode_tail, encode_footer
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import Upload
 from s3stream.storage.memory import MemoryObjectStorage

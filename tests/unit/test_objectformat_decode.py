@@ -11,7 +11,8 @@ import pytest
 
 from s3stream.errors import CorruptionError
 from s3stream.objectformat import DataBlock, decode
-from s3stream.objectformat.codec import DATA_BLOCK_HEADER_SIZE, IndexEntry, decode_block_gapless, encode_block
+from s3stream.objectformat.block import decode_block_gapless, encode_block
+from s3stream.objectformat.codec import DATA_BLOCK_HEADER_SIZE, IndexEntry
 from s3stream.objectformat.decode import PAYLOAD_ROWS_MAX, decode_data_block
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 

@@ -6,7 +6,7 @@ import pytest
 
 from s3stream.errors import CorruptionError, InvalidArgumentError
 from s3stream.objectformat import DataBlock, IndexEntry, ObjectReader, encode_block
-from s3stream.objectformat.codec import decode_block_gapless
+from s3stream.objectformat.block import decode_block_gapless
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.unit.test_objectformat import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from s3stream.engine.reader import ReadaheadSettings
+from s3stream.engine.readstate import ReadaheadSettings
 from s3stream.objectformat import ObjectReaderCache, object_key
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.unit.test_objectformat import OBJECT, OBJECT_SIZE

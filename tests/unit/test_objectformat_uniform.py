@@ -8,14 +8,9 @@ import itertools
 import pytest
 
 from s3stream.errors import CorruptionError
-from s3stream.objectformat import codec
-from s3stream.objectformat.codec import (
-    DATA_BLOCK_HEADER_SIZE,
-    UNIFORM_ROWS_MAX,
-    IndexEntry,
-    decode_block_gapless,
-    encode_block,
-)
+from s3stream.objectformat import block
+from s3stream.objectformat.block import UNIFORM_ROWS_MAX, decode_block_gapless, encode_block
+from s3stream.objectformat.codec import DATA_BLOCK_HEADER_SIZE, IndexEntry
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch, build_records
 
 STREAM = 7
@@ -48,7 +43,7 @@ def _outcome(data: bytes, entry: IndexEntry) -> object:
 
 def _loop_outcome(data: bytes, entry: IndexEntry, monkeypatch: pytest.MonkeyPatch) -> object:
     with monkeypatch.context() as m:
-        m.setattr(codec, "_decode_uniform", lambda *_: None)
+        m.setattr(block, "_decode_uniform", lambda *_: None)
         return _outcome(data, entry)
 
 
@@ -57,7 +52,7 @@ def _loop_outcome(data: bytes, entry: IndexEntry, monkeypatch: pytest.MonkeyPatc
 def test_a_uniform_block_is_decoded_column_wise_to_the_records(size: int, count: int) -> None:
     records = _records([size] * count, counts=[1 + i % 4 for i in range(count)])
     entry, data = _block(records)
-    fast = codec._decode_uniform(data, DATA_BLOCK_HEADER_SIZE, len(data), entry)
+    fast = block._decode_uniform(data, DATA_BLOCK_HEADER_SIZE, len(data), entry)
     assert fast == tuple(records)
     assert decode_block_gapless(data, 0, entry, source="x") == (tuple(records), True)
 
@@ -75,7 +70,7 @@ def test_a_uniform_block_is_decoded_column_wise_to_the_records(size: int, count:
 )
 def test_other_blocks_are_left_to_the_record_loop(records: list[StreamRecordBatch]) -> None:
     entry, data = _block(records)
-    assert codec._decode_uniform(data, DATA_BLOCK_HEADER_SIZE, len(data), entry) is None
+    assert block._decode_uniform(data, DATA_BLOCK_HEADER_SIZE, len(data), entry) is None
     gapless = all(a.base_offset + a.count == b.base_offset for a, b in itertools.pairwise(records))
     assert decode_block_gapless(data, 0, entry, source="x") == (tuple(records), gapless)
 

@@ -8,8 +8,8 @@ from array import array
 from dataclasses import dataclass, field
 
 from s3stream.objectformat import ObjectWriter
-from s3stream.objectformat.codec import (
-    INDEX_ENTRY_SIZE,
+from s3stream.objectformat.codec import INDEX_ENTRY_SIZE
+from s3stream.objectformat.tail import (
     decode_index,
     encode_index_rows,
     encode_tail_index,

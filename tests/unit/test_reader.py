@@ -9,14 +9,9 @@ from typing import Any
 import pytest
 
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.reader import (
-    MERGED_GET_MAX_BYTES,
-    ObjectStreamReader,
-    ReadaheadSettings,
-    _merged_runs,
-    _within,
-)
-from s3stream.engine.readstate import BlockRef
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.readplan import MERGED_GET_MAX_BYTES, first_within, merged_runs
+from s3stream.engine.readstate import BlockRef, ReadaheadSettings
 from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError, OffsetOutOfRangeError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import CommitStreamObjectRequest
@@ -291,9 +286,9 @@ async def test_readahead_grows_with_misses_and_stops_without_free_space(env: Env
 async def test_readahead_blocks_are_readable_as_soon_as_their_own_get_completes(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import s3stream.engine.reader as reader_module
+    import s3stream.engine.readplan as readplan_module
 
-    monkeypatch.setattr(reader_module, "MERGED_GET_MAX_BYTES", 600)  # about two blocks per GET
+    monkeypatch.setattr(readplan_module, "MERGED_GET_MAX_BYTES", 600)  # about two blocks per GET
     s = await env.stream()
     data = make_batches(s, 0, 120, size=100)  # 60 blocks of two batches
     await env.write_object(data)
@@ -439,12 +434,12 @@ def test_a_load_is_cut_to_whole_blocks_within_its_size_and_merged_gets_stay_in_o
         )
 
     refs = [ref(1, i, 100) for i in range(5)]
-    assert _within(250, refs) == refs[:2]  # never a third block that would spill over
-    assert _within(50, refs) == refs[:1]  # at least one block
-    assert _within(10_000, refs) == refs
+    assert first_within(250, refs) == refs[:2]  # never a third block that would spill over
+    assert first_within(50, refs) == refs[:1]  # at least one block
+    assert first_within(10_000, refs) == refs
     big = MERGED_GET_MAX_BYTES // 3
     mixed = [ref(1, 0, big), ref(1, 1, big), ref(1, 2, big), ref(1, 3, big), ref(2, 4, 10)]
-    assert _merged_runs(mixed) == [[0, 1, 2], [3], [4]]  # <= MERGED_GET_MAX_BYTES, one object each
+    assert merged_runs(mixed) == [[0, 1, 2], [3], [4]]  # <= MERGED_GET_MAX_BYTES, one object each
 
 
 async def test_a_read_that_starts_a_readahead_load_lets_it_plan_before_returning(env: Env) -> None:

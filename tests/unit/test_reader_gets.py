@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.reader import (
-    LOAD_TAIL_DIVISOR,
-    MERGED_GET_MAX_BYTES,
-    ObjectStreamReader,
-    ReadaheadSettings,
-)
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.readplan import LOAD_TAIL_DIVISOR, MERGED_GET_MAX_BYTES
+from s3stream.engine.readstate import ReadaheadSettings
 from s3stream.ids import NodeId
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.objectformat import DataBlock, ObjectReaderCache

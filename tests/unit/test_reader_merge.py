@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from s3stream.engine.reader import merge_fetch
+from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.errors import CorruptionError, InvalidArgumentError
 from s3stream.model import FetchedBatch
 from s3stream.record import StreamRecordBatch

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from s3stream._loop import run
 from s3stream.engine.blockcache import BlockCache
-from s3stream.engine.reader import ObjectStreamReader, ReadaheadSettings, merge_fetch
+from s3stream.engine.fetchmerge import merge_fetch
+from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.readstate import ReadaheadSettings
 from s3stream.ids import NodeId
 from s3stream.metadata.base import CommitStreamObjectRequest, CommitStreamSetObjectRequest, StreamOffsetRange
 from s3stream.metadata.memory import MemoryMetadataStore

@@ -3,7 +3,7 @@ rest of that object along, so that loads stay aligned with objects (one GET each
 
 from __future__ import annotations
 
-from s3stream.engine.reader import LOAD_TAIL_DIVISOR, MERGED_GET_MAX_BYTES, _merged_runs, _plan_load
+from s3stream.engine.readplan import LOAD_TAIL_DIVISOR, MERGED_GET_MAX_BYTES, merged_runs, plan_load
 from s3stream.engine.readstate import BlockRef
 from s3stream.ids import ObjectId
 from s3stream.objectformat import IndexEntry
@@ -25,18 +25,18 @@ def _object(object_id: int, first_offset: int, count: int) -> list[BlockRef]:
 
 def test_a_load_stops_where_its_object_ends() -> None:
     first, second = _object(1, 0, 3), _object(2, 3, 10)
-    assert _plan_load(10 * SIZE, first + second, room_bytes=1 << 30) == first  # not into the next object
+    assert plan_load(10 * SIZE, first + second, room_bytes=1 << 30) == first  # not into the next object
 
 
 def test_a_load_takes_a_short_rest_of_its_object_along() -> None:
     blocks = _object(1, 0, 10) + _object(2, 10, 10)
     # 8 blocks fit; the 2 left of the object are at most a quarter of the load: one GET for all 10
-    assert _plan_load(8 * SIZE, blocks, room_bytes=1 << 30) == blocks[:10]
+    assert plan_load(8 * SIZE, blocks, room_bytes=1 << 30) == blocks[:10]
     # 7 fit; the 3 left are more than a quarter: they start the next load
-    assert _plan_load(7 * SIZE, blocks, room_bytes=1 << 30) == blocks[:7]
+    assert plan_load(7 * SIZE, blocks, room_bytes=1 << 30) == blocks[:7]
     # no room in the cache for the rest: the load keeps to its size
-    assert _plan_load(8 * SIZE, blocks, room_bytes=9 * SIZE) == blocks[:8]
-    assert _plan_load(8 * SIZE, [], room_bytes=1 << 30) == []
+    assert plan_load(8 * SIZE, blocks, room_bytes=9 * SIZE) == blocks[:8]
+    assert plan_load(8 * SIZE, [], room_bytes=1 << 30) == []
 
 
 def test_a_load_and_the_rest_it_takes_along_are_one_get() -> None:
@@ -45,6 +45,6 @@ def test_a_load_and_the_rest_it_takes_along_are_one_get() -> None:
         BlockRef(ObjectId(1), "k1", 1 << 30, IndexEntry(1, i, i + 1, 1, i * (1 << 20), 1 << 20))
         for i in range(load_bytes * 5 // 4 >> 20)
     ]
-    plan = _plan_load(load_bytes, blocks, room_bytes=1 << 40)
+    plan = plan_load(load_bytes, blocks, room_bytes=1 << 40)
     assert plan == blocks
-    assert _merged_runs(plan) == [list(range(len(plan)))]
+    assert merged_runs(plan) == [list(range(len(plan)))]

@@ -26,6 +26,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO, TypeVar
@@ -74,7 +75,10 @@ class ReadOnlyMetadata(TransactionalStore):
         super().__init__(wall_clock_ms)
         self._conn = conn
         self._path = path
-        self._lock = asyncio.Lock()
+        # Every use of the connection, its close included, runs on this one thread, in call order: a
+        # query whose caller was cancelled still runs to its end before the close (a connection
+        # closed under a running query crashes the process).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3stream-readonly-sqlite")
 
     @classmethod
     async def open(cls, path: str) -> ReadOnlyMetadata:
@@ -114,15 +118,16 @@ class ReadOnlyMetadata(TransactionalStore):
             finally:
                 self._conn.execute("ROLLBACK")
 
-        async with self._lock:
-            try:
-                return await asyncio.to_thread(run)
-            except sqlite3.Error as exc:
-                raise _sqlite_error(exc, self._path) from exc
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc, self._path) from exc
 
     async def close(self) -> None:
-        async with self._lock:
-            await asyncio.to_thread(self._conn.close)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._conn.close)
+        finally:
+            self._thread.shutdown(wait=False)
 
 
 def _sqlite_error(exc: sqlite3.Error, path: str) -> S3StreamError:

@@ -9,18 +9,10 @@ import pytest
 
 from s3stream._loop import run
 from s3stream.cli import main
+from tests.support.configs import SMALL_TOML
 from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
-
-CONFIG = """
-"s3.wal.capacity" = "16MiB"
-"s3.wal.record.size.max" = "1MiB"
-"s3.record.size.max" = "512KiB"
-"s3.wal.cache.size" = "8MiB"
-"s3.wal.upload.threshold" = "1MiB"
-"s3.block.cache.size" = "4MiB"
-"""
 
 
 async def _keys(server: S3TestServer, prefix: str) -> list[str]:
@@ -37,7 +29,7 @@ def test_demo_and_fetch_with_objects_on_s3(
     s3_server: S3TestServer, s3_prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "s3stream.toml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL_TOML)
     args = [
         "--data-dir",
         str(tmp_path / "data"),

@@ -6,6 +6,7 @@ values a test depends on stand in the test.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from s3stream.config import Config
@@ -26,3 +27,21 @@ SMALL = Config(
 def small_config(**changes: Any) -> Config:
     """:data:`SMALL` with ``changes`` (``Config`` field names), validated again."""
     return SMALL.replace(**changes)
+
+
+SMALL_TOML = """
+"s3.wal.capacity" = "16MiB"
+"s3.wal.record.size.max" = "1MiB"
+"s3.record.size.max" = "512KiB"
+"s3.wal.cache.size" = "8MiB"
+"s3.wal.upload.threshold" = "1MiB"
+"s3.block.cache.size" = "4MiB"
+"""
+"""The small configuration as a TOML file for the CLI (``--config``): a 16 MiB WAL, uploads at 1 MiB."""
+
+
+def cli_data_dir_args(tmp_path: Path, toml: str = SMALL_TOML) -> list[str]:
+    """``--data-dir <tmp>/data --config <tmp>/s3stream.toml`` with ``toml`` written to the file."""
+    config = tmp_path / "s3stream.toml"
+    config.write_text(toml)
+    return ["--data-dir", str(tmp_path / "data"), "--config", str(config)]

@@ -16,22 +16,12 @@ from s3stream.cli.fetch import preview
 from s3stream.cli.produce import generated_payload
 from s3stream.engine.client import Stream
 from s3stream.errors import UnavailableError
-
-CONFIG = """
-"s3.wal.capacity" = "16MiB"
-"s3.wal.record.size.max" = "1MiB"
-"s3.record.size.max" = "512KiB"
-"s3.wal.cache.size" = "8MiB"
-"s3.wal.upload.threshold" = "1MiB"
-"s3.block.cache.size" = "4MiB"
-"""
+from tests.support.configs import cli_data_dir_args
 
 
 @pytest.fixture
 def engine_args(tmp_path: Path) -> list[str]:
-    config = tmp_path / "s3stream.toml"
-    config.write_text(CONFIG)
-    return ["--data-dir", str(tmp_path / "data"), "--config", str(config)]
+    return cli_data_dir_args(tmp_path)
 
 
 def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict[str, object]]:

@@ -16,22 +16,14 @@ from typing import TextIO
 
 import pytest
 
+from tests.support.configs import cli_data_dir_args
+
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = """
-"s3.wal.capacity" = "16MiB"
-"s3.wal.record.size.max" = "1MiB"
-"s3.record.size.max" = "512KiB"
-"s3.wal.cache.size" = "8MiB"
-"s3.wal.upload.threshold" = "1MiB"
-"s3.block.cache.size" = "4MiB"
-"""
 
 
 @pytest.fixture
 def engine_args(tmp_path: Path) -> list[str]:
-    config = tmp_path / "s3stream.toml"
-    config.write_text(CONFIG)
-    return ["--data-dir", str(tmp_path / "data"), "--config", str(config)]
+    return cli_data_dir_args(tmp_path)
 
 
 def _read_line(out: TextIO) -> str:

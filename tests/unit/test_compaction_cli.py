@@ -8,16 +8,9 @@ from pathlib import Path
 import pytest
 
 from s3stream.cli import main
+from tests.support.configs import SMALL_TOML
 
-CONFIG = """
-"s3.wal.capacity" = "16MiB"
-"s3.wal.record.size.max" = "1MiB"
-"s3.record.size.max" = "512KiB"
-"s3.wal.cache.size" = "8MiB"
-"s3.wal.upload.threshold" = "1MiB"
-"s3.block.cache.size" = "4MiB"
-"s3.object.delete.retention.minutes" = 0
-"""
+CONFIG = SMALL_TOML + '"s3.object.delete.retention.minutes" = 0\n'
 
 
 def run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> object:

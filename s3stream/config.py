@@ -42,6 +42,8 @@ class Key:
     doc: str = ""
     choices: tuple[str, ...] = ()
     """For a string key: the values it takes (none: any string its own check allows)."""
+    aliases: tuple[str, ...] = ()
+    """Older names still accepted in a TOML file and the environment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class Config:
     # -- identity ------------------------------------------------------------------------------
     namespace: str = "s3stream"
     node_id: int = 0
+    node_lease_ms: int = 10_000
+    metadata_url: str = ""
     # -- compaction (used by compaction/) ------------------------------------------------------
     stream_set_object_compaction_interval_minutes: int = 5
     stream_set_object_compaction_cache_size_bytes: int = 200 * MiB
@@ -141,9 +145,10 @@ class Config:
                 values[key.field] = _parse(key, raw)
         environ = os.environ if env is None else env
         for key in KEYS:
-            env_name = env_var(key.name)
-            if env_name in environ:
-                values[key.field] = _parse(key, environ[env_name])
+            for name in (*key.aliases, key.name):  # the current name wins over an alias
+                env_name = env_var(name)
+                if env_name in environ:
+                    values[key.field] = _parse(key, environ[env_name])
         for field_name, raw in overrides.items():
             key = KEYS_BY_FIELD.get(field_name) or KEYS_BY_NAME.get(field_name)
             if key is None:
@@ -213,7 +218,11 @@ KEYS: tuple[Key, ...] = (
     Key("s3.object.delete.retention.minutes", "object_delete_retention_minutes", int, 0, 100_000,
         "delay before a marked object is deleted; AutoMQ doc 10"),
     Key("s3.namespace", "namespace", str, None, None, "object key namespace"),
-    Key("node.id", "node_id", int, 0, (1 << 31) - 1, "this node's id"),
+    Key("s3.node.id", "node_id", int, 0, (1 << 31) - 1, "this node's id", aliases=("node.id",)),
+    Key("s3.node.lease.ms", "node_lease_ms", int, 100, 3_600_000,
+        "how long a node stays alive in the metadata without a heartbeat; heartbeats every third of it"),
+    Key("s3.metadata.url", "metadata_url", str, None, None,
+        "sqlite:///path or postgresql://user:pass@host:port/db; empty: sqlite:///<data_dir>/metadata.db"),
     Key("s3.stream.set.object.compaction.interval.minutes", "stream_set_object_compaction_interval_minutes",
         int, 1, 100_000, "AutoMQ 5"),
     Key("s3.stream.set.object.compaction.cache.size", "stream_set_object_compaction_cache_size_bytes", int,
@@ -231,7 +240,7 @@ KEYS: tuple[Key, ...] = (
     Key("s3.network.baseline.bandwidth", "network_baseline_bandwidth_bytes", int, 1 * MiB, 1 << 50,
         "AutoMQ 1.7.3 1 GiB/s"),
 )  # fmt: skip
-KEYS_BY_NAME = {key.name: key for key in KEYS}
+KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}
 assert set(KEYS_BY_FIELD) == {f.name for f in dataclasses.fields(Config)}, "every field has exactly one key"
 
@@ -293,6 +302,10 @@ def _check(key: Key, value: Any) -> None:
             raise InvalidArgumentError(f"{key.name} must be one of {', '.join(key.choices)}, got {value!r}")
         if key.name == "s3.namespace" and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
             raise InvalidArgumentError(f"{key.name} must be 1-64 characters of [A-Za-z0-9._-], got {value!r}")
+        if key.name == "s3.metadata.url" and value:
+            from s3stream.metadata.url import parse_metadata_url
+
+            parse_metadata_url(value)
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{key.name} must be an integer, got {value!r}")

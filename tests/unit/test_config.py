@@ -39,7 +39,7 @@ def test_defaults_are_valid_and_every_field_has_an_automq_key() -> None:
     [
         ("object_part_size_bytes", 4 * MiB, "s3.object.part.size"),
         ("wal_capacity_bytes", 1024, "s3.wal.capacity"),
-        ("node_id", -1, "node.id"),
+        ("node_id", -1, "s3.node.id"),
         ("wal_upload_interval_ms", 0, "s3.wal.upload.interval.ms"),
         ("namespace", "bad/ns", "s3.namespace"),
         ("wal_thread_count", True, "s3.wal.thread"),

@@ -15,6 +15,7 @@ import pytest
 from s3stream.errors import (
     ConflictError,
     CorruptionError,
+    FencedError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
@@ -22,7 +23,7 @@ from s3stream.errors import (
 from s3stream.ids import NodeId, StreamId
 from s3stream.metadata import sqlite as sqlite_module
 from s3stream.metadata import sqlite_schema
-from s3stream.metadata.base import ObjectState, StreamState
+from s3stream.metadata.base import NodeInfo, ObjectState, StreamState
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from tests.support.metadata_contract import (
@@ -99,7 +100,7 @@ async def test_an_old_version_database_is_migrated(tmp_path: Path) -> None:
     conn.close()
     store = await SqliteMetadataStore.open(path)
     try:
-        assert await store.schema_version() == 2
+        assert await store.schema_version() == sqlite_schema.LATEST_VERSION
         stream = await store.describe_stream(StreamId(0))
         assert (stream.state, stream.end_offset, dict(stream.tags)) == (
             StreamState.OPENED,
@@ -108,6 +109,31 @@ async def test_an_old_version_database_is_migrated(tmp_path: Path) -> None:
         )
         assert await store.kv_put("k", b"v") == b"v"  # the table version 2 added
         assert [s.stream_id for s in await store.register_node(node_id=NodeId(1), node_epoch=7)] == [0]
+    finally:
+        await store.close()
+
+
+async def test_a_version_2_node_with_a_wall_clock_epoch_migrates_unleased_and_reopens_above_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v2.db"
+    wall_clock_epoch = 1_700_000_000_000
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert sqlite_schema.migrate(conn, target_version=2) == 0
+    conn.execute("INSERT INTO nodes VALUES (1, ?)", (wall_clock_epoch,))
+    conn.close()
+    clock = FakeClock()
+    store = await SqliteMetadataStore.open(path, clock_ms=clock)
+    try:
+        assert await store.list_nodes() == [NodeInfo(NodeId(1), wall_clock_epoch, -1, -1, -1)]
+        store.bind_node(NodeId(1), wall_clock_epoch)  # unleased: valid while its epoch is current
+        clock.advance(10**9)
+        await store.kv_put("k", b"v")
+        info = await store.open_node(node_id=NodeId(1), lease_ms=1000)
+        assert info.node_epoch == wall_clock_epoch + 1
+        with pytest.raises(FencedError):
+            await store.kv_put("k", b"w")
+        assert await store.kv_get("k") == b"v"
     finally:
         await store.close()
 

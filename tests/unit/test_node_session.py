@@ -1,0 +1,240 @@
+"""The node session in the client: heartbeat renewals and fencing, the maintenance election, the orphan rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compaction.gc import orphan_keys
+from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
+from s3stream import RecordBatch
+from s3stream.assembly import open_client, open_session
+from s3stream.config import Config
+from s3stream.engine.heartbeat import Heartbeat
+from s3stream.errors import ErrorCode, FencedError
+from s3stream.ids import NodeId, ObjectId
+from s3stream.metadata.memory import MemoryMetadataStore
+from s3stream.storage.memory import MemoryObjectStorage
+
+LEASE_MS = 1000
+N1, N2 = NodeId(1), NodeId(2)
+
+
+class Clocks:
+    """The store's wall clock (ms) and the node's monotonic clock (s), moved together by tests."""
+
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def wall_ms(self) -> int:
+        return self.ms
+
+    def mono_s(self) -> float:
+        return self.ms / 1000
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+async def heartbeat_of(store: MemoryMetadataStore, clocks: Clocks, node_id: NodeId = N1) -> Heartbeat:
+    opened_at_s = clocks.mono_s()
+    info = await store.open_node(node_id=node_id, lease_ms=LEASE_MS)
+    return Heartbeat(
+        store,
+        node_id=node_id,
+        node_epoch=info.node_epoch,
+        lease_ms=LEASE_MS,
+        opened_at_s=opened_at_s,
+        clock=clocks.mono_s,
+    )
+
+
+async def test_a_renewal_moves_the_lease_deadline_to_its_send_time_plus_the_lease(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    heartbeat = await heartbeat_of(store, clocks)
+    assert heartbeat.lease_deadline_s == clocks.mono_s() + LEASE_MS / 1000
+    clocks.advance(600)
+    await heartbeat.renew_once()
+    assert heartbeat.lease_deadline_s == clocks.mono_s() + LEASE_MS / 1000
+    clocks.advance(900)  # past the first lease, within the renewed one
+    assert heartbeat.holds_lease()
+    assert heartbeat.fenced is None
+
+
+async def test_a_newer_open_of_the_node_fences_the_session_at_its_next_renewal(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    heartbeat = await heartbeat_of(store, clocks)
+    told: list[FencedError] = []
+    heartbeat.add_listener(told.append)
+    newer = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+    assert newer.node_epoch == heartbeat.node_epoch + 1
+    with pytest.raises(FencedError):
+        await heartbeat.renew_once()
+    assert len(told) == 1
+    assert told[0].code == ErrorCode.NODE_FENCED
+    with pytest.raises(FencedError):
+        await heartbeat.renew_once()  # stays fenced; listeners are told once
+    assert len(told) == 1
+    late: list[FencedError] = []
+    heartbeat.add_listener(late.append)  # a listener added after the fence is told at once
+    assert late == told
+
+
+async def test_a_lease_not_renewed_before_its_end_fences_the_node_without_asking_the_store(
+    clocks: Clocks,
+) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    heartbeat = await heartbeat_of(store, clocks)
+    told: list[FencedError] = []
+    heartbeat.add_listener(told.append)
+    clocks.advance(LEASE_MS - 1)
+    assert heartbeat.holds_lease()
+    clocks.advance(1)
+    assert not heartbeat.holds_lease()
+    assert len(told) == 1
+    with pytest.raises(FencedError):
+        await heartbeat.renew_once()  # an expired lease is never revived
+    # The store agrees: the session expired there too.
+    with pytest.raises(FencedError):
+        await store.heartbeat(node_id=N1, node_epoch=heartbeat.node_epoch, lease_ms=LEASE_MS)
+
+
+async def test_close_ends_a_healthy_session_and_leaves_a_fenced_one_alone(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    heartbeat = await heartbeat_of(store, clocks)
+    await heartbeat.close()
+    with pytest.raises(FencedError):  # the session ended at close
+        await store.heartbeat(node_id=N1, node_epoch=heartbeat.node_epoch, lease_ms=LEASE_MS)
+    fenced = await heartbeat_of(store, clocks)
+    newest = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+    fenced.fence(FencedError("bumped", code=ErrorCode.NODE_FENCED))
+    await fenced.close()
+    (info,) = await store.list_nodes()
+    assert info.node_epoch == newest.node_epoch
+    assert info.lease_expires_at_ms == clocks.wall_ms() + LEASE_MS  # the newest session is untouched
+
+
+class CountingJob:
+    def __init__(self) -> None:
+        self.starts = 0
+        self.closes = 0
+
+    def start(self) -> None:
+        self.starts += 1
+
+    async def close(self) -> None:
+        self.closes += 1
+
+
+async def election_of(
+    store: MemoryMetadataStore, clocks: Clocks, node_id: NodeId
+) -> tuple[MaintenanceElection, CountingJob]:
+    info = await store.open_node(node_id=node_id, lease_ms=LEASE_MS)
+    job = CountingJob()
+    election = MaintenanceElection(
+        store, node_id=node_id, node_epoch=info.node_epoch, lease_ms=LEASE_MS, jobs=[job], clock=clocks.mono_s
+    )
+    return election, job
+
+
+async def test_only_the_lease_holder_runs_the_jobs_and_another_node_takes_over_when_it_ends(
+    clocks: Clocks,
+) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    a, a_job = await election_of(store, clocks, N1)
+    b, b_job = await election_of(store, clocks, N2)
+    assert await a.elect_once()
+    assert not await b.elect_once()
+    assert (a_job.starts, b_job.starts) == (1, 0)
+    clocks.advance(400)
+    assert await a.elect_once()  # a renewal: the jobs keep running
+    assert a_job.starts == 1
+    await store.close_node(node_id=N1, node_epoch=a.node_epoch)  # A's session ends: its lease with it
+    assert await b.elect_once()
+    assert b_job.starts == 1
+    assert not await a.elect_once()
+    assert a_job.closes == 1
+    lease = await store.get_lease(MAINTENANCE_LEASE)
+    assert lease is not None
+    assert lease.node_id == N2
+
+
+async def test_the_holder_stops_its_jobs_when_it_cannot_renew_before_the_lease_ends(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    a, a_job = await election_of(store, clocks, N1)
+    assert await a.elect_once()
+    await store.close()  # the store is unreachable from now on
+    clocks.advance(LEASE_MS // 2)
+    assert await a.elect_once()  # a failed renewal within the lease: keeps running
+    assert a_job.closes == 0
+    clocks.advance(LEASE_MS // 2)
+    assert not await a.elect_once()
+    assert a_job.closes == 1
+
+
+async def test_a_fenced_node_stops_its_jobs_and_never_runs_them_again(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    a, a_job = await election_of(store, clocks, N1)
+    assert await a.elect_once()
+    await store.open_node(node_id=N1, lease_ms=LEASE_MS)  # a newer session of node 1
+    assert not await a.elect_once()
+    assert a_job.closes == 1
+    assert not await a.elect_once()
+    assert a_job.starts == 1
+
+
+def test_the_orphan_rule_keeps_known_ids_and_ids_at_or_above_the_next_object_id() -> None:
+    candidates = [(1, "k1"), (2, "k2"), (5, "k5"), (9, "k9")]
+    known = {ObjectId(2)}
+    assert orphan_keys(candidates, known, next_object_id=9) == ["k1", "k5"]
+    assert orphan_keys(candidates, known, next_object_id=3) == ["k1"]
+    assert orphan_keys(candidates, {ObjectId(i) for i in range(10)}, next_object_id=10) == []
+
+
+async def test_a_session_whose_lease_expired_in_the_store_cannot_commit_an_upload(
+    tmp_path: Path, clocks: Clocks
+) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    storage = MemoryObjectStorage()
+    config = Config(
+        wal_capacity_bytes=4 << 20,
+        wal_record_max_bytes=1 << 20,
+        record_max_bytes=1 << 20,
+        node_lease_ms=60_000,
+    )
+    client = await open_client(tmp_path, config=config, metadata=store, storage=storage)
+    try:
+        stream = await client.streams.create_and_open_stream()
+        assert await stream.append(RecordBatch(b"up")) == 0
+        await client.engine.force_upload(None)
+        keys = {info.key async for info in storage.list("")}
+        assert await stream.append(RecordBatch(b"stays in the WAL")) == 1
+        clocks.advance(60_000)  # the store sees the lease end; the node's own clock has not moved
+        assert not client.engine.fenced
+        with pytest.raises(FencedError) as refused:
+            await client.engine.force_upload(None)
+        assert refused.value.code == ErrorCode.NODE_FENCED
+        assert client.engine.fenced
+        with pytest.raises(FencedError):
+            await stream.append(RecordBatch(b"refused"))
+        assert {info.key async for info in storage.list("")} == keys
+    finally:
+        await client.close()
+
+
+async def test_open_session_binds_the_store_to_the_new_epoch(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    first = await open_session(store, node_id=N1, lease_ms=LEASE_MS)
+    second = await open_session(store, node_id=N1, lease_ms=LEASE_MS)
+    try:
+        assert second.node_epoch == first.node_epoch + 1
+        assert store.bound_session == (N1, second.node_epoch)
+    finally:
+        await first.close()
+        await second.close()

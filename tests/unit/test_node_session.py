@@ -238,3 +238,45 @@ async def test_open_session_binds_the_store_to_the_new_epoch(clocks: Clocks) -> 
     finally:
         await first.close()
         await second.close()
+
+
+async def test_the_maintenance_node_compacts_another_nodes_stream_set_objects_for_that_node(
+    tmp_path: Path,
+) -> None:
+    from compaction.compactor import Compactor
+
+    config = Config(
+        wal_capacity_bytes=4 << 20,
+        wal_record_max_bytes=1 << 20,
+        record_max_bytes=1 << 20,
+        metadata_url=f"sqlite://{tmp_path / 'metadata.db'}",
+    )
+    bucket = f"file://{tmp_path / 'objects'}"
+    maintainer = await open_client(tmp_path / "m", bucket_uri=bucket, config=config.replace(node_id=1))
+    writer = await open_client(tmp_path / "w", bucket_uri=bucket, config=config.replace(node_id=2))
+    try:
+        assert maintainer.components["maintenance"].running  # type: ignore[attr-defined]
+        assert not writer.components["maintenance"].running  # type: ignore[attr-defined]
+        streams = [await writer.streams.create_and_open_stream() for _ in range(2)]
+        for round_ in range(3):  # three uploads -> three StreamSet objects of node 2
+            for s in streams:
+                await s.append(RecordBatch(b"%d-%d" % (s.stream_id, round_)))
+            await writer.engine.force_upload(None)
+        metadata = writer.engine.metadata
+        assert len(await metadata.get_stream_set_objects(N2)) == 3
+        compactor = maintainer.components["compactor"]
+        assert isinstance(compactor, Compactor)
+        report = await compactor.run_once()
+        assert report.stream_set_objects_compacted == 3
+        assert len(await metadata.get_stream_set_objects(N2)) == 1  # still node 2's
+        assert await metadata.get_stream_set_objects(N1) == []
+        writer.engine.cache.try_real_free(target_bytes=0)
+        for s in streams:
+            got = await s.fetch(0, 3)
+            assert [b.payload for b in got] == [b"%d-%d" % (s.stream_id, r) for r in range(3)]
+        # The writer is not the maintenance node: its compactor's writes are refused by the store.
+        with pytest.raises(FencedError):
+            await writer.components["compactor"].run_once()  # type: ignore[attr-defined]
+    finally:
+        await writer.close()
+        await maintainer.close()

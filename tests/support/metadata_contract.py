@@ -480,7 +480,7 @@ class MetadataContract:
         await maintenance.close()  # a view closes nothing
         assert await store.kv_get("a") == b"node-bound writes go on"
         with pytest.raises(InvalidArgumentError):
-            maintenance.bind_node(N1, 1)  # type: ignore[attr-defined]
+            maintenance.bind_node(N1, 1)
 
     # -- create / open / close ----------------------------------------------------------------
 

@@ -79,6 +79,11 @@ async def snapshot(store: MetadataStore, keys: Sequence[str] = ("a", "b")) -> tu
     return streams, await store.list_objects(), ssos, stream_objects, kvs
 
 
+async def nodes_and_leases(store: MetadataStore, names: Sequence[str]) -> tuple[Any, ...]:
+    """The node sessions and the valid holders of the named leases, for comparisons."""
+    return await store.list_nodes(), [await store.get_lease(name) for name in names]
+
+
 async def node(store: MetadataStore, *node_ids: NodeId) -> None:
     for node_id in node_ids or (N1,):
         await store.register_node(node_id=node_id, node_epoch=EPOCH)

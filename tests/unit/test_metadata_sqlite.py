@@ -509,3 +509,16 @@ async def test_a_new_epoch_issued_through_another_connection_fences_a_bound_stor
     finally:
         await first.close()
         await second.close()
+
+
+async def test_nodes_of_a_version_2_file_read_without_migrating_are_unleased(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    sqlite_schema.migrate(conn, target_version=2)
+    conn.execute("INSERT INTO nodes VALUES (2, 5), (1, 9)")
+    assert sqlite_schema.SqlView(conn).nodes() == [
+        NodeInfo(NodeId(1), 9, -1, -1, -1),
+        NodeInfo(NodeId(2), 5, -1, -1, -1),
+    ]
+    assert sqlite_schema.schema_version(conn) == 2
+    conn.close()

@@ -19,7 +19,8 @@ StreamSet ranges are kept in metadata (AutoMQ V2+ reads them from the object ind
 ``mark_destroyed`` and ``remove_objects`` are idempotent lifecycle calls of ours (AutoMQ's
 controller does both internally). Implementations: ``sqlite.SqliteMetadataStore`` (durable) and
 ``memory.MemoryMetadataStore``; both run the same controller (``stream_ops``, ``object_ops``,
-``queries``), so they cannot disagree.
+``node_ops``, ``queries``), so they cannot disagree. Node sessions, leases and the fencing of bound
+stores: ``node_ops`` and ``docs/decisions/0024-node-epochs-leases-and-fencing.md``.
 """
 
 from __future__ import annotations

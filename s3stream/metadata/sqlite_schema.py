@@ -277,7 +277,17 @@ class SqlView:
         return None if row is None else _node(row)
 
     def nodes(self) -> list[NodeInfo]:
-        return [_node(row) for row in self._c.execute(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id")]
+        """Also on a file of schema version 1 or 2 opened read-only (no lease columns yet): every
+        node is then an unleased session."""
+        try:
+            rows = self._c.execute(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id").fetchall()
+        except sqlite3.OperationalError:
+            if schema_version(self._c) not in (1, 2):
+                raise
+            rows = self._c.execute(
+                "SELECT node_id, node_epoch, -1, -1, -1 FROM nodes ORDER BY node_id"
+            ).fetchall()
+        return [_node(row) for row in rows]
 
     def lease(self, name: str) -> LeaseInfo | None:
         row = self._c.execute(f"SELECT {_LEASE_COLUMNS} FROM leases WHERE name = ?", (name,)).fetchone()

@@ -53,6 +53,9 @@ class TransactionalStore(abc.ABC):
     @abc.abstractmethod
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T: ...
 
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
     async def _write(self, fn: Callable[[ctl.Txn], T]) -> T:
         """``_transact`` behind this object's guard, if it is bound."""
         guard = self._guard

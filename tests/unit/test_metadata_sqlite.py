@@ -489,3 +489,36 @@ async def test_the_sql_continuity_check_agrees_with_the_memory_twin(tmp_path: Pa
         for store in stores:
             await store.close()
     assert answers[0] == answers[1] == [True, False, True, False, False, False, False, False, False]
+
+
+async def test_a_new_epoch_issued_through_another_connection_fences_a_bound_store(tmp_path: Path) -> None:
+    clock = FakeClock()
+    first = await SqliteMetadataStore.open(tmp_path / "m.db", clock_ms=clock)
+    second = await SqliteMetadataStore.open(tmp_path / "m.db", clock_ms=clock)
+    try:
+        old = await first.open_node(node_id=N1, lease_ms=60_000)
+        first.bind_node(N1, old.node_epoch)
+        await first.kv_put("k", b"old")
+        new = await second.open_node(node_id=N1, lease_ms=60_000)  # the node restarted elsewhere
+        assert new.node_epoch == old.node_epoch + 1
+        with pytest.raises(FencedError):
+            await first.kv_put("k", b"stale")
+        second.bind_node(N1, new.node_epoch)
+        await second.kv_put("k", b"new")
+        assert await first.kv_get("k") == b"new"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_nodes_of_a_version_2_file_read_without_migrating_are_unleased(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    sqlite_schema.migrate(conn, target_version=2)
+    conn.execute("INSERT INTO nodes VALUES (2, 5), (1, 9)")
+    assert sqlite_schema.SqlView(conn).nodes() == [
+        NodeInfo(NodeId(1), 9, -1, -1, -1),
+        NodeInfo(NodeId(2), 5, -1, -1, -1),
+    ]
+    assert sqlite_schema.schema_version(conn) == 2
+    conn.close()

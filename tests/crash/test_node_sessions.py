@@ -22,7 +22,7 @@ import pytest
 
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import ObjectState
-from s3stream.metadata.sqlite import SqliteMetadataStore
+from s3stream.metadata.url import open_metadata_store
 from s3stream.objectformat import object_key, parse_object_key
 from s3stream.storage.local import LocalObjectStorage
 
@@ -102,6 +102,7 @@ class Node:
 
 
 def metadata_url(tmp: Path) -> str:
+    """The metadata every process of a test shares (the tests read it through the same URL)."""
     return f"sqlite://{tmp / 'metadata.db'}"
 
 
@@ -114,7 +115,7 @@ def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
 
 async def _metadata_state(tmp: Path) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
     """(nodes as (id, epoch), objects as (id, state, size)) in the shared metadata."""
-    store = await SqliteMetadataStore.open(str(tmp / "metadata.db"))
+    store = await open_metadata_store(metadata_url(tmp))
     try:
         nodes = [(int(n.node_id), n.node_epoch) for n in await store.list_nodes()]
         objects = [(int(o.object_id), int(o.state), o.size_bytes) for o in await store.list_objects()]
@@ -264,7 +265,7 @@ def test_one_node_of_many_runs_maintenance_and_another_takes_over_after_a_kill(t
 async def _prepare_as_another_node(tmp: Path, node_id: int) -> tuple[int, int]:
     """Node ``node_id`` (a session of its own) prepares two object ids and writes an object under
     the first, as an upload in flight does; the second id is then forgotten by metadata. Returns both."""
-    store = await SqliteMetadataStore.open(str(tmp / "metadata.db"))
+    store = await open_metadata_store(metadata_url(tmp))
     storage = LocalObjectStorage(str(tmp / "objects"))
     try:
         info = await store.open_node(node_id=NodeId(node_id), lease_ms=60_000)

@@ -73,6 +73,8 @@ class MaintenanceElection:
         self._deadline_s = 0.0
         self._fenced = False
         self._task: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None
+        """The stop of the jobs that a fence started (awaited by :meth:`close`)."""
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -89,6 +91,8 @@ class MaintenanceElection:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._stopping is not None:
+            await self._stopping
         held = self.running
         await self._stop_jobs("closing")
         if held and not self._fenced:
@@ -102,8 +106,10 @@ class MaintenanceElection:
     def on_fenced(self, error: FencedError) -> None:
         """The node's session is lost: stop the jobs at once (their writes would be refused anyway)."""
         self._fenced = True
-        if self.running:
-            asyncio.get_running_loop().create_task(self._stop_jobs(f"node fenced: {error}"))
+        if self.running and self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(
+                self._stop_jobs(f"node fenced: {error}"), name="s3stream-maintenance-stop"
+            )
 
     async def elect_once(self) -> bool:
         """Acquire or renew the lease; start or stop the jobs to match. Returns whether this node holds it."""

@@ -280,3 +280,25 @@ async def test_the_maintenance_node_compacts_another_nodes_stream_set_objects_fo
     finally:
         await writer.close()
         await maintainer.close()
+
+
+async def test_the_heartbeats_fence_stops_the_maintenance_jobs_at_once(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    heartbeat = await heartbeat_of(store, clocks)
+    job = CountingJob()
+    election = MaintenanceElection(
+        store,
+        node_id=N1,
+        node_epoch=heartbeat.node_epoch,
+        lease_ms=LEASE_MS,
+        jobs=[job],
+        clock=clocks.mono_s,
+    )
+    heartbeat.add_listener(election.on_fenced)
+    assert await election.elect_once()
+    clocks.advance(LEASE_MS)
+    assert not heartbeat.holds_lease()  # fences: the election is told
+    await election.close()
+    assert (job.starts, job.closes) == (1, 1)
+    assert not election.running
+    assert not await election.elect_once()  # never again in this session

@@ -5,9 +5,14 @@
 ``<data_dir>/metadata.db`` (SQLite). A ``bucket_uri`` (``0@s3://bucket?endpoint=..``, ``file:///path``,
 ``mem://name``) puts objects there instead; the storage a data dir was created with is recorded in its
 metadata and used when no ``bucket_uri`` is given (:mod:`s3stream.binding`). Object storage is checked
-before anything is created, and a first open that fails removes what it created. Components start in
-dependency order and close in reverse; the :class:`~compaction.gc.PreparedObjectReaper` and the
-:class:`~compaction.compactor.Compactor` are background components of the client. ``open_sync`` is
+before anything is created, and a first open that fails removes what it created. ``s3.metadata.url``
+names a shared metadata store instead of the data dir's SQLite file. The client is one node session
+in that store (:func:`open_session`: a database-issued node epoch, a lease renewed by a
+:class:`~s3stream.engine.heartbeat.Heartbeat` that fences the engine when it is lost). Components
+start in dependency order and close in reverse; the :class:`~compaction.gc.PreparedObjectReaper` and
+the :class:`~compaction.compactor.Compactor` are the jobs of the
+:class:`~compaction.maintenance.MaintenanceElection`: they run only while this node holds the
+maintenance lease, writing through the lease-bound store. ``open_sync`` is
 the same behind the blocking facade. It is the top of the package: ``s3stream.open`` /
 ``s3stream.open_sync`` are these functions, and nothing in the engine, the facade, the storage or the
 metadata layers imports this module (``tests/unit/test_engine_layering.py``).

@@ -1,8 +1,10 @@
 """The Compactor: the background component that runs compaction and garbage collection periodically.
 
-One run (:meth:`Compactor.run_once`): StreamSet object compaction of this node's objects (force
-splits first, one commit each, then one merge commit), then stream object compaction of the streams
-this node owns (when its interval has passed, or when asked), then a garbage collection pass (with
+One run (:meth:`Compactor.run_once`): StreamSet object compaction of this node's objects, or with
+``cluster_wide`` (the maintenance node's compactor) of every registered node's objects, each node's
+separately (force splits first, one commit each, then one merge commit), then stream object
+compaction of the streams this node owns, or of every stream with ``cluster_wide`` (when its
+interval has passed, or when asked), then a garbage collection pass (with
 an orphan scan when asked or when the StreamSet interval has passed). It returns a
 :class:`CompactionReport` and logs it. The loop runs the first time one interval after ``start``
 (AutoMQ), then every interval, or after ``RETRY_SOON_S`` if candidates were left over. A failed run
@@ -93,7 +95,7 @@ class CompactionReport:
 
 
 class Compactor:
-    """Background compaction of one node's objects. ``start()`` / ``close()``; ``run_once()`` any time
+    """Background compaction of one node's objects (every node's with ``cluster_wide``). ``start()`` / ``close()``; ``run_once()`` any time
     (runs never overlap)."""
 
     def __init__(

@@ -302,3 +302,22 @@ async def test_the_heartbeats_fence_stops_the_maintenance_jobs_at_once(clocks: C
     assert (job.starts, job.closes) == (1, 1)
     assert not election.running
     assert not await election.elect_once()  # never again in this session
+
+
+async def test_a_data_dir_from_wall_clock_epochs_opens_with_the_next_epoch(tmp_path: Path) -> None:
+    from s3stream.assembly import WAL_FILE, open_block_wal
+    from s3stream.metadata.sqlite import SqliteMetadataStore
+
+    config = Config(wal_capacity_bytes=4 << 20, wal_record_max_bytes=1 << 20, record_max_bytes=1 << 20)
+    legacy_epoch = 1_764_000_000_000  # a start time in ms, as node epochs used to be
+    store = await SqliteMetadataStore.open(str(tmp_path / "metadata.db"))
+    await store.register_node(node_id=NodeId(0), node_epoch=legacy_epoch)
+    await store.close()
+    wal = await open_block_wal(tmp_path / WAL_FILE, config, node_epoch=legacy_epoch)
+    await wal.recover()
+    await wal.close()
+    client = await open_client(tmp_path, config=config)
+    try:
+        assert client.engine.node_epoch == legacy_epoch + 1
+    finally:
+        await client.close()

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
 from s3stream.config import Config
@@ -223,6 +223,16 @@ class Engine:
     def _check_alive(self) -> None:
         self._supervisor.check_alive()
 
+    @contextlib.contextmanager
+    def _fence_on_node_error(self) -> Iterator[None]:
+        """A metadata write refused for the node's session (not for one stream) fences the engine."""
+        try:
+            yield
+        except FencedError as exc:
+            if exc.code in NODE_FENCE_CODES:
+                self.fence(exc)
+            raise
+
     def _on_failure(self, error: S3StreamError) -> None:
         """A background task died (or the engine closed): fence every stream, fail every pending append.
         A node-level fence also stops the uploads in flight."""
@@ -254,7 +264,10 @@ class Engine:
     # -- streams ---------------------------------------------------------------------------------
     async def create_stream(self, tags: Mapping[str, str] | None) -> StreamId:
         self._check_alive()
-        return await self.metadata.create_stream(node_id=self.node_id, node_epoch=self.node_epoch, tags=tags)
+        with self._fence_on_node_error():
+            return await self.metadata.create_stream(
+                node_id=self.node_id, node_epoch=self.node_epoch, tags=tags
+            )
 
     async def open_stream(self, stream_id: StreamId, epoch: int) -> StreamHandle:
         self._check_alive()
@@ -270,9 +283,10 @@ class Engine:
                     "close it again (Stream.close) before reopening"
                 )
             raise ConflictError(f"stream {stream_id} is already open in this client")
-        meta = await self.metadata.open_stream(
-            node_id=self.node_id, node_epoch=self.node_epoch, stream_id=stream_id, epoch=epoch
-        )
+        with self._fence_on_node_error():
+            meta = await self.metadata.open_stream(
+                node_id=self.node_id, node_epoch=self.node_epoch, stream_id=stream_id, epoch=epoch
+            )
         handle = StreamHandle(
             stream_id=stream_id,
             epoch=epoch,
@@ -309,12 +323,13 @@ class Engine:
                         f"({self.config.close_timeout_ms} ms) waiting for its upload ({self._pipeline.failure_hint()}); "
                         "its data is durable in the WAL and still being uploaded; close again to wait more"
                     ) from None
-                await self.metadata.close_stream(
-                    node_id=self.node_id,
-                    node_epoch=self.node_epoch,
-                    stream_id=handle.stream_id,
-                    epoch=handle.epoch,
-                )
+                with self._fence_on_node_error():
+                    await self.metadata.close_stream(
+                        node_id=self.node_id,
+                        node_epoch=self.node_epoch,
+                        stream_id=handle.stream_id,
+                        epoch=handle.epoch,
+                    )
         finally:
             if handle.status is Status.CLOSING and not handle.close_timed_out:
                 handle.status = Status.CLOSED
@@ -335,19 +350,21 @@ class Engine:
         if self.cache.blocks_with_stream(handle.stream_id):
             # Metadata accepts a trim only up to the committed end: commit first.
             await self.force_upload(handle.stream_id)
-        await self.metadata.trim_stream(
-            node_id=self.node_id,
-            node_epoch=self.node_epoch,
-            stream_id=handle.stream_id,
-            epoch=handle.epoch,
-            new_start_offset=new_start_offset,
-        )
+        with self._fence_on_node_error():
+            await self.metadata.trim_stream(
+                node_id=self.node_id,
+                node_epoch=self.node_epoch,
+                stream_id=handle.stream_id,
+                epoch=handle.epoch,
+                new_start_offset=new_start_offset,
+            )
         handle.start_offset = max(handle.start_offset, new_start_offset)
 
     async def destroy_stream(self, handle: StreamHandle) -> None:
         handle.check_writable()
         await self.close_stream(handle)
-        await self.metadata.delete_stream(stream_id=handle.stream_id, epoch=handle.epoch)
+        with self._fence_on_node_error():
+            await self.metadata.delete_stream(stream_id=handle.stream_id, epoch=handle.epoch)
 
     # -- fetch -----------------------------------------------------------------------------------
     async def fetch(

@@ -321,3 +321,26 @@ async def test_a_data_dir_from_wall_clock_epochs_opens_with_the_next_epoch(tmp_p
         assert client.engine.node_epoch == legacy_epoch + 1
     finally:
         await client.close()
+
+
+async def test_a_stream_operation_refused_for_the_session_fences_the_engine(
+    tmp_path: Path, clocks: Clocks
+) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    config = Config(
+        wal_capacity_bytes=4 << 20,
+        wal_record_max_bytes=1 << 20,
+        record_max_bytes=1 << 20,
+        node_lease_ms=60_000,
+    )
+    client = await open_client(tmp_path, config=config, metadata=store, storage=MemoryObjectStorage())
+    try:
+        stream = await client.streams.create_and_open_stream()
+        await store.open_node(node_id=NodeId(0), lease_ms=60_000)  # a newer session of this node
+        with pytest.raises(FencedError):
+            await client.streams.create_stream()
+        assert client.engine.fenced
+        with pytest.raises(FencedError):
+            await stream.append(RecordBatch(b"refused"))
+    finally:
+        await client.close()

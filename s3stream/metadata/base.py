@@ -218,12 +218,12 @@ class MetadataStore(Protocol):
     async def heartbeat(self, *, node_id: NodeId, node_epoch: int, lease_ms: int) -> NodeInfo:
         """Renew the session's lease to ``lease_ms`` from now. A session whose epoch is not the
         current one, or whose lease has expired, -> FencedError(NODE_FENCED): an expired lease is
-        never revived (open the node again). An unknown node -> NotFoundError(NODE_EPOCH_NOT_EXIST)."""
+        never revived (open the node again); an unknown node has no session: the same error."""
         ...
 
     async def close_node(self, *, node_id: NodeId, node_epoch: int) -> None:
         """End the session now (its lease expires, its leases are released); a no-op for a session
-        that is already fenced. An unknown node -> NotFoundError(NODE_EPOCH_NOT_EXIST)."""
+        that is already fenced or of an unknown node."""
         ...
 
     async def list_nodes(self) -> list[NodeInfo]:

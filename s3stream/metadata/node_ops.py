@@ -24,7 +24,6 @@ from s3stream.errors import (
     ErrorCode,
     FencedError,
     InvalidArgumentError,
-    NotFoundError,
 )
 from s3stream.ids import NodeId
 from s3stream.metadata.base import LeaseInfo, NodeInfo
@@ -75,10 +74,10 @@ def session_valid(info: NodeInfo | None, node_epoch: int, now_ms: int) -> bool:
 
 
 def session_check(view: StateView, node_id: NodeId, node_epoch: int, now_ms: int) -> NodeInfo:
-    """The node's row if the session is valid; else NotFoundError (no such node) or FencedError."""
+    """The node's row if the session is valid; else FencedError (an unknown node has no session)."""
     info = view.node(node_id)
     if info is None:
-        raise NotFoundError(f"node {node_id} is not registered", code=ErrorCode.NODE_EPOCH_NOT_EXIST)
+        raise FencedError(f"node {node_id} is not registered: no session", code=ErrorCode.NODE_FENCED)
     if info.node_epoch != node_epoch:
         raise FencedError(
             f"node {node_id} session epoch {node_epoch} is not the current epoch {info.node_epoch}",
@@ -144,12 +143,11 @@ def heartbeat(txn: Txn, *, node_id: NodeId, node_epoch: int, lease_ms: int, now_
 
 
 def close_node(txn: Txn, *, node_id: NodeId, node_epoch: int, now_ms: int) -> None:
-    """End a valid session now and release its leases; a fenced session is left as it is."""
+    """End a valid session now and release its leases; a fenced session (or an unknown node) is
+    left as it is."""
     check_node(node_id, node_epoch)
     info = txn.view.node(node_id)
-    if info is None:
-        raise NotFoundError(f"node {node_id} is not registered", code=ErrorCode.NODE_EPOCH_NOT_EXIST)
-    if not session_valid(info, node_epoch, now_ms):
+    if info is None or not session_valid(info, node_epoch, now_ms):
         return
     txn.write(PutNode(node_id, node_epoch, now_ms, info.heartbeat_at_ms, info.registered_at_ms))
     for lease in txn.view.leases():

@@ -256,7 +256,7 @@ class MetadataContract:
         assert (
             await store.heartbeat(node_id=N1, node_epoch=new.node_epoch, lease_ms=LEASE_MS)
         ).node_epoch == 2
-        with raises(NotFoundError, ErrorCode.NODE_EPOCH_NOT_EXIST):
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # an unknown node has no session
             await store.heartbeat(node_id=N2, node_epoch=1, lease_ms=LEASE_MS)
 
     async def test_heartbeat_renews_and_an_expired_lease_is_never_revived(
@@ -304,8 +304,8 @@ class MetadataContract:
         await store.close_node(node_id=N1, node_epoch=1)  # already fenced: a no-op
         await store.close_node(node_id=N2, node_epoch=7)  # not its session: a no-op
         assert await store.list_nodes() == before
-        with raises(NotFoundError, ErrorCode.NODE_EPOCH_NOT_EXIST):
-            await store.close_node(node_id=N3, node_epoch=1)
+        await store.close_node(node_id=N3, node_epoch=1)  # an unknown node: a no-op
+        assert await store.list_nodes() == before
 
     async def test_list_nodes_by_id(self, store: TransactionalStore) -> None:
         assert await store.list_nodes() == []
@@ -383,7 +383,7 @@ class MetadataContract:
         assert await store.get_lease(LEASE) == taken
 
     async def test_acquire_needs_a_registered_valid_session(self, store: TransactionalStore) -> None:
-        with raises(NotFoundError, ErrorCode.NODE_EPOCH_NOT_EXIST):
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # an unknown node has no session
             await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
         await store.open_node(node_id=N1, lease_ms=LEASE_MS)
         with raises(FencedError, ErrorCode.NODE_FENCED):
@@ -430,6 +430,14 @@ class MetadataContract:
                 await call()
         assert await snapshot(store) == before
         assert (await store.describe_stream(StreamId(0))).end_offset == 20  # reads are never fenced
+
+    async def test_a_store_bound_to_an_unregistered_node_writes_nothing(
+        self, store: TransactionalStore
+    ) -> None:
+        store.bind_node(N2, 1)
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.kv_put("a", b"1")
+        assert await store.kv_get("a") is None
 
     async def test_binding_the_new_session_lets_the_node_write_again(
         self, store: TransactionalStore, clock: FakeClock

@@ -89,6 +89,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX objects_prepared ON objects (expires_at_ms) WHERE state = 1",
         "CREATE INDEX objects_destroyed ON objects (marked_at_ms, object_id) WHERE state = 3",
     ),
+    # version 3: the metadata copy in the bucket (s3stream.metadata.sqlite_copy)
+    (
+        """CREATE TABLE copy_state (
+            id INTEGER PRIMARY KEY CHECK (id = 0), copy_id TEXT NOT NULL, next_seq INTEGER NOT NULL,
+            last_commit_ms INTEGER NOT NULL, snapshot_seq INTEGER NOT NULL)""",
+        "CREATE TABLE pending_copy (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
+    ),
 )
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -99,7 +99,7 @@ async def test_an_old_version_database_is_migrated(tmp_path: Path) -> None:
     conn.close()
     store = await SqliteMetadataStore.open(path)
     try:
-        assert await store.schema_version() == 2
+        assert await store.schema_version() == sqlite_schema.LATEST_VERSION
         stream = await store.describe_stream(StreamId(0))
         assert (stream.state, stream.end_offset, dict(stream.tags)) == (
             StreamState.OPENED,

@@ -102,6 +102,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             name TEXT NOT NULL PRIMARY KEY, node_id INTEGER NOT NULL, node_epoch INTEGER NOT NULL,
             expires_at_ms INTEGER NOT NULL)""",
     ),
+    # version 4: the metadata copy in the bucket (s3stream.metadata.sqlite_copy)
+    (
+        """CREATE TABLE copy_state (
+            id INTEGER PRIMARY KEY CHECK (id = 0), copy_id TEXT NOT NULL, next_seq INTEGER NOT NULL,
+            last_commit_ms INTEGER NOT NULL, snapshot_seq INTEGER NOT NULL)""",
+        "CREATE TABLE pending_copy (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
+    ),
 )
 LATEST_VERSION = len(MIGRATIONS)
 

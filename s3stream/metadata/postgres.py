@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -93,6 +94,8 @@ _BEGIN: dict[str, str] = {
 }
 _CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 _AUTH_SQLSTATES = frozenset({"28000", "28P01"})
+_AUTH_FAILED = re.compile(r'authentication failed|FATAL: +role ".*" does not exist')
+_NO_DATABASE = re.compile(r'FATAL: +database ".*" does not exist')
 _DOMAIN_ERRORS = (S3StreamError, ValueError, TypeError)
 """What a controller function raises to refuse an operation (nothing written)."""
 
@@ -104,9 +107,10 @@ def translate(exc: psycopg.Error, *, where: str, password: str | None) -> S3Stre
     text = str(exc).strip()
     if password:
         text = text.replace(password, "***")
-    if state in _AUTH_SQLSTATES or "authentication failed" in text:
+    # libpq reports a refused connection without a SQLSTATE: its message tells
+    if state in _AUTH_SQLSTATES or _AUTH_FAILED.search(text):
         return InvalidArgumentError(f"the metadata database {where} refused the credentials: {text}")
-    if state == "3D000":
+    if state == "3D000" or _NO_DATABASE.search(text):
         return InvalidArgumentError(f"the metadata database {where} does not exist: {text}")
     if state.startswith("23"):
         return ConflictError(

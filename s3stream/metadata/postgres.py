@@ -163,6 +163,8 @@ class _Pool:
         self._clock = clock
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._slots = asyncio.Semaphore(QUEUED_OPERATIONS_MAX)
+        self.conflict_retries = 0
+        """Runs of operations PostgreSQL aborted for a conflict and that ran again (a statistic)."""
         self._stopped = False
         self._stop_lock = threading.Lock()
         """Makes "not stopped, so queue the job" atomic against ``stop``'s sentinels."""
@@ -271,6 +273,8 @@ class _Pool:
                         f"the metadata database {self._where} aborted the operation for conflicts "
                         f"{attempt} times in {elapsed_ms:.0f} ms: {exc}"
                     ) from exc
+                with self._stop_lock:
+                    self.conflict_retries += 1
                 backoff_ms = min(BACKOFF_MS_MAX, BACKOFF_MS_MIN << min(attempt, 10))
                 time.sleep(random.uniform(0, backoff_ms) / 1000)
             except BaseException:
@@ -321,6 +325,11 @@ class PostgresMetadataStore(TransactionalStore):
     def where(self) -> str:
         """The URL without its password."""
         return self._pool.where
+
+    @property
+    def conflict_retries(self) -> int:
+        """Operations PostgreSQL aborted for a conflict (40001, 40P01) and that ran again, so far."""
+        return self._pool.conflict_retries
 
     async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
         def run(conn: psycopg.Connection[Any]) -> T:

@@ -26,7 +26,8 @@ from s3stream.errors import (
 )
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import postgres_clock, postgres_schema, sqlite_schema
-from s3stream.metadata.base import StreamState
+from s3stream.metadata.base import MetadataStore, StreamState
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.postgres import PostgresMetadataStore
 from tests.support.metadata_contract import (
     EPOCH,
@@ -38,6 +39,7 @@ from tests.support.metadata_contract import (
     node,
     opened,
     snapshot,
+    sso_request,
     upload,
 )
 from tests.support.postgres import with_search_path
@@ -338,3 +340,50 @@ def test_the_server_clock_never_goes_back(pg_url: str) -> None:
             readings.append(clock())
     assert readings == sorted(readings)
     assert not clock.stale()
+
+
+# -- large commits (PostgreSQL's array statements) agree with the in-memory twin -------------------
+
+
+async def _large_commits(store: MetadataStore) -> list[Any]:
+    """Commits of 1,000 streams: the common case, then refusals in the middle of the batch."""
+    outcomes: list[Any] = []
+    await node(store, N1, N2)
+    sids = [await store.create_stream(node_id=N1, node_epoch=EPOCH) for _ in range(1000)]
+    for sid in sids[:-1]:
+        await store.open_stream(node_id=N1, node_epoch=EPOCH, stream_id=sid, epoch=0)
+    await store.open_stream(node_id=N2, node_epoch=EPOCH, stream_id=sids[-1], epoch=0)
+    ends = dict.fromkeys(sids[:-1], 0)
+
+    async def commit(spans: dict[StreamId, tuple[int, int]]) -> None:
+        first = await store.prepare_objects(count=1, ttl_ms=TTL_MS)
+        ranges = [(s, a, b) for s, (a, b) in sorted(spans.items())]
+        try:
+            await store.commit_stream_set_object(sso_request(N1, first, ranges))
+            outcomes.append("accepted")
+        except (ConflictError, FencedError) as exc:
+            outcomes.append(exc.code.name)
+
+    for _ in range(3):
+        await commit({s: (e, e + 7) for s, e in ends.items()})
+        ends = {s: e + 7 for s, e in ends.items()}
+    await commit(
+        {**{s: (e, e + 1) for s, e in ends.items()}, sids[500]: (ends[sids[500]] + 1, ends[sids[500]] + 2)}
+    )
+    await commit({**{s: (e, e + 1) for s, e in ends.items()}, sids[-1]: (0, 1)})
+    await store.close_stream(node_id=N1, node_epoch=EPOCH, stream_id=sids[10], epoch=0)
+    await commit({s: (e, e + 1) for s, e in ends.items()})
+    outcomes.append(await snapshot(store))
+    return outcomes
+
+
+async def test_a_commit_of_a_thousand_streams_matches_the_twin(pg_url: str) -> None:
+    store = await PostgresMetadataStore.open(pg_url, clock_ms=FakeClock())
+    twin = MemoryMetadataStore(clock_ms=FakeClock())
+    try:
+        on_pg, on_twin = await _large_commits(store), await _large_commits(twin)
+    finally:
+        await store.close()
+        await twin.close()
+    assert on_pg[:6] == ["accepted"] * 3 + ["OFFSET_NOT_MATCHED", "STREAM_FENCED", "STREAM_NOT_OPENED"]
+    assert on_pg == on_twin

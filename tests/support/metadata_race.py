@@ -158,6 +158,7 @@ async def run_node(
                 break
             await node.round()
         await node.release()
+        node.log("retries", count=getattr(store, "conflict_retries", 0))
     finally:
         await store.close()
         out.write_text("".join(json.dumps(e) + "\n" for e in node.events))
@@ -242,6 +243,7 @@ async def check_race(
         "commits_refused": len(commits) - len(accepted),
         "takeovers_refused": sum(e["kind"] == "open_refused" for e in events),
         "created": len(created),
+        "conflict_retries": sum(e["count"] for e in events if e["kind"] == "retries"),
     }
 
 

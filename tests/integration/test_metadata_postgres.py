@@ -29,6 +29,7 @@ from s3stream.metadata import postgres_clock, postgres_schema, sqlite_schema
 from s3stream.metadata.base import MetadataStore, StreamState
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.postgres import PostgresMetadataStore
+from s3stream.metadata.url import open_metadata_store
 from tests.support.metadata_contract import (
     EPOCH,
     N1,
@@ -387,3 +388,20 @@ async def test_a_commit_of_a_thousand_streams_matches_the_twin(pg_url: str) -> N
         await twin.close()
     assert on_pg[:6] == ["accepted"] * 3 + ["OFFSET_NOT_MATCHED", "STREAM_FENCED", "STREAM_NOT_OPENED"]
     assert on_pg == on_twin
+
+
+async def test_the_metadata_url_opens_the_postgres_store_on_the_servers_clock(pg_url: str) -> None:
+    store = await open_metadata_store(pg_url)
+    try:
+        assert isinstance(store, PostgresMetadataStore)
+        assert isinstance(store._clock_ms, postgres_clock.ServerClock)
+        assert await store.kv_put("k", b"v") == b"v"
+    finally:
+        await store.close()
+    fake = FakeClock()
+    store = await open_metadata_store(pg_url, clock_ms=fake)
+    try:
+        first = await store.prepare_objects(count=1, ttl_ms=TTL_MS)
+        assert (await store.get_object(ObjectId(first))).prepared_at_ms == fake.now_ms
+    finally:
+        await store.close()

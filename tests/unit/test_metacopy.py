@@ -153,7 +153,8 @@ async def test_restore_rebuilds_every_table_from_snapshot_and_logs(
     got = dump(tmp_path / "b" / "metadata.db")
     # node sessions and leases are not logged (sqlite_copy.SESSION_CHANGES): the restored tables hold
     # them as of the snapshot, taken here before the node registered
-    assert got.pop("nodes") == [] and got.pop("leases") == []
+    assert got.pop("nodes") == []
+    assert got.pop("leases") == []
     assert expected.pop("nodes") != []
     expected.pop("leases")
     assert got == expected

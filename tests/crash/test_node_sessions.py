@@ -1,8 +1,9 @@
 """Node sessions across real processes: DB-issued epochs, fencing by a newer open or a lost lease, one
 maintenance node at a time, and an orphan scan that never deletes another node's objects.
 
-Every node is a ``tests.crash.node_driver`` process on its own data dir; all share one SQLite metadata
-file (``s3.metadata.url``) and one bucket (``file://``).
+Every node is a ``tests.crash.node_driver`` process on its own data dir; all share one metadata store
+(``s3.metadata.url``: a SQLite file, or a fresh schema of the PostgreSQL test server) and one bucket
+(``file://``). Each test runs on both.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,10 @@ class Node:
     """A node process; :meth:`cmd` sends one command and returns its answer (``MAINT`` lines aside)."""
 
     def __init__(
-        self, tmp: Path, name: str, node_id: int, *, watch: bool = False, clock_offset_s: float = 0.0
+        self, cluster: Cluster, name: str, node_id: int, *, watch: bool = False, clock_offset_s: float = 0.0
     ) -> None:
-        args = [sys.executable, "-m", "tests.crash.node_driver", str(tmp / name), metadata_url(tmp),
+        tmp = cluster.tmp
+        args = [sys.executable, "-m", "tests.crash.node_driver", str(tmp / name), cluster.metadata_url,
                 f"file://{tmp / 'objects'}", str(node_id), str(LEASE_MS)]  # fmt: skip
         if watch:
             args.append("--watch")
@@ -74,9 +77,12 @@ class Node:
             raise AssertionError("no reply from node: " + self._stderr()) from None
 
     def _stderr(self) -> str:
-        if self.proc.poll() is None or self.proc.stderr is None:
+        """The end of its stderr once it has exited (waits a little for an exit under way)."""
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             return ""
-        return self.proc.stderr.read()[-3000:]
+        return "" if self.proc.stderr is None else self.proc.stderr.read()[-3000:]
 
     def cmd(self, line: str) -> str:
         assert self.proc.stdin is not None
@@ -101,9 +107,20 @@ class Node:
         self.proc.send_signal(sig)
 
 
-def metadata_url(tmp: Path) -> str:
-    """The metadata every process of a test shares (the tests read it through the same URL)."""
-    return f"sqlite://{tmp / 'metadata.db'}"
+@dataclass(frozen=True)
+class Cluster:
+    """What the nodes of a test share: a directory (their data dirs, the bucket) and the metadata URL."""
+
+    tmp: Path
+    metadata_url: str
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Cluster:
+    """One SQLite file, or a fresh schema of the PostgreSQL test server (fails when it is not set)."""
+    if request.param == "sqlite":
+        return Cluster(tmp_path, f"sqlite://{tmp_path / 'metadata.db'}")
+    return Cluster(tmp_path, request.getfixturevalue("pg_url"))
 
 
 def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
@@ -113,9 +130,9 @@ def wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-async def _metadata_state(tmp: Path) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+async def _metadata_state(cluster: Cluster) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
     """(nodes as (id, epoch), objects as (id, state, size)) in the shared metadata."""
-    store = await open_metadata_store(metadata_url(tmp))
+    store = await open_metadata_store(cluster.metadata_url)
     try:
         nodes = [(int(n.node_id), n.node_epoch) for n in await store.list_nodes()]
         objects = [(int(o.object_id), int(o.state), o.size_bytes) for o in await store.list_objects()]
@@ -124,8 +141,8 @@ async def _metadata_state(tmp: Path) -> tuple[list[tuple[int, int]], list[tuple[
         await store.close()
 
 
-def metadata_state(tmp: Path) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-    return asyncio.run(_metadata_state(tmp))
+def metadata_state(cluster: Cluster) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    return asyncio.run(_metadata_state(cluster))
 
 
 def bucket_keys(tmp: Path) -> set[str]:
@@ -139,15 +156,15 @@ def bucket_keys(tmp: Path) -> set[str]:
     return asyncio.run(keys())
 
 
-def test_a_second_open_of_the_same_node_id_fences_the_first(tmp_path: Path) -> None:
-    first = Node(tmp_path, "a", node_id=1)
+def test_a_second_open_of_the_same_node_id_fences_the_first(cluster: Cluster) -> None:
+    first = Node(cluster, "a", node_id=1)
     stream_id = int(first.cmd("create").split()[1])
     assert first.cmd(f"open {stream_id} 0") == "OK"
     assert first.cmd(f"append {stream_id} before") == "OK 0"
     assert first.cmd("upload") == "OK"
-    second = Node(tmp_path, "b", node_id=1)  # same node id, another data dir and process
+    second = Node(cluster, "b", node_id=1)  # same node id, another data dir and process
     assert second.epoch == first.epoch + 1
-    keys, state = bucket_keys(tmp_path), metadata_state(tmp_path)
+    keys, state = bucket_keys(cluster.tmp), metadata_state(cluster)
     # The first node's next commit is refused by the store; it then refuses everything itself.
     assert first.cmd(f"append {stream_id} late").startswith("OK")  # only its own WAL knows this one
     assert first.cmd("upload").startswith("ERR FencedError")
@@ -157,17 +174,17 @@ def test_a_second_open_of_the_same_node_id_fences_the_first(tmp_path: Path) -> N
     assert first.status()["fenced"] == 1
     time.sleep(2 * LEASE_MS / 1000)  # its heartbeat and maintenance had time to write, had they tried
     assert first.cmd("upload").startswith("ERR FencedError")
-    assert bucket_keys(tmp_path) == keys
-    assert metadata_state(tmp_path) == state
+    assert bucket_keys(cluster.tmp) == keys
+    assert metadata_state(cluster) == state
     first.close()
     second.close()
 
 
 def test_the_heartbeat_fences_a_node_whose_epoch_was_bumped_without_any_write_of_its_own(
-    tmp_path: Path,
+    cluster: Cluster,
 ) -> None:
-    first = Node(tmp_path, "a", node_id=1)
-    second = Node(tmp_path, "b", node_id=1)
+    first = Node(cluster, "a", node_id=1)
+    second = Node(cluster, "b", node_id=1)
     wait_for(
         lambda: first.status()["fenced"] == 1, "the heartbeat to fence the first node", 3 * LEASE_MS / 1000
     )
@@ -177,24 +194,24 @@ def test_the_heartbeat_fences_a_node_whose_epoch_was_bumped_without_any_write_of
     second.close()
 
 
-def test_a_node_paused_past_its_lease_cannot_commit_and_its_data_stays_in_its_wal(tmp_path: Path) -> None:
-    node = Node(tmp_path, "a", node_id=1)
+def test_a_node_paused_past_its_lease_cannot_commit_and_its_data_stays_in_its_wal(cluster: Cluster) -> None:
+    node = Node(cluster, "a", node_id=1)
     stream_id = int(node.cmd("create").split()[1])
     assert node.cmd(f"open {stream_id} 0") == "OK"
     assert node.cmd(f"append {stream_id} committed") == "OK 0"
     assert node.cmd("upload") == "OK"
     assert node.cmd(f"append {stream_id} in-wal") == "OK 1"
-    keys, state = bucket_keys(tmp_path), metadata_state(tmp_path)
+    keys, state = bucket_keys(cluster.tmp), metadata_state(cluster)
     node.signal(signal.SIGSTOP)
     time.sleep(2.5 * LEASE_MS / 1000)
     node.signal(signal.SIGCONT)
     assert node.cmd("upload").startswith("ERR FencedError")
     assert node.cmd(f"append {stream_id} refused").startswith("ERR FencedError")
-    assert bucket_keys(tmp_path) == keys
-    assert metadata_state(tmp_path) == state
+    assert bucket_keys(cluster.tmp) == keys
+    assert metadata_state(cluster) == state
     node.close()
     # The node's next session replays its WAL: the record the fenced session could not upload is there.
-    again = Node(tmp_path, "a", node_id=1)
+    again = Node(cluster, "a", node_id=1)
     assert again.epoch == node.epoch + 1
     assert again.status()["recovered"] == 1
     assert again.cmd(f"open {stream_id} 1") == "OK"
@@ -202,10 +219,10 @@ def test_a_node_paused_past_its_lease_cannot_commit_and_its_data_stays_in_its_wa
     again.close()
 
 
-def test_node_epochs_rise_by_one_per_open_whatever_the_wall_clock_says(tmp_path: Path) -> None:
+def test_node_epochs_rise_by_one_per_open_whatever_the_wall_clock_says(cluster: Cluster) -> None:
     epochs = []
     for offset_s in (0.0, -86_400.0, -86_400.0 * 365, 0.0):  # the clock stepped back a day, a year
-        node = Node(tmp_path, "a", node_id=3, clock_offset_s=offset_s)
+        node = Node(cluster, "a", node_id=3, clock_offset_s=offset_s)
         stream_id = int(node.cmd("create").split()[1])
         assert node.cmd(f"open {stream_id} 0") == "OK"
         assert node.cmd(f"append {stream_id} x") == "OK 0"
@@ -213,7 +230,7 @@ def test_node_epochs_rise_by_one_per_open_whatever_the_wall_clock_says(tmp_path:
         node.close()
     assert epochs == [epochs[0] + i for i in range(4)]
     assert epochs[0] == 1
-    nodes, _ = metadata_state(tmp_path)
+    nodes, _ = metadata_state(cluster)
     assert nodes == [(3, epochs[-1])]
 
 
@@ -231,8 +248,8 @@ def maintenance_spans(node: Node, end_s: float) -> list[tuple[float, float]]:
     return spans
 
 
-def test_one_node_of_many_runs_maintenance_and_another_takes_over_after_a_kill(tmp_path: Path) -> None:
-    nodes = [Node(tmp_path, f"n{i}", node_id=10 + i, watch=True) for i in range(3)]
+def test_one_node_of_many_runs_maintenance_and_another_takes_over_after_a_kill(cluster: Cluster) -> None:
+    nodes = [Node(cluster, f"n{i}", node_id=10 + i, watch=True) for i in range(3)]
     time.sleep(LEASE_MS / 1000)
     holders = [n for n in nodes if n.status()["maint"] == 1]
     assert len(holders) == 1
@@ -262,11 +279,11 @@ def test_one_node_of_many_runs_maintenance_and_another_takes_over_after_a_kill(t
         n.close()
 
 
-async def _prepare_as_another_node(tmp: Path, node_id: int) -> tuple[int, int]:
+async def _prepare_as_another_node(cluster: Cluster, node_id: int) -> tuple[int, int]:
     """Node ``node_id`` (a session of its own) prepares two object ids and writes an object under
     the first, as an upload in flight does; the second id is then forgotten by metadata. Returns both."""
-    store = await open_metadata_store(metadata_url(tmp))
-    storage = LocalObjectStorage(str(tmp / "objects"))
+    store = await open_metadata_store(cluster.metadata_url)
+    storage = LocalObjectStorage(str(cluster.tmp / "objects"))
     try:
         info = await store.open_node(node_id=NodeId(node_id), lease_ms=60_000)
         store.bind_node(NodeId(node_id), info.node_epoch)
@@ -281,18 +298,18 @@ async def _prepare_as_another_node(tmp: Path, node_id: int) -> tuple[int, int]:
         await store.close()
 
 
-def test_the_orphan_scan_never_deletes_an_object_another_node_prepared_or_committed(tmp_path: Path) -> None:
-    maintainer = Node(tmp_path, "m", node_id=1)
+def test_the_orphan_scan_never_deletes_an_object_another_node_prepared_or_committed(cluster: Cluster) -> None:
+    maintainer = Node(cluster, "m", node_id=1)
     assert maintainer.status()["maint"] == 1
-    writer = Node(tmp_path, "w", node_id=2)
+    writer = Node(cluster, "w", node_id=2)
     assert writer.status()["maint"] == 0
     stream_id = int(writer.cmd("create").split()[1])
     assert writer.cmd(f"open {stream_id} 0") == "OK"
-    prepared, _ = asyncio.run(_prepare_as_another_node(tmp_path, node_id=3))
+    prepared, _ = asyncio.run(_prepare_as_another_node(cluster, node_id=3))
     # A key metadata knows nothing of, under an id it issued: the one orphan.
     orphan = object_key(prepared + 1, NAMESPACE)
-    Path(tmp_path / "objects").mkdir(exist_ok=True)
-    asyncio.run(_put(tmp_path, orphan))
+    (cluster.tmp / "objects").mkdir(exist_ok=True)
+    asyncio.run(_put(cluster.tmp, orphan))
     time.sleep(0.05)  # every key strictly older than now (orphan TTL 0)
     # The writer uploads and commits while the maintenance node scans with an orphan TTL of 0.
     for i in range(20):
@@ -300,17 +317,17 @@ def test_the_orphan_scan_never_deletes_an_object_another_node_prepared_or_commit
         assert writer.cmd("upload") == "OK"
         assert maintainer.cmd("scan").startswith("OK ")
     assert writer.cmd("scan").startswith("ERR FencedError")  # not the maintenance node
-    keys = bucket_keys(tmp_path)
+    keys = bucket_keys(cluster.tmp)
     assert orphan not in keys
     assert object_key(prepared, NAMESPACE) in keys
-    _, objects = metadata_state(tmp_path)
+    _, objects = metadata_state(cluster)
     live = {object_key(o, NAMESPACE) for o, state, _ in objects if state == ObjectState.COMMITTED}
     assert live, "the writer committed objects"
     assert live <= keys
     assert {parse_object_key(k)[0] for k in keys} <= {o for o, _, _ in objects}
     writer.close()
     # Everything the writer committed reads back from objects in a new session.
-    reader = Node(tmp_path, "w", node_id=2)
+    reader = Node(cluster, "w", node_id=2)
     assert reader.cmd(f"open {stream_id} 1") == "OK"
     assert reader.cmd(f"read {stream_id}") == "OK " + ",".join(f"r{i}" for i in range(20))
     reader.close()

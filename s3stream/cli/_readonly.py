@@ -235,7 +235,7 @@ class ReadOnlyView:
     """Metadata, objects and WAL of a data dir, read without writing. Use :meth:`open`, then ``close()``."""
 
     def __init__(
-        self, data_dir: Path, config: Config, metadata: ReadOnlyMetadata, storage: ObjectStorage | None
+        self, data_dir: Path, config: Config, metadata: MetadataStore, storage: ObjectStorage | None
     ) -> None:
         self.data_dir = data_dir
         self.config = config
@@ -254,11 +254,17 @@ class ReadOnlyView:
             )
 
     @classmethod
-    async def open(cls, data_dir: str, *, bucket_uri: str | None, config: Config) -> ReadOnlyView:
+    async def open(
+        cls, data_dir: str, *, bucket_uri: str | None, config: Config, metadata: MetadataStore | None = None
+    ) -> ReadOnlyView:
+        """The view of ``data_dir``. ``metadata``: a store the caller opened read-only, used instead of
+        the data dir's ``metadata.db`` (the data dir may then be missing); the view owns it from this
+        call on, and closes it when the open fails."""
         root = Path(data_dir)
-        if not await asyncio.to_thread(root.is_dir):
-            raise NotFoundError(f"no data dir at {data_dir} (--data-dir, or $S3STREAM_DATA_DIR)")
-        metadata = await ReadOnlyMetadata.open(str(root / METADATA_FILE))
+        if metadata is None:
+            if not await asyncio.to_thread(root.is_dir):
+                raise NotFoundError(f"no data dir at {data_dir} (--data-dir, or $S3STREAM_DATA_DIR)")
+            metadata = await ReadOnlyMetadata.open(str(root / METADATA_FILE))
         try:
             recorded = await recorded_storage_of(metadata)
             bucket_uri = storage_to_open(recorded, bucket_uri, namespace=config.namespace)

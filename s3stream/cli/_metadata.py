@@ -8,8 +8,8 @@ pass it to every command.
 
 The read commands (``streams``, ``objects``, ``fetch``, ``nodes``) never write the store they read:
 
-* SQLite (the data dir's file, or a ``sqlite:`` URL): the read-only SQLite access of
-  :mod:`s3stream.cli._readonly` (nothing written, no file created);
+* SQLite (the data dir's file, or a ``sqlite:`` URL): the one read-only SQLite access
+  (:mod:`s3stream.metadata.sqlite_readonly`: nothing written, no file created);
 * PostgreSQL: a session whose every transaction is read-only (libpq
   ``options=-c default_transaction_read_only=on`` added to the URL): the server refuses any write.
 
@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import cast
 
 from s3stream.binding import LOCAL_OBJECTS_DIR, recorded_storage_of, storage_to_open
-from s3stream.cli._readonly import ReadOnlyMetadata, ReadOnlyView
+from s3stream.cli._readonly import ReadOnlyView
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.config import Config
 from s3stream.errors import NotFoundError
 from s3stream.metadata.base import MetadataStore
+from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import MetadataURL, open_metadata_store, parse_metadata_url
 
@@ -97,7 +98,7 @@ def read_only_url(url: MetadataURL) -> str:
 async def open_metadata_read_only(url: MetadataURL) -> MetadataStore:
     """The store ``url`` names, opened so that nothing can be written through it."""
     if url.is_sqlite:
-        return await ReadOnlyMetadata.open(url.sqlite_path)
+        return await ReadOnlySqliteStore.open(url.sqlite_path)
     store = await open_metadata_store(read_only_url(url))
     return cast(MetadataStore, store)  # a concrete store: TransactionalStore plus close()
 

@@ -108,8 +108,14 @@ class Compactor:
         observer: CompactionObserver | None = None,
         prepared_ttl_ms: int | None = None,
         orphan_ttl_ms: int | None = None,
+        cluster_wide: bool = False,
     ) -> None:
+        """``cluster_wide``: compact every registered node's StreamSet objects (each node's separately,
+        committed for that node at its current epoch, so the new objects stay that node's) and every
+        stream's stream objects, as the one elected maintenance node does; otherwise only this node's
+        StreamSet objects and the stream objects of the streams it owns."""
         self.config = config
+        self.cluster_wide = cluster_wide
         self.metadata = metadata
         self.storage = storage
         self.node_id = node_id
@@ -119,6 +125,7 @@ class Compactor:
         ttl_ms = prepared_ttl_ms if prepared_ttl_ms is not None else config.object_prepared_ttl_ms
         observer = observer or CompactionObserver()
         target = WriteTarget(metadata, storage, config.namespace, node_id, node_epoch, ttl_ms, observer)
+        self.target = target
         self.stream_set = StreamSetCompactionExecutor(
             target, writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes
         )
@@ -203,8 +210,27 @@ class Compactor:
         return report
 
     async def _stream_set_pass(self) -> CompactionReport:
+        if not self.cluster_wide:
+            return await self._node_stream_set_pass(self.node_id, self.stream_set)
+        report = CompactionReport()
+        for node in await self.metadata.list_nodes():
+            if node.node_id == self.node_id:
+                executor = self.stream_set
+            else:
+                target = dataclasses.replace(self.target, node_id=node.node_id, node_epoch=node.node_epoch)
+                executor = StreamSetCompactionExecutor(
+                    target, writer_buffer_max_bytes=self.limits.writer_buffer_max_bytes
+                )
+            one = await self._node_stream_set_pass(node.node_id, executor)
+            report = _add_stream_set_reports(report, one)
+        return report
+
+    async def _node_stream_set_pass(
+        self, node_id: NodeId, executor: StreamSetCompactionExecutor
+    ) -> CompactionReport:
+        """StreamSet compaction of one node's objects (their order ids are that node's upload order)."""
         t0 = time.perf_counter()
-        ssos = await self.metadata.get_stream_set_objects(self.node_id)
+        ssos = await self.metadata.get_stream_set_objects(node_id)
         sources: dict[ObjectId, SourceObject] = {}
         problems: list[str] = []
         for sso in ssos:
@@ -229,7 +255,7 @@ class Compactor:
         commit_plans = [*plan.force_splits, *([plan.compaction] if plan.compaction else [])]
         for commit_plan in commit_plans:
             try:
-                outcome = await self.stream_set.execute(commit_plan, sources, start_offsets)
+                outcome = await executor.execute(commit_plan, sources, start_offsets)
             except S3StreamError as exc:  # AutoMQ: logged; the next run plans again from scratch
                 problems.append(
                     f"{commit_plan.kind.value} of {list(commit_plan.compacted_object_ids)} failed: {exc}"
@@ -261,7 +287,7 @@ class Compactor:
     async def _stream_object_pass(self) -> StreamObjectOutcome:
         total = StreamObjectOutcome()
         for stream in await self.metadata.list_streams():
-            if stream.ranges and stream.ranges[-1].node_id != self.node_id:
+            if not self.cluster_wide and stream.ranges and stream.ranges[-1].node_id != self.node_id:
                 continue  # another node owns it: its compactor does this
             objects = await self.metadata.get_stream_objects(
                 stream_id=StreamId(stream.stream_id),
@@ -283,3 +309,21 @@ class Compactor:
                 except S3StreamError as exc:  # AutoMQ: logged, the stream is skipped this run
                     log.warning("stream object compaction of stream %s failed: %s", stream.stream_id, exc)
         return total
+
+
+def _add_stream_set_reports(a: CompactionReport, b: CompactionReport) -> CompactionReport:
+    """The StreamSet pass reports of two nodes as one."""
+    return dataclasses.replace(
+        a,
+        stream_set_objects_compacted=a.stream_set_objects_compacted + b.stream_set_objects_compacted,
+        stream_set_objects_written=a.stream_set_objects_written + b.stream_set_objects_written,
+        stream_objects_written=a.stream_objects_written + b.stream_objects_written,
+        force_split_count=a.force_split_count + b.force_split_count,
+        commit_count=a.commit_count + b.commit_count,
+        skipped_object_count=a.skipped_object_count + b.skipped_object_count,
+        bytes_read=a.bytes_read + b.bytes_read,
+        bytes_written=a.bytes_written + b.bytes_written,
+        stream_set_duration_ms=a.stream_set_duration_ms + b.stream_set_duration_ms,
+        problems=a.problems + b.problems,
+        more_pending=a.more_pending or b.more_pending,
+    )

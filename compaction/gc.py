@@ -4,8 +4,9 @@ One pass: expire PREPARED objects past their TTL (they become MARK_DESTROYED); d
 the MARK_DESTROYED objects marked at least ``retention_ms`` ago (so reads in flight finish), in
 DeleteObjects batches of at most 1000 keys, then forget them in metadata; optionally scan the bucket
 for orphans: keys of this namespace whose object id metadata does not know (a crash between a delete
-and its metadata removal, or an object written under an id that was removed) and that were last
-modified more than ``orphan_ttl_ms`` ago. Keys that are not object keys of the namespace are left
+and its metadata removal, or an object written under an id that was removed), below the next object
+id, and last modified more than ``orphan_ttl_ms`` ago (the rule, safe with other nodes uploading at
+the same time, is written at :meth:`GarbageCollector._delete_orphans`). Keys that are not object keys of the namespace are left
 alone. The orphan scan also reclaims what a writer killed mid-upload left invisible to listings,
 older than ``orphan_ttl_ms`` too: the local store's temporary files, an S3 bucket's (prefix's)
 incomplete multipart uploads. Such an upload's object id was prepared with a TTL (at most the orphan
@@ -125,7 +126,24 @@ class GarbageCollector:
         return 0
 
     async def _delete_orphans(self, now_ms: int) -> tuple[int, int]:
-        # list the bucket first: an object prepared after the metadata snapshot is then newer than the TTL
+        """Delete the orphans of the namespace; returns (deleted, keys scanned).
+
+        The orphan rule (it must hold with other nodes preparing, uploading and committing at the same
+        time): list the bucket FIRST, then read metadata; a listed key is an orphan only if
+
+        1. its object id has no metadata row at all (read after the listing), and
+        2. the id is below the next object id (the object id counter, read after the listing), and
+        3. it was last modified more than ``orphan_ttl_ms`` ago.
+
+        An object another node uploads was prepared (its row written) before its first byte was, so
+        if the listing saw it, the metadata read after the listing has its row: it is kept (1) until
+        metadata itself forgets the id (GC after it deleted the bytes, or an expired prepare).
+        An id at or above the counter was never issued by this metadata (another cluster, or a
+        metadata store restored from an older copy writing into the same bucket): kept (2). The
+        counter is bounded from below by the largest object id metadata knows + 1 (ids are issued in
+        increasing order, rows are removed only after their bytes are deleted), which is what the
+        store lets a reader see: a key above every known id is kept until a newer object is known.
+        """
         candidates: list[tuple[int, str]] = []
         scanned = 0
         cutoff_s = (now_ms - self.orphan_ttl_ms) / 1000
@@ -139,11 +157,19 @@ class GarbageCollector:
                 candidates.append((object_id, info.key))
         if not candidates:
             return 0, scanned
-        known = {o.object_id for o in await self.metadata.list_objects()}
-        orphans = [key for object_id, key in candidates if object_id not in known]
+        known = {o.object_id for o in await self.metadata.list_objects()}  # after the listing
+        next_object_id_min = max(known, default=-1) + 1
+        orphans = orphan_keys(candidates, known, next_object_id_min)
         for i in range(0, len(orphans), MAX_DELETE_BATCH):
             await self.storage.delete(orphans[i : i + MAX_DELETE_BATCH])
         return len(orphans), scanned
+
+
+def orphan_keys(candidates: list[tuple[int, str]], known: set[ObjectId], next_object_id: int) -> list[str]:
+    """The orphan rule on listed ``(object id, key)`` pairs already older than the orphan TTL: no
+    metadata row and an id below the (lower bound of the) next object id (see
+    :meth:`GarbageCollector._delete_orphans`)."""
+    return [key for object_id, key in candidates if object_id not in known and object_id < next_object_id]
 
 
 class PreparedObjectReaper:

@@ -18,23 +18,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
+from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
-from s3stream.clock import node_epoch_now
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
 from s3stream.engine.core import Engine, UploadObserver
+from s3stream.engine.heartbeat import Heartbeat
 from s3stream.engine.reader import ObjectStreamReader
 from s3stream.engine.walport import WriteAheadLog
 from s3stream.errors import InvalidArgumentError
 from s3stream.facade import SyncClient
 from s3stream.ids import NodeId
 from s3stream.metadata.base import MetadataStore
+from s3stream.metadata.store import TransactionalStore
+from s3stream.metadata.url import open_metadata_store
 from s3stream.objectformat import ObjectReaderCache
 from s3stream.storage.base import ObjectStorage
 from s3stream.walblock import BlockWalAdapter, open_block_wal_file
@@ -99,10 +104,14 @@ async def open_client(
     wal: WriteAheadLog | None = None,
     metadata: MetadataStore | None = None,
     storage: ObjectStorage | None = None,
-    node_epoch: int | None = None,
 ) -> Client:
     """Build and start every component; on failure close what was already started and remove what
-    this open created."""
+    this open created.
+
+    The metadata store is ``metadata`` if given, else the one ``s3.metadata.url`` names, else the
+    data dir's SQLite file. The node's session comes from the store (``open_node``: the database
+    issues the node epoch, which fences any older session of ``s3.node.id``), after the WAL is
+    open, so a second process on a data dir in use is refused before it can fence the first."""
     if not isinstance(data_dir, str | os.PathLike):
         raise InvalidArgumentError(f"data_dir must be a str or path, got {type(data_dir).__name__}")
     if not os.fspath(data_dir):
@@ -113,10 +122,16 @@ async def open_client(
         )
     config = config or Config.from_sources()
     root = Path(data_dir)
+    node_id = NodeId(config.node_id)
     closers: list[Callable[[], Awaitable[None]]] = []
     created = _Created()
     try:
         storage_reachable, record_storage = True, storage is None
+        opened_by_url = metadata is None and bool(config.metadata_url)
+        if metadata is None and config.metadata_url:
+            # every store open_metadata_store returns is a complete MetadataStore (close included)
+            metadata = cast(MetadataStore, await open_metadata_store(config.metadata_url))
+            closers.append(metadata.close)
         if storage is None:
             if metadata is None:
                 recorded = await asyncio.to_thread(_recorded_storage, root)
@@ -132,14 +147,6 @@ async def open_client(
             storage_reachable = await binding.check_access(storage)  # before the WAL is created
         else:
             closers.append(storage.close)
-        epoch = node_epoch if node_epoch is not None else node_epoch_now()
-        if wal is None:
-            wal_path = root / WAL_FILE
-            wal_existed = await asyncio.to_thread(wal_path.exists)
-            wal = await open_block_wal(wal_path, config, node_epoch=epoch)
-            if not wal_existed:
-                created.files.append(wal_path)
-        closers.append(wal.close)
         if metadata is None:
             from s3stream.metadata.sqlite import SqliteMetadataStore
 
@@ -147,7 +154,22 @@ async def open_client(
             if not await asyncio.to_thread(metadata_path.exists):
                 created.files[:0] = [Path(f"{metadata_path}{end}") for end in ("", "-wal", "-shm")]
             metadata = await SqliteMetadataStore.open(str(metadata_path))
-        closers.append(metadata.close)
+            closers.append(metadata.close)
+        elif not opened_by_url:
+            closers.append(metadata.close)
+        if wal is None:
+            wal_path = root / WAL_FILE
+            wal_existed = await asyncio.to_thread(wal_path.exists)
+            # The WAL takes the data dir's lock before the session is opened. Its header's node epoch
+            # only has to be at most the session's: the next epoch as stored now is.
+            wal_epoch = await _next_node_epoch(metadata, node_id)
+            wal = await open_block_wal(wal_path, config, node_epoch=wal_epoch)
+            if not wal_existed:
+                created.files.append(wal_path)
+        closers.append(wal.close)
+        heartbeat = await open_session(metadata, node_id=node_id, lease_ms=config.node_lease_ms)
+        closers.append(heartbeat.close)
+        epoch = heartbeat.node_epoch
         await binding.bind_storage(
             metadata,
             storage,
@@ -162,25 +184,35 @@ async def open_client(
             wal=wal,
             metadata=metadata,
             storage=storage,
-            node_id=NodeId(config.node_id),
+            node_id=node_id,
             node_epoch=epoch,
             reader=reader,
             upload_observer=upload_observer,
         )
+        heartbeat.add_listener(engine.fence)
         await engine.start()
+        maintenance_store = _lease_bound(metadata, MAINTENANCE_LEASE)
         collector = GarbageCollector(
-            metadata,
+            maintenance_store,
             storage,
             namespace=config.namespace,
             retention_ms=config.object_delete_retention_minutes * 60_000,
             orphan_ttl_ms=0,  # the reaper scans no orphans (the compactor's collector does)
         )
         reaper = PreparedObjectReaper(collector)
-        reaper.start()
-        closers.append(reaper.close)
-        compactor = Compactor(config, metadata, storage, node_id=NodeId(config.node_id), node_epoch=epoch)
-        compactor.start()
-        closers.append(compactor.close)
+        compactor = Compactor(
+            config, maintenance_store, storage, node_id=node_id, node_epoch=epoch, cluster_wide=True
+        )
+        maintenance = MaintenanceElection(
+            metadata,
+            node_id=node_id,
+            node_epoch=epoch,
+            lease_ms=config.node_lease_ms,
+            jobs=[reaper, compactor],
+        )
+        heartbeat.add_listener(maintenance.on_fenced)
+        await maintenance.start()
+        closers.append(maintenance.close)
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):
@@ -188,8 +220,40 @@ async def open_client(
         await asyncio.to_thread(created.remove)
         raise
     client = Client(engine, metadata, closers=list(reversed(closers)))
-    client.components.update(reaper=reaper, compactor=compactor, reader=reader)
+    client.components.update(
+        reaper=reaper, compactor=compactor, reader=reader, heartbeat=heartbeat, maintenance=maintenance
+    )
     return client
+
+
+async def open_session(metadata: MetadataStore, *, node_id: NodeId, lease_ms: int) -> Heartbeat:
+    """Open the node's session (a new, database-issued node epoch), fence ``metadata``'s writes to it
+    (``bind_node``, when the store supports it) and start its heartbeat."""
+    opened_at_s = time.monotonic()
+    info = await metadata.open_node(node_id=node_id, lease_ms=lease_ms)
+    if isinstance(metadata, TransactionalStore):
+        metadata.bind_node(node_id, info.node_epoch)
+    heartbeat = Heartbeat(
+        metadata, node_id=node_id, node_epoch=info.node_epoch, lease_ms=lease_ms, opened_at_s=opened_at_s
+    )
+    heartbeat.start()
+    return heartbeat
+
+
+async def _next_node_epoch(metadata: MetadataStore, node_id: NodeId) -> int:
+    """The epoch ``open_node`` would issue now (a later open issues at least this one)."""
+    for info in await metadata.list_nodes():
+        if info.node_id == node_id:
+            return max(info.node_epoch + 1, 1)
+    return 1
+
+
+def _lease_bound(metadata: MetadataStore, lease_name: str) -> MetadataStore:
+    """The view of ``metadata`` whose writes require this node to hold ``lease_name`` (the store itself
+    when it has no such view: the maintenance election alone then keeps the jobs on one node)."""
+    if isinstance(metadata, TransactionalStore) and metadata.bound_session is not None:
+        return cast(MetadataStore, metadata.bind_lease(lease_name))  # a view: its close does nothing
+    return metadata
 
 
 def open_sync(

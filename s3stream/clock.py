@@ -1,7 +1,7 @@
-"""The product's one wall clock: milliseconds since the epoch, and the node epochs taken from it.
+"""The product's one wall clock: milliseconds since the epoch.
 
-Everything that stamps or compares wall-clock times (prepared-object TTLs, deletion retention, node
-epochs) reads :func:`wall_clock_ms` or takes a :data:`Clock` so tests can move time.
+Everything that stamps or compares wall-clock times (prepared-object TTLs, deletion retention, leases
+in the metadata store) reads :func:`wall_clock_ms` or takes a :data:`Clock` so tests can move time.
 """
 
 from __future__ import annotations
@@ -16,8 +16,3 @@ Clock = Callable[[], int]
 def wall_clock_ms() -> int:
     """Milliseconds since the Unix epoch."""
     return time.time_ns() // 1_000_000
-
-
-def node_epoch_now() -> int:
-    """A node epoch: the start time in ms (AutoMQ), so a restart always registers a newer one."""
-    return wall_clock_ms()

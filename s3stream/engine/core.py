@@ -35,6 +35,7 @@ from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
     ClosedError,
     ConflictError,
+    ErrorCode,
     FencedError,
     InvalidArgumentError,
     NotFoundError,
@@ -51,6 +52,11 @@ from s3stream.storage.base import ObjectStorage
 __all__ = ["Engine", "EngineStats", "ObjectStreamReaderLike", "Status", "StreamHandle", "UploadObserver"]
 
 log = logging.getLogger(__name__)
+
+NODE_FENCE_CODES = frozenset(
+    {ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED, ErrorCode.NODE_EPOCH_NOT_EXIST}
+)
+"""Codes of a FencedError that fences the whole node (its session), not one stream."""
 
 TICK_S = 0.05
 """Period of the background ticker (time-triggered uploads, the WAL append watchdog)."""
@@ -199,17 +205,35 @@ class Engine:
             self._ticker.cancel()
         self._supervisor.cancel()
 
+    def fence(self, error: FencedError) -> None:
+        """The node's session is lost (epoch bumped, lease expired): refuse every later append, open,
+        commit and KV change with ``error``, and stop the uploads in flight (they would only be refused).
+
+        The engine writes no object and no metadata afterwards; what the WAL holds stays there for the
+        node's next session to replay."""
+        self._supervisor.fail(error)
+        self._supervisor.cancel_tasks()
+
+    @property
+    def fenced(self) -> bool:
+        """True once the node's session is lost (:meth:`fence`, or a commit refused for the node)."""
+        failed = self._supervisor.failed
+        return isinstance(failed, FencedError) and failed.code in NODE_FENCE_CODES
+
     def _check_alive(self) -> None:
         self._supervisor.check_alive()
 
     def _on_failure(self, error: S3StreamError) -> None:
-        """A background task died (or the engine closed): fence every stream, fail every pending append."""
+        """A background task died (or the engine closed): fence every stream, fail every pending append.
+        A node-level fence also stops the uploads in flight."""
         fence = error if isinstance(error, FencedError | ClosedError) else ClosedError(str(error))
         for handle in self.streams.values():
             handle.fence(fence)
             fail_stream(handle, error, self._trim_tracker)
         self._kv.fail_all(error)
         self._pipeline.wake_all()
+        if isinstance(error, FencedError) and error.code in NODE_FENCE_CODES:
+            self._supervisor.cancel_tasks()
 
     # -- KV ----------------------------------------------------------------------------------------
     async def kv_put(self, key: str, value: bytes, *, overwrite: bool) -> bytes:

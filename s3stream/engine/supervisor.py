@@ -60,6 +60,10 @@ class Supervisor:
     def cancel(self) -> None:
         """Refuse work from now on and cancel every task without waiting (a crash, for tests)."""
         self.closed = True
+        self.cancel_tasks()
+
+    def cancel_tasks(self) -> None:
+        """Cancel every task without waiting (uploads in flight stop writing objects)."""
         for task in list(self.tasks):
             task.cancel()
 

@@ -283,7 +283,13 @@ async def test_gc_waits_for_the_retention_and_removes_old_orphans_only() -> None
     assert report.gc.deleted_count == 0  # within the retention: reads in flight may still need them
     marked = await env.metadata.list_objects([ObjectState.MARK_DESTROYED])
     assert len(marked) == 3
-    await env.storage.put(object_key(999_999, env.config.namespace), b"orphan")
+    # An object written under an id metadata issued and then forgot (a crashed writer's), and one
+    # under an id this metadata never issued (at or above the next object id): only the first is an orphan.
+    forgotten = await env.metadata.prepare_objects(count=2, ttl_ms=3_600_000)
+    await env.metadata.mark_destroyed([forgotten], now_ms=int(time.time() * 1000))
+    await env.metadata.remove_objects([forgotten])
+    await env.storage.put(object_key(forgotten, env.config.namespace), b"orphan")
+    await env.storage.put(object_key(999_999, env.config.namespace), b"never issued: left alone")
     await env.storage.put("not-an-object-key", b"left alone")
     await env.storage.put(object_key(888_888, "other-namespace"), b"left alone")
     now = int(time.time() * 1000)
@@ -298,8 +304,12 @@ async def test_gc_waits_for_the_retention_and_removes_old_orphans_only() -> None
     assert await env.keys() == await env.committed_keys() | {
         "not-an-object-key",
         object_key(888_888, "other-namespace"),
+        object_key(999_999, env.config.namespace),
     }
-    assert await env.metadata.list_objects([ObjectState.MARK_DESTROYED]) == []
+    # the second prepared id expired at `later`: marked, waiting for its retention
+    assert [o.object_id for o in await env.metadata.list_objects([ObjectState.MARK_DESTROYED])] == [
+        forgotten + 1
+    ]
     kinds = {o.kind for o in await env.metadata.list_objects([ObjectState.COMMITTED])}
     assert kinds == {ObjectKind.STREAM_SET}
     await client.close()

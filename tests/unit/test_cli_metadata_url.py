@@ -168,3 +168,26 @@ def test_a_bad_metadata_url_prints_no_traceback_from_a_real_process(tmp_path: Pa
     assert done.stderr.count("\n") == 1
     assert "Traceback" not in done.stderr
     assert SECRET not in done.stderr + done.stdout
+
+
+def test_write_commands_keep_their_metadata_at_the_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = f"sqlite://{tmp_path / 'shared.db'}"
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    args_one = [*cli_data_dir_args(one), "--metadata-url", shared]
+    config_two = two / "s3stream.toml"
+    config_two.write_text(SMALL_TOML + '"s3.node.id" = 2\n')
+    args_two = ["--data-dir", str(two / "data"), "--config", str(config_two), "--metadata-url", shared]
+    assert main(["produce", *args_one, "--count", "3"]) == 0
+    assert main(["produce", *args_two, "--count", "2", "--name", "two"]) == 0
+    assert main(["compact", *args_one]) == 0
+    capsys.readouterr()
+    streams = run_json(["streams", "--data-dir", str(tmp_path / "none"), "--metadata-url", shared], capsys)
+    assert [(s["stream_id"], s["end_offset"], s["owner"]) for s in streams] == [(0, 3, 0), (1, 2, 2)]
+    nodes = run_json(["nodes", "--data-dir", str(tmp_path / "none"), "--metadata-url", shared], capsys)
+    assert [(n["node_id"], n["epoch"]) for n in nodes] == [(0, 2), (2, 1)]  # compact opened node 0 again
+    for data in (one / "data", two / "data"):
+        assert not (data / "metadata.db").exists()  # the metadata is at the URL only

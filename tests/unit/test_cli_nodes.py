@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from compaction.maintenance import MaintenanceElection
+from s3stream import assembly
 from s3stream.cli import main
 from s3stream.cli.nodes import node_rows
 from s3stream.clock import wall_clock_ms
+from s3stream.config import Config
 from s3stream.ids import NodeId, StreamId
 from s3stream.metadata.base import RangeMetadata, StreamMetadata, StreamState
 from s3stream.metadata.sqlite import SqliteMetadataStore
+from tests.support.configs import SMALL_TOML
 
 LEASE_MS = 60_000
 PAST_MS = 10 * 60_000
@@ -140,3 +145,50 @@ def test_an_owner_missing_from_the_nodes_is_listed_unregistered() -> None:
             "registered_at_ms": None,
         }
     ]
+
+
+async def test_compact_refuses_while_another_live_node_holds_the_maintenance_lease(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = f"sqlite://{tmp_path / 'shared.db'}"
+    (tmp_path / "two").mkdir()  # node 2's data dir (compact opens an existing one)
+    config = tmp_path / "s3stream.toml"
+    config.write_text(SMALL_TOML)
+    holder = await assembly.open_client(
+        tmp_path / "one",
+        config=Config.from_sources(config, metadata_url=shared, node_id=1, node_lease_ms=60_000),
+    )
+    try:
+        election = holder.components["maintenance"]
+        assert isinstance(election, MaintenanceElection)
+        assert await election.elect_once()  # node 1 holds the lease (for a minute)
+        argv = [
+            "compact",
+            "--data-dir",
+            str(tmp_path / "two"),
+            "--config",
+            str(config),
+            "--metadata-url",
+            shared,
+        ]
+        env = {"S3STREAM_S3_NODE_ID": "2"}
+        assert await asyncio.to_thread(run_with_env, argv, env) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("s3stream compact: error: node 1 (epoch 1) holds the 'maintenance' lease")
+        assert err.count("\n") == 1
+    finally:
+        await holder.close()  # releases the lease
+    assert await asyncio.to_thread(run_with_env, argv, env) == 0
+
+
+def run_with_env(argv: list[str], env: dict[str, str]) -> int:
+    old = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        return main(argv)
+    finally:
+        for name, value in old.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value

@@ -29,7 +29,7 @@ from urllib.parse import urlencode
 from s3stream.engine.client import RESERVED_KV_PREFIX
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError, UnavailableError
 from s3stream.metadata.base import MetadataStore
-from s3stream.metadata.sqlite import read_kv_value
+from s3stream.metadata.sqlite_readonly import read_kv_value
 from s3stream.objectformat import parse_object_key
 from s3stream.storage.base import ObjectStorage
 from s3stream.storage.uri import BucketURI, parse_bucket_uri

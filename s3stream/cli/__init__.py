@@ -1,8 +1,9 @@
 """The ``s3stream`` command line: a dispatcher over subcommand modules in this package.
 
 Each module ``s3stream/cli/<name>.py`` exposes ``register(subparsers)``, adding its subcommands
-with ``set_defaults(func=...)``; ``func(args) -> int`` is the exit code. Errors of s3stream become
-a one-line message and exit code 2, never a traceback.
+with ``set_defaults(func=...)``; ``func(args) -> int`` is the exit code. Every subcommand takes
+``--metadata-url`` (:mod:`s3stream.cli._metadata`). Errors of s3stream become a one-line message and
+exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
+from s3stream.cli._metadata import add_metadata_url_everywhere, check_metadata_url
 from s3stream.errors import S3StreamError
 
 
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         module.register(subparsers)
+    add_metadata_url_everywhere(parser)
     return parser
 
 
@@ -33,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_metadata_url(args)
         code: int = args.func(args)
     except S3StreamError as exc:
         print(f"s3stream {args.command}: error: {exc}", file=sys.stderr)

@@ -4,9 +4,9 @@ Opening the client would write: it replays and uploads the WAL, bumps the epoch 
 opens, adds ranges, runs compaction and GC, and it takes the WAL's lock, so it fails while another
 process owns the data dir. This view writes nothing and takes no lock:
 
-* metadata: ``metadata.db`` opened read-only by SQLite (``file:...?mode=ro``; also ``immutable=1``
-  when no process has it open, so no ``-wal``/``-shm`` file is created), one consistent read
-  transaction per query; no migration, no journal-mode change;
+* metadata: ``metadata.db`` through the one read-only SQLite access
+  (:mod:`s3stream.metadata.sqlite_readonly`): no file written or created, one consistent read
+  transaction per query;
 * objects: read from the object storage with the engine's object reader (ranged GETs only);
 * WAL: the file opened ``O_RDONLY`` and scanned with the WAL's own recovery scanner; its bodies are
   decoded with the engine's WAL body codec. The records of a stream from its committed end offset on
@@ -23,16 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sqlite3
 import sys
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import TextIO
 
 from s3stream.binding import LOCAL_OBJECTS_DIR, METADATA_FILE, recorded_storage_of, storage_to_open
-from s3stream.clock import wall_clock_ms
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.reader import ObjectStreamReader
@@ -41,14 +37,10 @@ from s3stream.errors import (
     CorruptionError,
     InvalidArgumentError,
     NotFoundError,
-    S3StreamError,
-    UnavailableError,
 )
 from s3stream.ids import StreamId
-from s3stream.metadata import controller as ctl
-from s3stream.metadata import sqlite_schema as schema
 from s3stream.metadata.base import MetadataStore
-from s3stream.metadata.store import TransactionalStore
+from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
 from s3stream.objectformat import ObjectReaderCache
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
@@ -56,84 +48,12 @@ from wal.errors import WalCorruptionError
 from wal.format import WAL_HEADER_SIZE, WalHeader, decode_wal_header
 from wal.recovery import Layout, Scanner
 
-T = TypeVar("T")
-
 READER_CACHE_BYTES = 4 * 1024 * 1024
 """Object index cache of the view's object reader."""
 BLOCK_CACHE_BYTES = 16 * 1024 * 1024
 """Data block cache of the view's object reader."""
 WAL_BLOCK_BYTES_DEFAULT = 4096
 """Where the second WAL header slot is looked for when the first one is not valid."""
-
-
-class ReadOnlyMetadata(TransactionalStore):
-    """The metadata store of a data dir, opened read-only: every query works, every write raises
-    InvalidArgumentError. Queries run one at a time in a worker thread, each in its own read
-    transaction (a consistent snapshot while another process writes)."""
-
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
-        super().__init__(wall_clock_ms)
-        self._conn = conn
-        self._path = path
-        # Every use of the connection, its close included, runs on this one thread, in call order: a
-        # query whose caller was cancelled still runs to its end before the close (a connection
-        # closed under a running query crashes the process).
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3stream-readonly-sqlite")
-
-    @classmethod
-    async def open(cls, path: str) -> ReadOnlyMetadata:
-        if not await asyncio.to_thread(os.path.isfile, path):
-            raise NotFoundError(f"no metadata database at {path}")
-
-        def connect() -> sqlite3.Connection:
-            # No -wal file: no process has the database open (SQLite removes it when the last
-            # connection closes), so it is opened immutable and SQLite creates no -wal/-shm files.
-            # A writer that opens it during this command is not seen: the command shows the state
-            # at its start.
-            closed = not os.path.exists(path + "-wal")
-            uri = Path(path).absolute().as_uri() + ("?mode=ro&immutable=1" if closed else "?mode=ro")
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0)
-            try:
-                if schema.schema_version(conn) is None:
-                    raise InvalidArgumentError(f"{path} is not an s3stream metadata database")
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        try:
-            conn = await asyncio.to_thread(connect)
-        except sqlite3.Error as exc:
-            raise _sqlite_error(exc, path) from exc
-        return cls(conn, path)
-
-    async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
-        raise InvalidArgumentError(f"the metadata store {self._path} is open read-only")
-
-    async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
-        def run() -> T:
-            self._conn.execute("BEGIN")
-            try:
-                return fn(schema.SqlView(self._conn))
-            finally:
-                self._conn.execute("ROLLBACK")
-
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
-        except sqlite3.Error as exc:
-            raise _sqlite_error(exc, self._path) from exc
-
-    async def close(self) -> None:
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._conn.close)
-        finally:
-            self._thread.shutdown(wait=False)
-
-
-def _sqlite_error(exc: sqlite3.Error, path: str) -> S3StreamError:
-    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
-        return CorruptionError(f"the metadata database is damaged or not a database: {exc}", source=path)
-    return UnavailableError(f"cannot read the metadata database {path} read-only: {exc}")
 
 
 class _ReadOnlyFile:
@@ -235,7 +155,7 @@ class ReadOnlyView:
     """Metadata, objects and WAL of a data dir, read without writing. Use :meth:`open`, then ``close()``."""
 
     def __init__(
-        self, data_dir: Path, config: Config, metadata: ReadOnlyMetadata, storage: ObjectStorage | None
+        self, data_dir: Path, config: Config, metadata: MetadataStore, storage: ObjectStorage | None
     ) -> None:
         self.data_dir = data_dir
         self.config = config
@@ -254,11 +174,17 @@ class ReadOnlyView:
             )
 
     @classmethod
-    async def open(cls, data_dir: str, *, bucket_uri: str | None, config: Config) -> ReadOnlyView:
+    async def open(
+        cls, data_dir: str, *, bucket_uri: str | None, config: Config, metadata: MetadataStore | None = None
+    ) -> ReadOnlyView:
+        """The view of ``data_dir``. ``metadata``: a store the caller opened read-only, used instead of
+        the data dir's ``metadata.db`` (the data dir may then be missing); the view owns it from this
+        call on, and closes it when the open fails."""
         root = Path(data_dir)
-        if not await asyncio.to_thread(root.is_dir):
-            raise NotFoundError(f"no data dir at {data_dir} (--data-dir, or $S3STREAM_DATA_DIR)")
-        metadata = await ReadOnlyMetadata.open(str(root / METADATA_FILE))
+        if metadata is None:
+            if not await asyncio.to_thread(root.is_dir):
+                raise NotFoundError(f"no data dir at {data_dir} (--data-dir, or $S3STREAM_DATA_DIR)")
+            metadata = await ReadOnlySqliteStore.open(str(root / METADATA_FILE))
         try:
             recorded = await recorded_storage_of(metadata)
             bucket_uri = storage_to_open(recorded, bucket_uri, namespace=config.namespace)

@@ -11,7 +11,8 @@ import argparse
 from typing import Any
 
 from s3stream._loop import run
-from s3stream.cli._readonly import ReadOnlyView, open_view, print_notes
+from s3stream.cli._metadata import open_read_view
+from s3stream.cli._readonly import ReadOnlyView, print_notes
 from s3stream.cli.streams import add_engine_args, print_rows
 from s3stream.errors import InvalidArgumentError, OffsetOutOfRangeError
 from s3stream.ids import StreamId
@@ -71,7 +72,7 @@ async def fetch_rows(
 async def _fetch(args: argparse.Namespace) -> int:
     if args.start < 0 or (args.end is not None and args.end < args.start) or args.max_bytes < 1:
         raise InvalidArgumentError("need 0 <= --start <= --end and --max-bytes >= 1")
-    view = await open_view(args.data_dir, bucket_uri=args.bucket_uri, config_path=args.config)
+    view = await open_read_view(args, objects_needed=True)
     try:
         rows = await fetch_rows(view, StreamId(args.stream), args.start, args.end, args.max_bytes)
     finally:

@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from s3stream._loop import run
-from s3stream.cli._readonly import open_view
+from s3stream.cli._metadata import open_read_view
 from s3stream.cli.streams import add_engine_args, print_rows
 from s3stream.ids import NodeId, ObjectId
 from s3stream.metadata.base import MetadataStore
@@ -22,11 +22,18 @@ _LIMIT = 100_000
 
 
 async def object_rows(metadata: MetadataStore, *, node_id: NodeId, namespace: str) -> list[dict[str, Any]]:
-    """One row per object the metadata knows, with the stream ranges it holds (``stream:[start,end)``)."""
+    """One row per object the metadata knows, with the stream ranges it holds (``stream:[start,end)``).
+
+    StreamSet objects are listed per node: those of ``node_id``, of every registered node and of every
+    node that owns a stream range (metadata shared by several nodes holds each one's)."""
+    streams = await metadata.list_streams()
+    node_ids = {node_id, *(n.node_id for n in await metadata.list_nodes())}
+    node_ids.update(r.node_id for stream in streams for r in stream.ranges)
     ranges: dict[ObjectId, list[str]] = {}
-    for sso in await metadata.get_stream_set_objects(node_id):
-        ranges[sso.object_id] = [f"{r.stream_id}:[{r.start_offset},{r.end_offset})" for r in sso.ranges]
-    for stream in await metadata.list_streams():
+    for node in sorted(node_ids):
+        for sso in await metadata.get_stream_set_objects(node):
+            ranges[sso.object_id] = [f"{r.stream_id}:[{r.start_offset},{r.end_offset})" for r in sso.ranges]
+    for stream in streams:
         if stream.end_offset <= stream.start_offset:
             continue
         for so in await metadata.get_stream_objects(
@@ -49,7 +56,7 @@ async def object_rows(metadata: MetadataStore, *, node_id: NodeId, namespace: st
 
 
 async def _objects(args: argparse.Namespace) -> int:
-    view = await open_view(args.data_dir, bucket_uri=args.bucket_uri, config_path=args.config)
+    view = await open_read_view(args)
     try:
         rows = await object_rows(
             view.metadata, node_id=NodeId(view.config.node_id), namespace=view.config.namespace

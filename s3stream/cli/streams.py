@@ -5,8 +5,9 @@ changes nothing. ``end_offset`` includes the records still only in the WAL; ``up
 where the stream's objects end.
 
 This module also holds what every engine subcommand (produce, fetch, streams, objects, demo)
-shares: the ``--data-dir / --bucket-uri / --config / --json`` options, opening the client, opening
-a stream for this process, and printing a table or JSON.
+shares: the ``--data-dir / --bucket-uri / --config / --metadata-url / --json`` options, opening the
+client, opening a stream for this process, and printing a table or JSON. ``owner`` is the node whose
+range a stream's records continue in (its last range's node id), ``-`` when it has no range.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, TextIO
 
 from s3stream import assembly
 from s3stream._loop import run
-from s3stream.cli._readonly import open_view, print_notes, readable_end
-from s3stream.config import Config
+from s3stream.cli._metadata import add_metadata_url_arg, command_config, open_read_view
+from s3stream.cli._readonly import print_notes, readable_end
 from s3stream.engine.client import Client, Stream
 from s3stream.errors import NotFoundError
 from s3stream.ids import StreamId
@@ -47,17 +48,19 @@ def add_engine_args(parser: argparse.ArgumentParser, *, tabular: bool = True) ->
     parser.add_argument(
         "--config", default=None, metavar="FILE.toml", help="configuration file (AutoMQ key names)"
     )
+    add_metadata_url_arg(parser)
     if tabular:
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 async def open_client(args: argparse.Namespace, *, create: bool = False) -> Client:
-    """The client of ``--data-dir``; config from ``--config`` and the ``S3STREAM_*`` environment.
+    """The client of ``--data-dir``; config from ``--config``, the ``S3STREAM_*`` environment and
+    ``--metadata-url``.
 
     Only commands that write (``create``: produce, demo) make a new data dir; the others refuse a
     missing one (NotFoundError) rather than create a WAL file at a mistyped path and print nothing.
     """
-    config = Config.from_sources(args.config)
+    config = command_config(args)
     if not create and not await asyncio.to_thread(os.path.isdir, args.data_dir):
         raise NotFoundError(f"no data dir at {args.data_dir} (--data-dir, or ${DATA_DIR_ENV})")
     return await assembly.open_client(args.data_dir, bucket_uri=args.bucket_uri, config=config)
@@ -80,13 +83,16 @@ async def open_existing(client: Client, stream_id: StreamId) -> Stream:
 def print_rows(
     rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, as_json: bool, out: TextIO | None = None
 ) -> None:
-    """Rows as an aligned table (columns in order) or as one JSON array."""
+    """Rows as an aligned table (columns in order; None shown as ``-``) or as one JSON array (None
+    as ``null``)."""
     out = out or sys.stdout
     if as_json:
         json.dump([dict(row) for row in rows], out, indent=None, default=str)
         out.write("\n")
         return
-    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    cells = [
+        ["-" if row.get(c) is None and c in row else str(row.get(c, "")) for c in columns] for row in rows
+    ]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip() + "\n")
     for r in cells:
@@ -108,16 +114,23 @@ def stream_rows(
             "end_offset": ends.get(m.stream_id, m.end_offset),
             "uploaded_end": m.end_offset,
             "ranges": len(m.ranges),
+            "owner": owner_of(m),
             "tags": ",".join(f"{k}={v}" for k, v in sorted(m.tags.items())),
         }
         for m in sorted(streams, key=lambda m: m.stream_id)
     ]
 
 
+def owner_of(meta: StreamMetadata) -> int | None:
+    """The node a stream's last range belongs to (None: the stream has no range)."""
+    return max(meta.ranges, key=lambda r: r.range_index).node_id if meta.ranges else None
+
+
 STREAM_COLUMNS = (
     "stream_id",
     "epoch",
     "state",
+    "owner",
     "start_offset",
     "end_offset",
     "uploaded_end",
@@ -127,7 +140,7 @@ STREAM_COLUMNS = (
 
 
 async def _streams(args: argparse.Namespace) -> int:
-    view = await open_view(args.data_dir, bucket_uri=args.bucket_uri, config_path=args.config)
+    view = await open_read_view(args)
     try:
         streams = await view.metadata.list_streams()
         ends: dict[int, int] = {

@@ -105,7 +105,7 @@ def translate(exc: psycopg.Error, *, where: str, password: str | None) -> S3Stre
     """The s3stream error for a psycopg error (callers raise it ``from exc``); ``where`` is the
     URL without its password, and ``password`` is scrubbed from the server's message."""
     state = exc.sqlstate or ""
-    text = str(exc).strip()
+    text = " ".join(str(exc).split())  # libpq's messages span lines; an error is one line
     if password:
         text = text.replace(password, "***")
     # libpq reports a refused connection without a SQLSTATE: its message tells

@@ -23,7 +23,6 @@ import os
 import queue
 import sqlite3
 import threading
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -391,34 +390,6 @@ class SqliteMetadataStore(TransactionalStore):
         self._closed = True
         self._worker.stop()
         await asyncio.to_thread(self._worker.join)
-
-
-def read_kv_value(path: str | os.PathLike[str], key: str) -> bytes | None:
-    """The KV value of ``key`` in the metadata database at ``path``, read without writing anything;
-    None when the file or the key does not exist. Blocking (call it in a thread from async code).
-
-    No migration, no integrity check, no journal-mode switch. A database that no process has open (no
-    ``-wal`` file) is opened ``immutable`` (SQLite creates no ``-wal``/``-shm`` file); one another
-    process has open is opened ``mode=ro`` beside it.
-    """
-    path_text = os.fspath(path)
-    if not os.path.isfile(path_text):
-        return None
-    mode = "mode=ro" if os.path.exists(path_text + "-wal") else "immutable=1"
-    uri = f"file:{urllib.parse.quote(os.path.abspath(path_text))}?{mode}"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS_DEFAULT / 1000, isolation_level=None)
-        try:
-            tables = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'kv'"
-            ).fetchall()
-            if not tables:
-                return None  # created but never migrated: nothing recorded
-            return schema.SqlView(conn).kv(key)
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        raise translate(exc, path=path_text, busy_timeout_ms=BUSY_TIMEOUT_MS_DEFAULT) from exc
 
 
 def _initialize(conn: sqlite3.Connection, path: str, check_integrity: bool) -> None:

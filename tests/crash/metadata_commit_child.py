@@ -2,7 +2,7 @@
 
 ``python -m tests.crash.metadata_commit_child URL NODE_EPOCH ROUNDS`` opens the store at ``URL``,
 registers node 1 with ``NODE_EPOCH`` (each child a newer incarnation), reopens any stream a killed
-predecessor left CLOSED, prints ``READY`` and loops (``ROUNDS`` rounds, 0 for forever): prepare one
+predecessor left CLOSED (with ``REOPEN`` and ``OPENED`` lines as below), prints ``READY`` and loops (``ROUNDS`` rounds, 0 for forever): prepare one
 object, print ``COMMIT <object id>``, commit it as a StreamSet object that extends EVERY stream by
 :data:`STEP` offsets, print ``ACK <object id>``; then close and reopen :data:`REOPENS_PER_ROUND` streams
 at the next epoch, printing ``REOPEN <stream id> <epoch>`` before and ``OPENED <stream id> <epoch>``
@@ -55,9 +55,11 @@ async def run(url: str, node_epoch: int, rounds: int) -> None:
     epochs = {sid: s.epoch for sid, s in streams.items()}
     for sid, stream in streams.items():
         if stream.state == StreamState.CLOSED:  # a predecessor died between close and open
+            print("REOPEN", sid, stream.epoch + 1, flush=True)
             await store.open_stream(
                 node_id=NODE, node_epoch=node_epoch, stream_id=sid, epoch=stream.epoch + 1
             )
+            print("OPENED", sid, stream.epoch + 1, flush=True)
             epochs[sid] = stream.epoch + 1
     ends = {sid: s.end_offset for sid, s in streams.items()}
     order = sorted(streams)

@@ -8,9 +8,10 @@ line ends it.
 
 Operations (the node is ``NODE_ID``; a stream is named by its index in ``streams``):
 
-- ``commit [indexes] length``: read the streams' end offsets, prepare one object, commit it as a
-  StreamSet object extending each stream by ``length`` from the end offset it read. The end offsets
-  may be stale by then: the store must refuse the commit rather than lose or overlap an update.
+- ``commit [indexes] length``: read the streams' end offsets and owners, prepare one object, commit
+  it as a StreamSet object extending by ``length``, from the end offset it read, each of those streams
+  this node owned as read (all of them if it owned none). The reads may be stale by then: the store
+  must refuse the commit rather than lose or overlap an update or accept a fenced owner.
 - ``open index``: take the stream over at its epoch + 1. If another node holds it open, that is a
   failover: fence that node (register it with a newer node epoch), close the stream as that node,
   then open it. Each store call is its own log entry.
@@ -103,6 +104,7 @@ class Worker:
 
     async def commit(self, indexes: list[int], length: int) -> None:
         ends: dict[StreamId, int] = {}
+        owned: dict[StreamId, int] = {}
         for index in indexes:
             sid = self.streams[index]
             ok, stream = await self.call(
@@ -111,6 +113,9 @@ class Worker:
             if not ok:
                 return
             ends[sid] = stream.end_offset
+            if stream.state == StreamState.OPENED and stream.ranges[-1].node_id == self.node_id:
+                owned[sid] = stream.end_offset
+        ends = owned or ends  # mostly the streams it owns as read; others' streams to be refused
         ok, object_id = await self.call(
             "prepare", lambda: self.store.prepare_objects(count=1, ttl_ms=PREPARE_TTL_MS)
         )

@@ -45,7 +45,13 @@ from hypothesis import strategies as st
 
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import MetadataStore, ObjectState, StreamMetadata
-from tests.support.metadata_urls import METADATA_KINDS, MetadataKind, metadata_url, open_store
+from tests.support.metadata_urls import (
+    METADATA_KINDS,
+    MetadataKind,
+    metadata_url,
+    open_store,
+    pg_base_url,
+)
 
 NODE_COUNT = 4
 STREAM_COUNT = 4
@@ -282,6 +288,8 @@ def check_history(entries: list[Entry], state: dict[str, Any]) -> None:
 @pytest.mark.parametrize("kind", METADATA_KINDS)
 def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKind) -> None:
     stats: Counter[str] = Counter()
+    if kind == "postgresql":
+        pg_base_url()  # fails at once without a server, before the workers start
     with workers() as running, tempfile.TemporaryDirectory(prefix="s3stream-races-") as tmp:
 
         @settings(

@@ -29,13 +29,17 @@ PREPARE_TTL_MS = 3_600_000
 
 
 async def setup(url: str) -> None:
-    """Register node 1 (epoch 1), create :data:`STREAM_COUNT` streams and open them at epoch 0."""
+    """Register node 1 (epoch 1), create :data:`STREAM_COUNT` streams and open them at epoch 0 (the
+    calls issued together: the store runs them concurrently or group-commits them)."""
     store = await open_store(url)
     try:
         await store.register_node(node_id=NODE, node_epoch=1)
-        for _ in range(STREAM_COUNT):
-            stream_id = await store.create_stream(node_id=NODE, node_epoch=1)
-            await store.open_stream(node_id=NODE, node_epoch=1, stream_id=stream_id, epoch=0)
+        created = await asyncio.gather(
+            *(store.create_stream(node_id=NODE, node_epoch=1) for _ in range(STREAM_COUNT))
+        )
+        await asyncio.gather(
+            *(store.open_stream(node_id=NODE, node_epoch=1, stream_id=s, epoch=0) for s in created)
+        )
     finally:
         await store.close()
 

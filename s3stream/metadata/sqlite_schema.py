@@ -3,6 +3,10 @@
 The tables are documented in ``docs/format.md`` section 6. Synchronous code; it runs on the store's
 dedicated SQLite thread, inside a transaction the caller holds. Row values read back are validated:
 a value outside its domain raises :class:`~s3stream.errors.CorruptionError`.
+
+The statements are shared with PostgreSQL (:mod:`s3stream.metadata.postgres_schema`): :class:`SqlView`
+and :func:`apply` run on any :class:`SqlConnection` (``?`` placeholders, SQL both dialects accept);
+the one statement that differs comes from the view's :class:`Dialect`.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import enum
 import itertools
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
 from s3stream.ids import NodeId, ObjectId, StreamId
@@ -49,6 +54,26 @@ from s3stream.metadata.changes import (
 from s3stream.metadata.controller import StreamHead, StreamSetRange
 
 E = TypeVar("E", bound=enum.Enum)
+
+
+class SqlCursor(Protocol):
+    """The part of a DB-API cursor the shared statements use."""
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class SqlConnection(Protocol):
+    """What :class:`SqlView` and :func:`apply` need of a connection: ``sqlite3.Connection`` itself,
+    or an adapter (PostgreSQL's translates the ``?`` placeholders)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> SqlCursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> object: ...
+
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # version 1: streams, ranges, nodes, objects and their StreamSet / stream object indexes
@@ -212,6 +237,22 @@ _CONTINUE_QUERY = (
     "AND typeof(r.node_id) = 'integer' AND r.node_id = ?) IS NOT 1"
 )
 """:meth:`SqlView.all_continue_at_end`: the spans that are not the common case (0: all are)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """The statements whose text differs between SQLite and PostgreSQL."""
+
+    name: str
+    continue_query: str
+    """:meth:`SqlView.all_continue_at_end`'s query; ``{}`` takes the span rows."""
+    continue_row: str
+    """One span row of ``continue_query``: three placeholders."""
+    kv_key: Callable[[str], Any]
+    """A KV key as the ``kv`` table's key column holds it."""
+
+
+SQLITE_DIALECT = Dialect("sqlite", _CONTINUE_QUERY, "(?, ?, ?)", str)
 _STREAM_STATE_VALUES = frozenset(int(s) for s in StreamState)
 _RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_id"
 _SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
@@ -232,10 +273,11 @@ def _stream_object(row: Sequence[Any]) -> StreamObject:
 class SqlView:
     """The controller's StateView over one connection (inside the caller's transaction)."""
 
-    __slots__ = ("_c",)
+    __slots__ = ("_c", "_dialect")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: SqlConnection, dialect: Dialect = SQLITE_DIALECT) -> None:
         self._c = conn
+        self._dialect = dialect
 
     def node_epoch(self, node_id: NodeId) -> int | None:
         row = self._c.execute("SELECT node_epoch FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
@@ -306,7 +348,9 @@ class SqlView:
         opened = int(StreamState.OPENED)
         for start in range(0, len(spans), _SPANS_PER_QUERY):
             chunk = spans[start : start + _SPANS_PER_QUERY]
-            statement = _CONTINUE_QUERY.format(",".join(["(?, ?, ?)"] * len(chunk)))
+            statement = self._dialect.continue_query.format(
+                ",".join([self._dialect.continue_row] * len(chunk))
+            )
             (others,) = self._c.execute(
                 statement, (*itertools.chain.from_iterable(chunk), opened, node_id)
             ).fetchone()
@@ -423,7 +467,7 @@ class SqlView:
         return 0 if row is None else _int(row[0], f"counters row {counter.value}")
 
     def kv(self, key: str) -> bytes | None:
-        row = self._c.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        row = self._c.execute("SELECT value FROM kv WHERE key = ?", (self._dialect.kv_key(key),)).fetchone()
         if row is None:
             return None
         if not isinstance(row[0], bytes):
@@ -519,24 +563,27 @@ _SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
 }
 
 
-def apply(conn: sqlite3.Connection, changes: Iterable[Change]) -> None:
+def apply(conn: SqlConnection, changes: Iterable[Change], dialect: Dialect = SQLITE_DIALECT) -> None:
     """Write the changes in order (inside the caller's transaction)."""
     run: list[Change] = []
     for change in changes:
         if run and type(run[-1]) is not type(change):
-            _flush(conn, run)
+            _flush(conn, run, dialect)
             run = []
         run.append(change)
     if run:
-        _flush(conn, run)
+        _flush(conn, run, dialect)
 
 
-def _flush(conn: sqlite3.Connection, run: list[Change]) -> None:
+def _flush(conn: SqlConnection, run: list[Change], dialect: Dialect) -> None:
     kind = type(run[0])
     simple = _SIMPLE.get(kind)
     if simple is not None:
         statement, params = simple
-        conn.executemany(statement, [params(c) for c in run])
+        rows = [params(c) for c in run]
+        if kind in (PutKv, RemoveKv):
+            rows = [(dialect.kv_key(row[0]), *row[1:]) for row in rows]
+        conn.executemany(statement, rows)
         return
     if kind is AdvanceEndOffsets:
         for advance in cast("list[AdvanceEndOffsets]", run):

@@ -43,6 +43,9 @@ class TransactionalStore(abc.ABC):
     @abc.abstractmethod
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T: ...
 
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
     # -- nodes and streams ------------------------------------------------------------------
     async def register_node(self, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
         return await self._transact(partial(stream_ops.register_node, node_id=node_id, node_epoch=node_epoch))

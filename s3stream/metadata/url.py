@@ -111,7 +111,7 @@ async def open_metadata_store(
         from s3stream.metadata.sqlite import SqliteMetadataStore
 
         return await SqliteMetadataStore.open(parsed.sqlite_path, clock_ms=clock_ms)
-    from s3stream.metadata.postgres import PostgresMetadataStore  # type: ignore[import-not-found]
+    from s3stream.metadata.postgres import PostgresMetadataStore
 
     store: TransactionalStore = await PostgresMetadataStore.open(parsed.url, clock_ms=clock_ms)
     return store

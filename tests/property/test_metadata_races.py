@@ -50,8 +50,8 @@ from tests.support.metadata_urls import (
     MetadataKind,
     metadata_url,
     open_store,
-    pg_base_url,
 )
+from tests.support.postgres import pg_server_url
 
 NODE_COUNT = 4
 STREAM_COUNT = 4
@@ -289,7 +289,7 @@ def check_history(entries: list[Entry], state: dict[str, Any]) -> None:
 def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKind) -> None:
     stats: Counter[str] = Counter()
     if kind == "postgresql":
-        pg_base_url()  # fails at once without a server, before the workers start
+        pg_server_url()  # fails at once without a server, before the workers start
     with workers() as running, tempfile.TemporaryDirectory(prefix="s3stream-races-") as tmp:
 
         @settings(

@@ -40,7 +40,8 @@ from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.s3 import S3ObjectStorage
 from s3stream.storage.uri import open_storage
 from tests.property.test_engine_stateful import EngineMachine
-from tests.support.metadata_urls import MetadataKind, open_store, pg_base_url, pg_schema
+from tests.support.metadata_urls import MetadataKind, open_store
+from tests.support.postgres import fresh_schema
 from tests.support.s3 import S3TestServer
 
 METADATA_POOL_COUNT = 2
@@ -99,7 +100,7 @@ class Backend:
             if self.metadata_kind == "sqlite":
                 store: MetadataStore = await SqliteMetadataStore.open(self.root / f"metadata-{index}.db")
             else:
-                url = self._schemas.enter_context(pg_schema(pg_base_url()))
+                url = self._schemas.enter_context(fresh_schema())
                 self.metadata_urls.append(url.rsplit("search_path%3D", 1)[-1])
                 store = await open_store(url)
             self.metadata_ready.append(store)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.metadata_urls import PG_URL_ENV
+from tests.support.postgres import PG_URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_POSTGRES = (

@@ -16,8 +16,8 @@ Then the history and the final state must satisfy:
 - every fence holds: a landed commit lies inside a range the committing node owned; no call with a
   node epoch succeeds after a newer registration of that node was acknowledged; a commit that started
   after another node's open was acknowledged succeeded only if its node opened the stream again
-  later; acknowledged opens of a stream have distinct epochs, in real-time order, and the last is the
-  stream's epoch;
+  later; no close at an epoch succeeds after an open at a newer one was acknowledged; acknowledged
+  opens of a stream have distinct epochs, in real-time order, and the last is the stream's epoch;
 - object ids are never handed out twice.
 
 ``S3STREAM_METADATA_RACE_EXAMPLES`` sets the hypothesis examples per store (CI: 8).
@@ -209,15 +209,21 @@ async def final_state(url: str, streams: list[int]) -> dict[str, Any]:
 def check_history(entries: list[Entry], state: dict[str, Any]) -> None:
     """The invariants of the module docstring over the call log and the final state."""
     ok = [e for e in entries if e["result"] == "ok"]
-    objects: dict[ObjectId, ObjectState] = state["objects"]
-    ssos: dict[ObjectId, tuple[NodeId, list[list[int]]]] = state["ssos"]
-    streams: dict[int, StreamMetadata] = state["streams"]
-
     prepared = [e["value"] for e in ok if e["op"] == "prepare"]
     assert len(prepared) == len(set(prepared)), (
         f"object ids handed out twice: {Counter(prepared).most_common(3)}"
     )
+    landed = landed_commits(entries, state)
+    for sid, stream in state["streams"].items():
+        check_stream_data(stream, landed, state["slices"][sid])
+        check_stream_fences(stream, entries, landed)
+    check_node_fences(ok)
 
+
+def landed_commits(entries: list[Entry], state: dict[str, Any]) -> list[Entry]:
+    """The commits that took effect, each whole; refused ones left their object PREPARED."""
+    objects: dict[ObjectId, ObjectState] = state["objects"]
+    ssos: dict[ObjectId, tuple[NodeId, list[list[int]]]] = state["ssos"]
     landed: list[Entry] = []
     for commit in (e for e in entries if e["op"] == "commit"):
         object_id = commit["object_id"]
@@ -230,58 +236,66 @@ def check_history(entries: list[Entry], state: dict[str, Any]) -> None:
         elif commit["result"] != "unknown":
             assert objects.get(object_id) == ObjectState.PREPARED, ("a refused commit left a trace", commit)
     assert set(ssos) == {c["object_id"] for c in landed}, "StreamSet objects nobody committed"
+    return landed
 
-    for sid, stream in streams.items():
-        mine = sorted(
-            (start, end, c["object_id"], c["node"])
-            for c in landed
-            for s, start, end in c["ranges"]
-            if s == sid
-        )
-        position = 0
-        for start, end, _object_id, node in mine:
-            assert start == position, f"stream {sid}: a gap or overlap at {position}: {mine}"
-            position = end
+
+def check_stream_data(
+    stream: StreamMetadata, landed: list[Entry], slices: list[tuple[int, int, int]]
+) -> None:
+    """The landed commits tile ``[0, end_offset)``, each inside a range of its node; ``get_objects``
+    returns exactly them; the ranges are contiguous with rising epochs."""
+    sid = stream.stream_id
+    mine = sorted(
+        (start, end, c["object_id"], c["node"]) for c in landed for s, start, end in c["ranges"] if s == sid
+    )
+    position = 0
+    for start, end, _object_id, node in mine:
+        assert start == position, f"stream {sid}: a gap or overlap at {position}: {mine}"
+        position = end
+        assert any(
+            r.node_id == node and r.start_offset <= start and end <= r.end_offset for r in stream.ranges
+        ), f"stream {sid}: node {node} committed [{start}, {end}) outside its ranges {stream.ranges}"
+    assert stream.end_offset == position, (sid, stream.end_offset, mine)
+    assert slices == [(object_id, start, end) for start, end, object_id, _ in mine]
+    assert all(a.epoch < b.epoch for a, b in itertools.pairwise(stream.ranges)), stream
+    assert all(a.end_offset == b.start_offset for a, b in itertools.pairwise(stream.ranges)), stream
+
+
+def check_stream_fences(stream: StreamMetadata, entries: list[Entry], landed: list[Entry]) -> None:
+    """Opens get distinct epochs in real-time order, the last is the stream's; no commit or close by
+    an owner succeeds after another node's open of the stream was acknowledged."""
+    sid = stream.stream_id
+    calls = [e for e in entries if e.get("stream") == sid]
+    opens = [e for e in calls if e["op"] == "open" and e["result"] == "ok"]
+    epochs = [o["epoch"] for o in opens]
+    assert len(epochs) == len(set(epochs)), f"stream {sid} opened twice at one epoch: {opens}"
+    unknown = {e["epoch"] for e in calls if e["op"] == "open" and e["result"] == "unknown"}
+    assert stream.epoch == max(epochs) or stream.epoch in unknown, (stream, opens)
+    for a, b in itertools.permutations(opens, 2):
+        if a["t1"] < b["t0"]:
+            assert a["epoch"] < b["epoch"], f"stream {sid}: open {b} after {a} got an older epoch"
+    for close in (e for e in calls if e["op"] == "close" and e["result"] == "ok"):
+        fenced_by = [o for o in opens if o["epoch"] > close["epoch"] and o["t1"] < close["t0"]]
+        assert not fenced_by, f"stream {sid}: {close} succeeded after {fenced_by[0]}"
+    for commit in (c for c in landed if c["result"] == "ok" and any(s == sid for s, _, _ in c["ranges"])):
+        last = max((o for o in opens if o["t1"] < commit["t0"]), key=lambda o: o["epoch"])
+        if last["node"] != commit["node"]:
             assert any(
-                r.node_id == node and r.start_offset <= start and end <= r.end_offset for r in stream.ranges
-            ), f"stream {sid}: node {node} committed [{start}, {end}) outside its ranges {stream.ranges}"
-        assert stream.end_offset == position, (sid, stream.end_offset, mine)
-        assert state["slices"][sid] == [(object_id, start, end) for start, end, object_id, _ in mine]
-        assert all(a.epoch < b.epoch for a, b in itertools.pairwise(stream.ranges)), stream
-        assert all(a.end_offset == b.start_offset for a, b in itertools.pairwise(stream.ranges)), stream
+                o["node"] == commit["node"] and o["epoch"] > last["epoch"] and o["t0"] < commit["t1"]
+                for o in opens
+            ), f"stream {sid}: {commit} succeeded after {last} fenced its node"
 
-        opens = [e for e in ok if e["op"] == "open" and e["stream"] == sid]
-        epochs = [o["epoch"] for o in opens]
-        assert len(epochs) == len(set(epochs)), f"stream {sid} opened twice at one epoch: {opens}"
-        unknown = {
-            e["epoch"]
-            for e in entries
-            if e["op"] == "open" and e["stream"] == sid and e["result"] == "unknown"
-        }
-        assert stream.epoch == max(epochs) or stream.epoch in unknown, (stream, opens)
-        for a, b in itertools.permutations(opens, 2):
-            if a["t1"] < b["t0"]:
-                assert a["epoch"] < b["epoch"], f"stream {sid}: open {b} after {a} got an older epoch"
-        for commit in (c for c in landed if c["result"] == "ok" and any(s == sid for s, _, _ in c["ranges"])):
-            before = [o for o in opens if o["t1"] < commit["t0"]]
-            last = max(before, key=lambda o: o["epoch"])
-            if last["node"] != commit["node"]:
-                assert any(
-                    o["node"] == commit["node"] and o["epoch"] > last["epoch"] and o["t0"] < commit["t1"]
-                    for o in opens
-                ), f"stream {sid}: {commit} succeeded after {last} fenced its node"
 
-    for call in ok:
-        if "node_epoch" not in call:
-            continue
+def check_node_fences(ok: list[Entry]) -> None:
+    """No call with a node epoch succeeds after a newer registration of that node was acknowledged."""
+    registers = [r for r in ok if r["op"] == "register"]
+    for call in (c for c in ok if "node_epoch" in c):
         acting = call.get("as_node", call["node"])
-        newer = [
-            r
-            for r in ok
-            if r["op"] == "register" and r["target"] == acting and r["epoch"] > call["node_epoch"]
-        ]
-        for register in newer:
-            assert not register["t1"] < call["t0"], f"{call} succeeded after {register} fenced its node epoch"
+        for register in registers:
+            if register["target"] == acting and register["epoch"] > call["node_epoch"]:
+                assert not register["t1"] < call["t0"], (
+                    f"{call} succeeded after {register} fenced its node epoch"
+                )
 
 
 @pytest.mark.slow

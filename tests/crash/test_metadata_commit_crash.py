@@ -12,7 +12,8 @@ exactly ``k`` COMMITTED StreamSet objects of 1,000 ranges each, the i-th coverin
 acknowledged commits or one more; the in-flight object is COMMITTED or still PREPARED, nothing else;
 object ids never repeat across incarnations; each stream's ranges are contiguous with strictly
 rising epochs, and ``get_objects`` covers it from 0 to its end. Then the next child (a newer node
-epoch) continues on the same store; a last child runs to completion.
+epoch) continues on the same store; a last child runs to completion, and then a commit or a close
+with a killed child's node epoch is refused (NODE_EPOCH_EXPIRED) and changes nothing.
 
 ``S3STREAM_METADATA_COMMIT_CRASH_KILLS`` sets the kills per metadata kind (CI: 5).
 """
@@ -31,8 +32,15 @@ from pathlib import Path
 
 import pytest
 
+from s3stream.errors import ErrorCode, FencedError
 from s3stream.ids import StreamId
-from s3stream.metadata.base import ObjectKind, ObjectState, StreamState
+from s3stream.metadata.base import (
+    CommitStreamSetObjectRequest,
+    ObjectKind,
+    ObjectState,
+    StreamOffsetRange,
+    StreamState,
+)
 from tests.crash.backend import iterations
 from tests.crash.metadata_commit_child import NODE, STEP, STREAM_COUNT, setup
 from tests.support.metadata_urls import METADATA_KINDS, MetadataKind, metadata_url, open_store
@@ -202,6 +210,35 @@ async def check(url: str, history: History, run: Run) -> None:
         await store.close()
 
 
+async def check_killed_incarnations_are_fenced(url: str, *, node_epoch: int) -> None:
+    """A commit or an open with a killed child's node epoch is refused and writes nothing."""
+    store = await open_store(url)
+    try:
+        stream = await store.describe_stream(StreamId(0))
+        object_id = await store.prepare_objects(count=1, ttl_ms=60_000)
+        request = CommitStreamSetObjectRequest(
+            node_id=NODE,
+            node_epoch=node_epoch,
+            object_id=object_id,
+            order_id=object_id,
+            object_size_bytes=STEP,
+            stream_ranges=(
+                StreamOffsetRange(stream.stream_id, stream.end_offset, stream.end_offset + STEP, STEP),
+            ),
+        )
+        with pytest.raises(FencedError) as refused:
+            await store.commit_stream_set_object(request)
+        assert refused.value.code == ErrorCode.NODE_EPOCH_EXPIRED
+        with pytest.raises(FencedError):
+            await store.close_stream(
+                node_id=NODE, node_epoch=node_epoch, stream_id=stream.stream_id, epoch=stream.epoch
+            )
+        assert (await store.get_object(object_id)).state == ObjectState.PREPARED
+        assert await store.describe_stream(StreamId(0)) == stream
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("kind", METADATA_KINDS)
 async def test_sigkill_mid_commit_leaves_every_commit_whole(
     kind: MetadataKind, tmp_path: Path, rng_seed: int
@@ -219,6 +256,7 @@ async def test_sigkill_mid_commit_leaves_every_commit_whole(
         last = parse(out.splitlines())
         assert (len(last.acks), last.committing, last.reopening) == (3, None, None)
         await check(url, history, last)
+        await check_killed_incarnations_are_fenced(url, node_epoch=1 + KILLS)
     print(
         f"{kind}: {history.commits} commits of {STREAM_COUNT} ranges over {KILLS} kills; "
         f"{history.in_flight_kills} kills with a commit in flight, {history.landed_in_flight} of them landed"

@@ -15,6 +15,9 @@ from tests.support.postgres import PG_URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_POSTGRES = (
+    "tests/integration/test_metadata_postgres.py::TestPostgresMetadataStore::test_register_node_fences_an_older_epoch",
+    "tests/integration/test_metadata_postgres_race.py::"
+    "test_processes_racing_on_shared_streams_lose_no_update_and_keep_every_fence",
     "tests/integration/test_engine_postgres.py::test_the_suite_builds_its_nodes_on_postgres",
     "tests/integration/test_engine_postgres.py::test_engine_stateful_on_postgres",
     "tests/crash/test_metadata_commit_crash.py::test_sigkill_mid_commit_leaves_every_commit_whole[postgresql]",

@@ -137,10 +137,15 @@ def kill_mid_operation(proc: subprocess.Popen[str], rng: random.Random) -> list[
                 time.sleep(rng.uniform(0, 1.2 * commit_s))
                 break
     proc.send_signal(signal.SIGKILL)
-    rest, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+    # Read the rest through the same file object: lines it already buffered are not in the pipe
+    # any more, so ``communicate`` (which reads the pipe itself) would lose them.
+    lines += [line for line in (raw.strip() for raw in proc.stdout) if line]
+    proc.wait(timeout=CHILD_TIMEOUT_S)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
     assert proc.returncode == -signal.SIGKILL, f"child exited {proc.returncode}: {err[-3000:]}"
     assert "READY" in lines, err[-3000:]
-    return lines + [line for line in rest.splitlines() if line]
+    return lines
 
 
 async def check(url: str, history: History, run: Run) -> None:

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -93,6 +94,8 @@ _BEGIN: dict[str, str] = {
 }
 _CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 _AUTH_SQLSTATES = frozenset({"28000", "28P01"})
+_AUTH_FAILED = re.compile(r'authentication failed|FATAL: +role ".*" does not exist')
+_NO_DATABASE = re.compile(r'FATAL: +database ".*" does not exist')
 _DOMAIN_ERRORS = (S3StreamError, ValueError, TypeError)
 """What a controller function raises to refuse an operation (nothing written)."""
 
@@ -104,9 +107,10 @@ def translate(exc: psycopg.Error, *, where: str, password: str | None) -> S3Stre
     text = str(exc).strip()
     if password:
         text = text.replace(password, "***")
-    if state in _AUTH_SQLSTATES or "authentication failed" in text:
+    # libpq reports a refused connection without a SQLSTATE: its message tells
+    if state in _AUTH_SQLSTATES or _AUTH_FAILED.search(text):
         return InvalidArgumentError(f"the metadata database {where} refused the credentials: {text}")
-    if state == "3D000":
+    if state == "3D000" or _NO_DATABASE.search(text):
         return InvalidArgumentError(f"the metadata database {where} does not exist: {text}")
     if state.startswith("23"):
         return ConflictError(
@@ -159,6 +163,8 @@ class _Pool:
         self._clock = clock
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._slots = asyncio.Semaphore(QUEUED_OPERATIONS_MAX)
+        self.conflict_retries = 0
+        """Runs of operations PostgreSQL aborted for a conflict and that ran again (a statistic)."""
         self._stopped = False
         self._stop_lock = threading.Lock()
         """Makes "not stopped, so queue the job" atomic against ``stop``'s sentinels."""
@@ -267,6 +273,8 @@ class _Pool:
                         f"the metadata database {self._where} aborted the operation for conflicts "
                         f"{attempt} times in {elapsed_ms:.0f} ms: {exc}"
                     ) from exc
+                with self._stop_lock:
+                    self.conflict_retries += 1
                 backoff_ms = min(BACKOFF_MS_MAX, BACKOFF_MS_MIN << min(attempt, 10))
                 time.sleep(random.uniform(0, backoff_ms) / 1000)
             except BaseException:
@@ -317,6 +325,11 @@ class PostgresMetadataStore(TransactionalStore):
     def where(self) -> str:
         """The URL without its password."""
         return self._pool.where
+
+    @property
+    def conflict_retries(self) -> int:
+        """Operations PostgreSQL aborted for a conflict (40001, 40P01) and that ran again, so far."""
+        return self._pool.conflict_retries
 
     async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
         def run(conn: psycopg.Connection[Any]) -> T:

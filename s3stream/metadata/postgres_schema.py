@@ -20,14 +20,17 @@ from __future__ import annotations
 import functools
 import re
 import sqlite3
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import psycopg
 
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
+from s3stream.ids import NodeId, StreamId
 from s3stream.metadata import sqlite_schema
-from s3stream.metadata.sqlite_schema import Dialect, SqlCursor
+from s3stream.metadata.base import StreamState
+from s3stream.metadata.changes import AdvanceEndOffsets, Change, PutStreamSetObject
+from s3stream.metadata.sqlite_schema import Dialect, SqlConnection, SqlCursor
 
 LATEST_VERSION = sqlite_schema.LATEST_VERSION
 
@@ -43,20 +46,72 @@ _DDL_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 _CONTINUE_QUERY = (
-    "WITH s(stream_id, start_offset, end_offset) AS (VALUES {}) SELECT count(*) FROM s "
-    "LEFT JOIN streams t ON t.stream_id = s.stream_id LEFT JOIN ranges r ON r.stream_id = s.stream_id "
-    "AND r.range_index = (SELECT max(range_index) FROM ranges WHERE stream_id = s.stream_id) WHERE ("
+    "SELECT count(*) FROM unnest(?::bigint[], ?::bigint[]) AS s(stream_id, start_offset) "
+    "LEFT JOIN streams t ON t.stream_id = s.stream_id LEFT JOIN LATERAL (SELECT range_index, node_id "
+    "FROM ranges WHERE stream_id = s.stream_id ORDER BY range_index DESC LIMIT 1) r ON true WHERE ("
     "t.state = ? AND t.start_offset < t.end_offset AND t.end_offset = s.start_offset "
     "AND r.range_index >= 0 AND r.node_id = ?) IS NOT TRUE"
 )
-"""SQLite's query without its ``typeof`` checks: PostgreSQL's columns are typed (BIGINT NOT NULL)."""
+"""SQLite's query over two arrays (one statement for any number of spans) and without its ``typeof``
+checks: PostgreSQL's columns are typed (BIGINT NOT NULL)."""
+_ADVANCE_STREAMS = (
+    "UPDATE streams AS t SET end_offset = v.end_offset "
+    "FROM unnest(?::bigint[], ?::bigint[]) AS v(stream_id, end_offset) WHERE t.stream_id = v.stream_id"
+)
+_ADVANCE_RANGES = (
+    "UPDATE ranges AS r SET end_offset = v.end_offset FROM (SELECT u.stream_id, u.end_offset, "
+    "(SELECT max(range_index) FROM ranges WHERE stream_id = u.stream_id) AS range_index "
+    "FROM unnest(?::bigint[], ?::bigint[]) AS u(stream_id, end_offset)) AS v "
+    "WHERE r.stream_id = v.stream_id AND r.range_index = v.range_index"
+)
+_INSERT_STREAM_SET_RANGES = (
+    "INSERT INTO stream_set_ranges (object_id, stream_id, start_offset, end_offset, size_bytes) "
+    "SELECT ?, * FROM unnest(?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[])"
+)
+
+
+def _all_continue_at_end(
+    conn: SqlConnection, node_id: NodeId, spans: Sequence[tuple[StreamId, int, int]]
+) -> bool:
+    stream_ids = [s for s, _, _ in spans]
+    starts = [start for _, start, _ in spans]
+    (others,) = conn.execute(
+        _CONTINUE_QUERY, (stream_ids, starts, int(StreamState.OPENED), node_id)
+    ).fetchone()
+    return bool(others == 0)
+
+
+def _flush(conn: SqlConnection, run: list[Change]) -> bool:
+    """A large commit's writes as one statement per table (arrays), not one per stream."""
+    if isinstance(run[0], AdvanceEndOffsets):
+        for advance in cast("list[AdvanceEndOffsets]", run):
+            ids, ends = list(advance.stream_ids), list(advance.end_offsets)
+            conn.execute(_ADVANCE_STREAMS, (ids, ends))
+            conn.execute(_ADVANCE_RANGES, (ids, ends))
+        return True
+    if isinstance(run[0], PutStreamSetObject):
+        for change in cast("list[PutStreamSetObject]", run):
+            sso = change.stream_set_object
+            conn.execute("DELETE FROM stream_set_objects WHERE object_id = ?", (sso.object_id,))
+            conn.execute(
+                "INSERT INTO stream_set_objects (object_id, node_id, order_id, data_time_ms, size_bytes) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (sso.object_id, sso.node_id, sso.order_id, sso.data_time_ms, sso.size_bytes),
+            )
+            if sso.ranges:
+                rows = [(r.stream_id, r.start_offset, r.end_offset, r.size_bytes) for r in sso.ranges]
+                conn.execute(_INSERT_STREAM_SET_RANGES, (sso.object_id, *map(list, zip(*rows, strict=True))))
+        return True
+    return False
 
 
 def _kv_key(key: str) -> bytes:
     return key.encode()
 
 
-POSTGRES_DIALECT = Dialect("postgresql", _CONTINUE_QUERY, "(?::bigint, ?::bigint, ?::bigint)", _kv_key)
+POSTGRES_DIALECT = Dialect(
+    "postgresql", kv_key=_kv_key, all_continue_at_end=_all_continue_at_end, flush=_flush
+)
 """KV keys are UTF-8 BYTEA: a key may hold NUL, which PostgreSQL's TEXT cannot."""
 
 

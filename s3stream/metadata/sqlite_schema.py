@@ -6,7 +6,8 @@ a value outside its domain raises :class:`~s3stream.errors.CorruptionError`.
 
 The statements are shared with PostgreSQL (:mod:`s3stream.metadata.postgres_schema`): :class:`SqlView`
 and :func:`apply` run on any :class:`SqlConnection` (``?`` placeholders, SQL both dialects accept);
-the one statement that differs comes from the view's :class:`Dialect`.
+what differs (the KV key's column type, bulk forms of a large commit's statements) comes from a
+:class:`Dialect`.
 """
 
 from __future__ import annotations
@@ -241,18 +242,21 @@ _CONTINUE_QUERY = (
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    """The statements whose text differs between SQLite and PostgreSQL."""
+    """What differs between the databases the shared statements run on (SQLite's by default)."""
 
     name: str
-    continue_query: str
-    """:meth:`SqlView.all_continue_at_end`'s query; ``{}`` takes the span rows."""
-    continue_row: str
-    """One span row of ``continue_query``: three placeholders."""
-    kv_key: Callable[[str], Any]
+    kv_key: Callable[[str], Any] = str
     """A KV key as the ``kv`` table's key column holds it."""
+    all_continue_at_end: (
+        Callable[[SqlConnection, NodeId, Sequence[tuple[StreamId, int, int]]], bool] | None
+    ) = None
+    """Replaces :meth:`SqlView.all_continue_at_end`'s query (same answer)."""
+    flush: Callable[[SqlConnection, list[Change]], bool] | None = None
+    """Writes a run of changes of one kind in its own way and returns True, or returns False to
+    leave them to the shared statements."""
 
 
-SQLITE_DIALECT = Dialect("sqlite", _CONTINUE_QUERY, "(?, ?, ?)", str)
+SQLITE_DIALECT = Dialect("sqlite")
 _STREAM_STATE_VALUES = frozenset(int(s) for s in StreamState)
 _RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_id"
 _SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
@@ -345,12 +349,12 @@ class SqlView:
         return found
 
     def all_continue_at_end(self, node_id: NodeId, spans: Sequence[tuple[StreamId, int, int]]) -> bool:
+        if self._dialect.all_continue_at_end is not None:
+            return self._dialect.all_continue_at_end(self._c, node_id, spans)
         opened = int(StreamState.OPENED)
         for start in range(0, len(spans), _SPANS_PER_QUERY):
             chunk = spans[start : start + _SPANS_PER_QUERY]
-            statement = self._dialect.continue_query.format(
-                ",".join([self._dialect.continue_row] * len(chunk))
-            )
+            statement = _CONTINUE_QUERY.format(",".join(["(?, ?, ?)"] * len(chunk)))
             (others,) = self._c.execute(
                 statement, (*itertools.chain.from_iterable(chunk), opened, node_id)
             ).fetchone()
@@ -576,6 +580,8 @@ def apply(conn: SqlConnection, changes: Iterable[Change], dialect: Dialect = SQL
 
 
 def _flush(conn: SqlConnection, run: list[Change], dialect: Dialect) -> None:
+    if dialect.flush is not None and dialect.flush(conn, run):
+        return
     kind = type(run[0])
     simple = _SIMPLE.get(kind)
     if simple is not None:

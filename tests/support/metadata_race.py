@@ -39,7 +39,7 @@ TTL_MS = 600_000
 REFUSALS = (ConflictError, FencedError, NotFoundError)
 
 
-class _Node:
+class RaceNode:
     def __init__(
         self, store: MetadataStore, node_id: NodeId, streams: Sequence[StreamId], rng: random.Random
     ):
@@ -129,10 +129,13 @@ class _Node:
                 )
         self.held.clear()
 
+    async def create(self) -> None:
+        created = await self.store.create_stream(node_id=self.node_id, node_epoch=NODE_EPOCH)
+        self.log("create", stream=created)
+
     async def round(self) -> None:
         if self.rng.random() < 0.2:
-            created = await self.store.create_stream(node_id=self.node_id, node_epoch=NODE_EPOCH)
-            self.log("create", stream=created)
+            await self.create()
         for stream_id in self.rng.sample(self.shared, self.rng.choice((1, 1, 2))):
             await self.take(stream_id)
         for _ in range(self.rng.randint(1, 4)):
@@ -148,7 +151,7 @@ async def run_node(
     start_at: float, out: Path,
 ) -> None:  # fmt: skip
     store = await open_metadata_store(url)
-    node = _Node(store, node_id, streams, random.Random(seed))
+    node = RaceNode(store, node_id, streams, random.Random(seed))
     try:
         await store.register_node(node_id=node_id, node_epoch=NODE_EPOCH)
         await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -158,6 +161,7 @@ async def run_node(
                 break
             await node.round()
         await node.release()
+        node.log("retries", count=getattr(store, "conflict_retries", 0))
     finally:
         await store.close()
         out.write_text("".join(json.dumps(e) + "\n" for e in node.events))
@@ -228,7 +232,7 @@ async def check_race(
     for node_id in {e["node"] for e in events}:
         for sso in await store.get_stream_set_objects(NodeId(node_id)):
             stored_ranges[sso.object_id] = [[r.stream_id, r.start_offset, r.end_offset] for r in sso.ranges]
-    assert stored_ranges == {e["object"]: e["ranges"] for e in accepted}
+    assert stored_ranges == {e["object"]: [list(r) for r in e["ranges"]] for e in accepted}
     # every fence holds: no commit sent after a higher epoch's open was acknowledged is accepted
     opens = [e for e in events if e["kind"] == "open"]
     for c in accepted:
@@ -242,6 +246,7 @@ async def check_race(
         "commits_refused": len(commits) - len(accepted),
         "takeovers_refused": sum(e["kind"] == "open_refused" for e in events),
         "created": len(created),
+        "conflict_retries": sum(e["count"] for e in events if e["kind"] == "retries"),
     }
 
 

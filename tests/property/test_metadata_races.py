@@ -20,7 +20,7 @@ Then the history and the final state must satisfy:
   opens of a stream have distinct epochs, in real-time order, and the last is the stream's epoch;
 - object ids are never handed out twice.
 
-``S3STREAM_METADATA_RACE_EXAMPLES`` sets the hypothesis examples per store (CI: 8).
+``S3STREAM_METADATA_RACE_EXAMPLES`` sets the hypothesis examples per store (CI: 10).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from tests.support.postgres import pg_server_url
 
 NODE_COUNT = 4
 STREAM_COUNT = 4
-EXAMPLES = int(os.environ.get("S3STREAM_METADATA_RACE_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("S3STREAM_METADATA_RACE_EXAMPLES", "10"))
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 120.0
 START_DELAY_S = 0.5

@@ -33,6 +33,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -123,6 +124,25 @@ def translate(exc: psycopg.Error, *, where: str, password: str | None) -> S3Stre
     return UnavailableError(f"the metadata database {where} is unavailable: {text}")
 
 
+def connection_info(url: MetadataURL) -> tuple[str, str | None]:
+    """libpq's connection string for ``url`` (with this store's timeouts and keepalives where the
+    URL sets none) and the URL's password; InvalidArgumentError for a URL libpq refuses."""
+    raw_password = urllib.parse.urlsplit(url.url).password
+    try:
+        params = conninfo.conninfo_to_dict(url.url)
+    except psycopg.Error as exc:
+        text = str(exc).strip()
+        if raw_password:
+            text = text.replace(raw_password, "***")
+        raise InvalidArgumentError(
+            f"metadata URL {url.describe()} is not a valid libpq URL: {text}"
+        ) from None
+    password = params.get("password")
+    for key, value in _CONNECT_DEFAULTS.items():
+        params.setdefault(key, value)
+    return conninfo.make_conninfo("", **params), None if password is None else str(password)
+
+
 @dataclass(slots=True)
 class _Job(Generic[T]):
     fn: Callable[[psycopg.Connection[Any]], T]
@@ -152,14 +172,8 @@ class _Pool:
     its first operation and again after a failure broke it."""
 
     def __init__(self, url: MetadataURL, size: int, clock: ServerClock | None) -> None:
-        self._url = url
         self._where = url.describe()
-        params = conninfo.conninfo_to_dict(url.url)
-        password = params.get("password")
-        self._password = None if password is None else str(password)
-        for key, value in _CONNECT_DEFAULTS.items():
-            params.setdefault(key, value)
-        self._conninfo = conninfo.make_conninfo("", **params)
+        self._conninfo, self._password = connection_info(url)
         self._clock = clock
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._slots = asyncio.Semaphore(QUEUED_OPERATIONS_MAX)

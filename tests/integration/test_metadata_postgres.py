@@ -405,3 +405,13 @@ async def test_the_metadata_url_opens_the_postgres_store_on_the_servers_clock(pg
         assert (await store.get_object(ObjectId(first))).prepared_at_ms == fake.now_ms
     finally:
         await store.close()
+
+
+async def test_a_url_libpq_refuses_is_invalid_without_the_password() -> None:
+    for url in (
+        "postgresql://u:pw@127.0.0.1/db?no_such_option=1",
+        f"postgresql://u:{SECRET}%zz@127.0.0.1/db",
+    ):
+        with pytest.raises(InvalidArgumentError, match="not a valid libpq URL") as info:
+            await PostgresMetadataStore.open(url)
+        assert SECRET not in str(info.value)

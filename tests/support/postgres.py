@@ -44,12 +44,12 @@ def fresh_schema(server_url: str | None = None) -> Iterator[str]:
     """A URL on a new empty schema (dropped with everything in it on exit)."""
     server_url = server_url or pg_server_url()
     schema = f"t_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     try:
         yield with_search_path(server_url, schema)
     finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
+        with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 

@@ -15,6 +15,10 @@ rising epochs, and ``get_objects`` covers it from 0 to its end. Then the next ch
 epoch) continues on the same store; a last child runs to completion, and then a commit or a close
 with a killed child's node epoch is refused (NODE_EPOCH_EXPIRED) and changes nothing.
 
+PostgreSQL finishes a transaction whose COMMIT it received even after its client died, so the
+store may change for a moment after the kill: each child connects under its own
+``application_name`` and the parent checks only once the server has no session of that name left.
+
 ``S3STREAM_METADATA_COMMIT_CRASH_KILLS`` sets the kills per metadata kind (CI: 5).
 """
 
@@ -27,9 +31,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from s3stream.errors import ErrorCode, FencedError
@@ -49,6 +56,7 @@ pytestmark = pytest.mark.crash
 KILLS = iterations("S3STREAM_METADATA_COMMIT_CRASH_KILLS", 5)
 REPO = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120.0
+SESSION_END_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -100,6 +108,32 @@ def parse(lines: list[str]) -> Run:
             opened[reopening[0]] = reopening[1]
             reopening = None
     return Run(acks, committing, reopening, commit_ids, opened)
+
+
+def with_application_name(url: str, name: str) -> str:
+    """A ``postgresql`` URL whose sessions carry ``name`` (a ``sqlite`` URL unchanged)."""
+    if not url.startswith("postgresql"):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    query = [*urllib.parse.parse_qsl(parts.query), ("application_name", name)]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def wait_until_sessions_end(url: str, name: str) -> None:
+    """Until the server of a ``postgresql`` URL has no session named ``name`` (its transactions
+    finished: committed or rolled back); at once for a ``sqlite`` URL."""
+    if not url.startswith("postgresql"):
+        return
+    deadline = time.monotonic() + SESSION_END_TIMEOUT_S
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            assert time.monotonic() < deadline, f"sessions of the killed child {name} still open: {row}"
+            time.sleep(0.01)
 
 
 def start_child(url: str, node_epoch: int, rounds: int) -> subprocess.Popen[str]:
@@ -253,7 +287,10 @@ async def test_sigkill_mid_commit_leaves_every_commit_whole(
         await setup(url)
         history = History()
         for kill in range(KILLS):
-            lines = kill_mid_operation(start_child(url, node_epoch=2 + kill, rounds=0), rng)
+            name = f"s3stream-crash-child-{uuid.uuid4().hex[:12]}"
+            child = start_child(with_application_name(url, name), node_epoch=2 + kill, rounds=0)
+            lines = kill_mid_operation(child, rng)
+            wait_until_sessions_end(url, name)
             await check(url, history, parse(lines))
         proc = start_child(url, node_epoch=2 + KILLS, rounds=3)
         out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)

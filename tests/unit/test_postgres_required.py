@@ -1,8 +1,9 @@
 """Tests that need PostgreSQL FAIL, never skip, when ``S3STREAM_TEST_PG_URL`` is unset.
 
-Runs one test of each PostgreSQL-backed suite in a pytest subprocess without the variable and checks
-that every one failed (a failing fixture counts as an error) with the message naming the variable and how to start the server.
-"""
+``tests/integration/test_postgres_fixture.py`` checks the ``pg_url`` fixture alone; this runs one test
+of each PostgreSQL-backed suite (whatever way it gets its schema) in a pytest subprocess without the
+variable and checks that every one failed (a failing fixture counts as an error) with the message
+naming the variable and how to start the server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.support.postgres import PG_URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_POSTGRES = (
+    "tests/property/test_metadata_postgres_interleavings.py::test_any_interleaving_of_three_nodes_keeps_the_invariants",
     "tests/integration/test_metadata_postgres.py::TestPostgresMetadataStore::test_register_node_fences_an_older_epoch",
     "tests/integration/test_metadata_postgres_race.py::"
     "test_processes_racing_on_shared_streams_lose_no_update_and_keep_every_fence",

@@ -70,6 +70,8 @@ class History:
     """Stream epochs found by the last check."""
     in_flight_kills: int = 0
     landed_in_flight: int = 0
+    commit_s: float = 0.05
+    """How long the last commit the parent saw took (from its ``COMMIT`` line to its ``ACK``)."""
 
 
 @dataclass
@@ -147,14 +149,13 @@ def start_child(url: str, node_epoch: int, rounds: int) -> subprocess.Popen[str]
     )
 
 
-def kill_mid_operation(proc: subprocess.Popen[str], rng: random.Random) -> list[str]:
+def kill_mid_operation(proc: subprocess.Popen[str], rng: random.Random, history: History) -> list[str]:
     """Read the child's lines; after a random ``COMMIT`` or ``REOPEN`` line, wait a random part of a
     commit's duration, SIGKILL it; returns every line it printed."""
     assert proc.stdout is not None
     lines: list[str] = []
     target_word = rng.choice(["COMMIT", "COMMIT", "COMMIT", "REOPEN"])
     target_count = rng.randint(1, 3)
-    commit_s = 0.05
     committed_at = 0.0
     seen = 0
     for raw in proc.stdout:
@@ -164,11 +165,12 @@ def kill_mid_operation(proc: subprocess.Popen[str], rng: random.Random) -> list[
         if line.startswith("COMMIT"):
             committed_at = now
         elif line.startswith("ACK"):
-            commit_s = max(0.001, now - committed_at)
+            history.commit_s = max(0.001, now - committed_at)
         if line.startswith(target_word):
             seen += 1
             if seen == target_count:
-                time.sleep(rng.uniform(0, 1.2 * commit_s))
+                # anywhere in the commit, or near its end, where it may land unacknowledged
+                time.sleep(history.commit_s * rng.choice([rng.uniform(0, 1.2), rng.uniform(0.8, 1.2)]))
                 break
     proc.send_signal(signal.SIGKILL)
     # Read the rest through the same file object: lines it already buffered are not in the pipe
@@ -289,7 +291,7 @@ async def test_sigkill_mid_commit_leaves_every_commit_whole(
         for kill in range(KILLS):
             name = f"s3stream-crash-child-{uuid.uuid4().hex[:12]}"
             child = start_child(with_application_name(url, name), node_epoch=2 + kill, rounds=0)
-            lines = kill_mid_operation(child, rng)
+            lines = kill_mid_operation(child, rng, history)
             wait_until_sessions_end(url, name)
             await check(url, history, parse(lines))
         proc = start_child(url, node_epoch=2 + KILLS, rounds=3)

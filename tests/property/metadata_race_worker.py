@@ -18,6 +18,8 @@ Operations (the node is ``NODE_ID``; a stream is named by its index in ``streams
 - ``close index``: close the stream at the epoch last read, as this node.
 - ``fence node``: register ``node`` with a newer node epoch (its current incarnation is fenced).
 - ``rejoin``: register this node with a newer node epoch (a restart).
+- ``kv_put key``: put a value no other put writes (``<node>-<count>``) under ``key-<key>``;
+  ``kv_get key``: read it (logged as ``read``).
 
 A call refused with NODE_EPOCH_EXPIRED makes the node rejoin at once. Node epochs are
 ``time.monotonic_ns()`` values, so each is newer than any registered before it on this machine.
@@ -68,6 +70,7 @@ class Worker:
         self.node_epoch = node_epoch
         self.streams = [StreamId(s) for s in streams]
         self.log: list[dict[str, Any]] = []
+        self.puts = 0
 
     async def call(self, op: str, fn: Callable[[], Awaitable[Any]], **details: Any) -> tuple[bool, Any]:
         """Run one store call, log it; (True, its value) or (False, None)."""
@@ -187,6 +190,17 @@ class Worker:
         if ok:
             await self.close_as(self.node_id, self.node_epoch, sid, stream.epoch)
 
+    async def kv_put(self, key_index: int) -> None:
+        self.puts += 1
+        key, value = f"key-{key_index}", f"{self.node_id}-{self.puts}"
+        await self.call("kv_put", lambda: self.store.kv_put(key, value.encode()), key=key, written=value)
+
+    async def kv_get(self, key_index: int) -> None:
+        key = f"key-{key_index}"
+        ok, value = await self.call("kv_get", lambda: self.store.kv_get(key), key=key)
+        if ok:
+            self.log[-1]["read"] = None if value is None else value.decode()
+
     async def run(self, ops: list[list[Any]]) -> None:
         for name, *args, delay_ms in ops:
             await asyncio.sleep(delay_ms / 1000)
@@ -200,6 +214,10 @@ class Worker:
                 await self.register(NodeId(args[0]))
             elif name == "rejoin":
                 await self.register(self.node_id)
+            elif name == "kv_put":
+                await self.kv_put(args[0])
+            elif name == "kv_get":
+                await self.kv_get(args[0])
             else:
                 raise ValueError(f"unknown operation {name!r}")
 

@@ -18,7 +18,10 @@ Then the history and the final state must satisfy:
   after another node's open was acknowledged succeeded only if its node opened the stream again
   later; no close at an epoch succeeds after an open at a newer one was acknowledged; acknowledged
   opens of a stream have distinct epochs, in real-time order, and the last is the stream's epoch;
-- object ids are never handed out twice.
+- object ids are never handed out twice;
+- KV is one register per key for every node: a read returns the latest value as of some moment
+  within the read (a value whose put started before the read ended and was not overwritten by a
+  put that ran wholly between them).
 
 ``S3STREAM_METADATA_RACE_EXAMPLES`` sets the hypothesis examples per store (CI: 10).
 """
@@ -55,6 +58,7 @@ from tests.support.postgres import pg_server_url
 
 NODE_COUNT = 4
 STREAM_COUNT = 4
+KEY_COUNT = 2
 EXAMPLES = int(os.environ.get("S3STREAM_METADATA_RACE_EXAMPLES", "10"))
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 120.0
@@ -81,6 +85,9 @@ OPERATION = st.one_of(
     st.tuples(st.just("close"), STREAM_INDEX, DELAY_MS),
     st.tuples(st.just("fence"), st.integers(min_value=1, max_value=NODE_COUNT), DELAY_MS),
     st.tuples(st.just("rejoin"), DELAY_MS),
+    st.tuples(
+        st.sampled_from(["kv_put", "kv_get"]), st.integers(min_value=0, max_value=KEY_COUNT - 1), DELAY_MS
+    ),
 )
 SCRIPTS = st.lists(st.lists(OPERATION, min_size=3, max_size=20), min_size=NODE_COUNT, max_size=NODE_COUNT)
 
@@ -218,6 +225,7 @@ def check_history(entries: list[Entry], state: dict[str, Any]) -> None:
         check_stream_data(stream, landed, state["slices"][sid])
         check_stream_fences(stream, entries, landed)
     check_node_fences(ok)
+    check_kv_reads(entries)
 
 
 def landed_commits(entries: list[Entry], state: dict[str, Any]) -> list[Entry]:
@@ -298,6 +306,26 @@ def check_node_fences(ok: list[Entry]) -> None:
                 )
 
 
+def check_kv_reads(entries: list[Entry]) -> None:
+    """Each KV read returns the latest value as of some moment within the read: a value whose put
+    started before the read ended, not overwritten by a put acknowledged wholly between the two
+    (every put writes a value of its own); absent only if no put was acknowledged before the read
+    began. A put that ended ``unknown`` may be the source of a read but overwrites nothing for sure."""
+    puts = [e for e in entries if e["op"] == "kv_put" and e["result"] in ("ok", "unknown")]
+    for get in (e for e in entries if e["op"] == "kv_get" and e["result"] == "ok"):
+        acked = [p for p in puts if p["key"] == get["key"] and p["result"] == "ok"]
+        if get["read"] is None:
+            earlier = [p for p in acked if p["t1"] < get["t0"]]
+            assert not earlier, f"{get} read nothing after {earlier[0]} was acknowledged"
+            continue
+        sources = [p for p in puts if p["key"] == get["key"] and p["written"] == get["read"]]
+        assert len(sources) == 1, f"{get} read a value no put wrote: {sources}"
+        source = sources[0]
+        assert source["t0"] < get["t1"], f"{get} read {source} before it was sent"
+        between = [p for p in acked if source["t1"] < p["t0"] and p["t1"] < get["t0"]]
+        assert not between, f"{get} read {source}, overwritten by {between[0]} before the read began"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", METADATA_KINDS)
 def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKind) -> None:
@@ -323,3 +351,21 @@ def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKin
     print(f"{kind}: {dict(sorted(stats.items()))}")
     assert stats["commit ok"] > 0
     assert stats["commit FencedError"] + stats["commit ConflictError"] > 0, "no race was exercised"
+
+
+def test_the_checks_reject_stale_reads_and_calls_after_a_fence() -> None:
+    def call(op: str, t0: float, t1: float, **details: Any) -> Entry:
+        return {"node": 1, "op": op, "t0": t0, "t1": t1, "result": "ok", "code": "NONE", **details}
+
+    put_a = call("kv_put", 0, 1, key="k", written="a")
+    put_b = call("kv_put", 2, 3, key="k", written="b")
+    check_kv_reads([put_a, put_b, call("kv_get", 2.5, 4, key="k", read="a")])  # overlaps put b: fine
+    with pytest.raises(AssertionError, match="overwritten"):
+        check_kv_reads([put_a, put_b, call("kv_get", 4, 5, key="k", read="a")])
+    with pytest.raises(AssertionError, match="read nothing"):
+        check_kv_reads([put_a, call("kv_get", 4, 5, key="k", read=None)])
+
+    fence = call("register", 0, 1, target=2, epoch=7)
+    check_node_fences([fence, call("commit", 0.5, 2, node_epoch=5) | {"node": 2}])  # overlaps: fine
+    with pytest.raises(AssertionError, match="fenced its node epoch"):
+        check_node_fences([fence, call("commit", 2, 3, node_epoch=5) | {"node": 2}])

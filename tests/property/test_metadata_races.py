@@ -34,7 +34,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -93,32 +92,32 @@ SCRIPTS = st.lists(st.lists(OPERATION, min_size=3, max_size=20), min_size=NODE_C
 
 
 class Workers:
-    """The node processes (node ids 1..NODE_COUNT), started once per test and fed one job per example."""
+    """The node processes (node ids 1..NODE_COUNT), started once per test and fed one job per example.
+    Their stderr goes to files under ``log_dir`` (a pipe nobody reads could fill and stall them)."""
 
-    def __init__(self) -> None:
-        self.procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "tests.property.metadata_race_worker", str(node)],
-                cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for node in range(1, NODE_COUNT + 1)
-        ]
+    def __init__(self, log_dir: Path) -> None:
+        self.stderr_paths = [log_dir / f"worker-{node}.stderr" for node in range(1, NODE_COUNT + 1)]
+        self.procs: list[subprocess.Popen[str]] = []
+        for node, path in enumerate(self.stderr_paths, start=1):
+            with path.open("w") as stderr:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "tests.property.metadata_race_worker", str(node)],
+                        cwd=REPO,
+                        env={**os.environ, "PYTHONPATH": str(REPO)},
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=stderr,
+                        text=True,
+                    )
+                )
         for proc in self.procs:
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()
             assert line == "READY", self.stderr(proc)
 
-    @staticmethod
-    def stderr(proc: subprocess.Popen[str]) -> str:
-        if proc.poll() is None:
-            return ""
-        assert proc.stderr is not None
-        return proc.stderr.read()[-3000:]
+    def stderr(self, proc: subprocess.Popen[str]) -> str:
+        return self.stderr_paths[self.procs.index(proc)].read_text()[-3000:]
 
     def run(self, url: str, streams: list[int], scripts: list[list[Any]]) -> list[Entry]:
         start_at = time.monotonic() + START_DELAY_S
@@ -149,8 +148,8 @@ class Workers:
 
 
 @contextmanager
-def workers() -> Iterator[Workers]:
-    running = Workers()
+def workers(log_dir: Path) -> Iterator[Workers]:
+    running = Workers(log_dir)
     try:
         yield running
     finally:
@@ -328,11 +327,11 @@ def check_kv_reads(entries: list[Entry]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", METADATA_KINDS)
-def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKind) -> None:
+def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKind, tmp_path: Path) -> None:
     stats: Counter[str] = Counter()
     if kind == "postgresql":
         pg_server_url()  # fails at once without a server, before the workers start
-    with workers() as running, tempfile.TemporaryDirectory(prefix="s3stream-races-") as tmp:
+    with workers(tmp_path) as running:
 
         @settings(
             max_examples=EXAMPLES,
@@ -341,7 +340,7 @@ def test_concurrent_nodes_lose_no_update_and_every_fence_holds(kind: MetadataKin
         )
         @given(scripts=SCRIPTS)
         def example(scripts: list[list[Any]]) -> None:
-            with metadata_url(kind, Path(tmp)) as url:
+            with metadata_url(kind, tmp_path) as url:
                 streams, opens = asyncio.run(setup(url))
                 entries = running.run(url, streams, [[list(op) for op in ops] for ops in scripts])
                 check_history(opens + entries, asyncio.run(final_state(url, streams)))

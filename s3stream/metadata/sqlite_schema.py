@@ -23,6 +23,8 @@ from typing import Any, Protocol, TypeVar, cast
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
+    LeaseInfo,
+    NodeInfo,
     ObjectKind,
     ObjectState,
     RangeMetadata,
@@ -38,6 +40,7 @@ from s3stream.metadata.changes import (
     Change,
     Counter,
     PutKv,
+    PutLease,
     PutNode,
     PutObject,
     PutRange,
@@ -45,6 +48,7 @@ from s3stream.metadata.changes import (
     PutStreamObject,
     PutStreamSetObject,
     RemoveKv,
+    RemoveLease,
     RemoveObject,
     RemoveRange,
     RemoveStream,
@@ -114,6 +118,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID",
         "CREATE INDEX objects_prepared ON objects (expires_at_ms) WHERE state = 1",
         "CREATE INDEX objects_destroyed ON objects (marked_at_ms, object_id) WHERE state = 3",
+    ),
+    # version 3: node sessions' leases; named leases (the maintenance election)
+    (
+        "ALTER TABLE nodes ADD COLUMN lease_expires_at_ms INTEGER NOT NULL DEFAULT -1",
+        "ALTER TABLE nodes ADD COLUMN heartbeat_at_ms INTEGER NOT NULL DEFAULT -1",
+        "ALTER TABLE nodes ADD COLUMN registered_at_ms INTEGER NOT NULL DEFAULT -1",
+        """CREATE TABLE leases (
+            name TEXT NOT NULL PRIMARY KEY, node_id INTEGER NOT NULL, node_epoch INTEGER NOT NULL,
+            expires_at_ms INTEGER NOT NULL)""",
+    ),
+    # version 4: the metadata copy in the bucket (s3stream.metadata.sqlite_copy)
+    (
+        """CREATE TABLE copy_state (
+            id INTEGER PRIMARY KEY CHECK (id = 0), copy_id TEXT NOT NULL, next_seq INTEGER NOT NULL,
+            last_commit_ms INTEGER NOT NULL, snapshot_seq INTEGER NOT NULL)""",
+        "CREATE TABLE pending_copy (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
     ),
 )
 LATEST_VERSION = len(MIGRATIONS)
@@ -262,6 +282,24 @@ _RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_
 _SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
 
 
+_NODE_COLUMNS = "node_id, node_epoch, lease_expires_at_ms, heartbeat_at_ms, registered_at_ms"
+_LEASE_COLUMNS = "name, node_id, node_epoch, expires_at_ms"
+
+
+def _node(row: Sequence[Any]) -> NodeInfo:
+    where = f"nodes row {row[0]!r}"
+    v = [_int(x, where) for x in row]
+    return NodeInfo(NodeId(v[0]), v[1], v[2], v[3], v[4])
+
+
+def _lease(row: Sequence[Any]) -> LeaseInfo:
+    where = f"leases row {row[0]!r:.80}"
+    if not isinstance(row[0], str):
+        raise CorruptionError(f"a lease name is not text: {row[0]!r:.80}", source=where)
+    v = [_int(x, where) for x in row[1:]]
+    return LeaseInfo(row[0], NodeId(v[0]), v[1], v[2])
+
+
 def _range(row: Sequence[Any]) -> RangeMetadata:
     where = f"ranges row of stream {row[0]!r}"
     v = [_int(x, where) for x in row]
@@ -286,6 +324,30 @@ class SqlView:
     def node_epoch(self, node_id: NodeId) -> int | None:
         row = self._c.execute("SELECT node_epoch FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
         return None if row is None else _int(row[0], f"nodes row {node_id}")
+
+    def node(self, node_id: NodeId) -> NodeInfo | None:
+        row = self._c.execute(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return None if row is None else _node(row)
+
+    def nodes(self) -> list[NodeInfo]:
+        """Also on a file of schema version 1 or 2 opened read-only (no lease columns yet): every
+        node is then an unleased session."""
+        try:
+            rows = self._c.execute(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id").fetchall()
+        except sqlite3.OperationalError:  # only SQLite: PostgreSQL is always migrated to the latest
+            if schema_version(cast(sqlite3.Connection, self._c)) not in (1, 2):
+                raise
+            rows = self._c.execute(
+                "SELECT node_id, node_epoch, -1, -1, -1 FROM nodes ORDER BY node_id"
+            ).fetchall()
+        return [_node(row) for row in rows]
+
+    def lease(self, name: str) -> LeaseInfo | None:
+        row = self._c.execute(f"SELECT {_LEASE_COLUMNS} FROM leases WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _lease(row)
+
+    def leases(self) -> list[LeaseInfo]:
+        return [_lease(row) for row in self._c.execute(f"SELECT {_LEASE_COLUMNS} FROM leases ORDER BY name")]
 
     def _streams(
         self, where: str, params: tuple[Any, ...], range_where: str = "", range_params: tuple[Any, ...] = ()
@@ -529,10 +591,19 @@ _SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
         lambda c: (c.counter.value, c.next_value),
     ),
     PutNode: (
-        "INSERT INTO nodes (node_id, node_epoch) VALUES (?, ?) "
-        "ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch",
-        lambda c: (c.node_id, c.node_epoch),
+        f"INSERT INTO nodes ({_NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch, "
+        "lease_expires_at_ms = excluded.lease_expires_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms, "
+        "registered_at_ms = excluded.registered_at_ms",
+        lambda c: (c.node_id, c.node_epoch, c.lease_expires_at_ms, c.heartbeat_at_ms, c.registered_at_ms),
     ),
+    PutLease: (
+        f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET node_id = excluded.node_id, node_epoch = excluded.node_epoch, "
+        "expires_at_ms = excluded.expires_at_ms",
+        lambda c: (c.lease.name, c.lease.node_id, c.lease.node_epoch, c.lease.expires_at_ms),
+    ),
+    RemoveLease: ("DELETE FROM leases WHERE name = ?", lambda c: (c.name,)),
     PutStream: (
         f"INSERT INTO streams ({_STREAM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream_id) DO UPDATE SET "
         "epoch = excluded.epoch, state = excluded.state, start_offset = excluded.start_offset, "

@@ -14,8 +14,9 @@ The WAL stays the in-memory twin: the suite observes it through twin-only attrib
 real block WAL on a file is covered by ``tests/unit/test_engine_embedded.py`` and the crash tests.
 
 Isolation: every storage a backend hands out lives under its own directory or key prefix, every
-metadata store is its own SQLite file, and :meth:`Backend.aclose` closes them all (and deletes the
-S3 objects) when the test ends.
+metadata store is its own SQLite file or, for a PostgreSQL backend (``metadata_kind="postgresql"``),
+its own fresh schema on the server of ``S3STREAM_TEST_PG_URL`` (the test fails without it), and
+:meth:`Backend.aclose` closes them all (deletes the S3 objects, drops the schemas) when the test ends.
 """
 
 from __future__ import annotations
@@ -26,41 +27,58 @@ import tempfile
 import types
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from s3stream.metadata.base import MetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.storage.base import ObjectStorage
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.s3 import S3ObjectStorage
 from s3stream.storage.uri import open_storage
 from tests.property.test_engine_stateful import EngineMachine
+from tests.support.metadata_urls import MetadataKind, open_store
+from tests.support.postgres import fresh_schema
 from tests.support.s3 import S3TestServer
 
 METADATA_POOL_COUNT = 2
-"""SQLite stores opened ahead per test: ``Node`` builds its metadata synchronously, SQLite opens
+"""Metadata stores opened ahead per test: ``Node`` builds its metadata synchronously, the stores open
 asynchronously. Every suite test today builds at most one store (extra nodes share the first)."""
 
 
 class Backend:
-    """Hands out real object storages and SQLite metadata stores; closes them all in :meth:`aclose`."""
+    """Hands out real object storages and metadata stores (SQLite files or PostgreSQL schemas);
+    closes them all in :meth:`aclose`."""
 
-    def __init__(self, name: str, root: Path, s3: S3TestServer | None = None, s3_prefix: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        root: Path,
+        s3: S3TestServer | None = None,
+        s3_prefix: str = "",
+        *,
+        metadata_kind: MetadataKind = "sqlite",
+    ) -> None:
         assert (name == "s3") == (s3 is not None), "the s3 backend needs a server, the others none"
         self.name = name
         self.root = root
         self.s3 = s3
         self.s3_prefix = s3_prefix
+        self.metadata_kind = metadata_kind
         self.storages: list[ObjectStorage] = []
-        self.metadata_ready: list[SqliteMetadataStore] = []
-        self.metadata_used: list[SqliteMetadataStore] = []
+        self.metadata_ready: list[MetadataStore] = []
+        self.metadata_used: list[MetadataStore] = []
+        self.metadata_urls: list[str] = []
+        self._schemas = ExitStack()
+        """Drops the PostgreSQL schemas when closed."""
 
     def __repr__(self) -> str:
         where = f"s3 prefix {self.s3_prefix!r}" if self.s3 else f"root {self.root}"
-        return f"Backend({self.name}, {where})"
+        urls = ", ".join(self.metadata_urls)
+        return f"Backend({self.name}, {where}, {self.metadata_kind} metadata {urls})"
 
     def new_storage(self, *args: object) -> ObjectStorage:
         """A fresh, empty object storage (its own directory or key prefix)."""
@@ -75,12 +93,19 @@ class Backend:
         return storage
 
     async def open_metadata(self, count: int = METADATA_POOL_COUNT) -> None:
-        """Open ``count`` SQLite stores ahead for :meth:`take_metadata`."""
+        """Open ``count`` stores ahead for :meth:`take_metadata`: SQLite files under the root, or
+        fresh PostgreSQL schemas."""
         for _ in range(count):
             index = len(self.metadata_ready) + len(self.metadata_used)
-            self.metadata_ready.append(await SqliteMetadataStore.open(self.root / f"metadata-{index}.db"))
+            if self.metadata_kind == "sqlite":
+                store: MetadataStore = await SqliteMetadataStore.open(self.root / f"metadata-{index}.db")
+            else:
+                url = self._schemas.enter_context(fresh_schema())
+                self.metadata_urls.append(url.rsplit("search_path%3D", 1)[-1])
+                store = await open_store(url)
+            self.metadata_ready.append(store)
 
-    def take_metadata(self, *args: object) -> SqliteMetadataStore:
+    def take_metadata(self, *args: object) -> MetadataStore:
         """One of the stores opened ahead (``Node`` builds metadata synchronously)."""
         assert not args, f"the suite passed arguments to its metadata factory: {args!r}"
         if not self.metadata_ready:
@@ -93,9 +118,12 @@ class Backend:
         return store
 
     async def aclose(self) -> None:
-        """Close every store handed out; delete what the test left in S3."""
-        for metadata in self.metadata_used + self.metadata_ready:
-            await metadata.close()
+        """Close every store handed out and drop the schemas; delete what the test left in S3."""
+        try:
+            for metadata in self.metadata_used + self.metadata_ready:
+                await metadata.close()
+        finally:
+            self._schemas.close()
         for storage in self.storages:
             if isinstance(storage, S3ObjectStorage):
                 keys = [info.key async for info in storage.list("")]

@@ -24,7 +24,6 @@ from s3stream.cli._metadata import open_metadata_read_only, read_only_url
 from s3stream.cli.fetch import preview
 from s3stream.cli.produce import generated_payload
 from s3stream.errors import S3StreamError
-from s3stream.ids import NodeId
 from s3stream.metadata.url import parse_metadata_url
 from tests.support.configs import SMALL_TOML
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -239,15 +240,15 @@ async def test_a_database_that_does_not_exist_is_invalid(pg_url: str) -> None:
 
 
 async def test_a_connection_the_server_drops_fails_one_call_then_reconnects(pg_url: str) -> None:
-    store = await PostgresMetadataStore.open(pg_url, connections=1)
+    name = f"s3stream-drop-{uuid.uuid4().hex[:12]}"  # only this store's session is terminated
+    sep = "&" if urllib.parse.urlsplit(pg_url).query else "?"
+    store = await PostgresMetadataStore.open(f"{pg_url}{sep}application_name={name}", connections=1)
     try:
         await store.kv_put("a", b"1")
         _sql(
             pg_url,
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name = 's3stream' AND pid <> pg_backend_pid() "
-            "AND query NOT LIKE '%pg_terminate_backend%' AND backend_type = 'client backend' "
-            "AND pid IN (SELECT pid FROM pg_stat_activity WHERE datname = current_database())",
+            f"WHERE application_name = '{name}' AND pid <> pg_backend_pid()",
         )
         with pytest.raises(UnavailableError) as info:
             await store.kv_get("a")

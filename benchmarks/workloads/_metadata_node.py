@@ -185,6 +185,7 @@ async def _run(spec: NodeSpec) -> dict[str, object]:
             "cpu_s": time.process_time() - cpu_before,
             "retries": node.retries - retries_before,
             "latencies_s": latencies,
+            "cpus": sorted(os.sched_getaffinity(0)),
         }
     finally:
         await store.close()

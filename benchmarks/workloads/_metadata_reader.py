@@ -7,9 +7,9 @@ index) is read once, untimed. Then a separate process (``python -m benchmarks.wo
 its :class:`ReaderSpec` as JSON in :data:`SPEC_ENV`) makes ``rounds`` pairs of passes in alternating
 order, each starting on a collected heap:
 
-- **reader**: open the metadata store by URL and an object-store client, build the engine's object read
-  path on them (:func:`s3stream.assembly.build_reader`: empty block and index caches, default readahead;
-  no data dir, no WAL), read ``[0, end)`` in 1 MiB fetches, close. All of it is timed: the metadata
+- **reader**: ``s3stream.open_reader(bucket_uri=..., metadata_url=...)`` (the metadata store by URL
+  and an object-store client; empty block and index caches, default readahead; no data dir, no WAL),
+  ``fetch`` of ``[0, end)`` in 1 MiB fetches, close. All of it is timed: the opens, the metadata
   queries, the index reads, the block GETs, the CRC checks and decoding into record batches.
 - **raw**: a plain object-store client fetching the same spans with ranged GETs of 4 MiB,
   :data:`RAW_INFLIGHT` at a time (the body read chunk by chunk and joined, as the engine's storage
@@ -35,10 +35,10 @@ from typing import Any
 from benchmarks.core import Context, Result
 from benchmarks.pgserver import REPO_ROOT
 from benchmarks.workloads._metadata_node import open_store
-from s3stream.assembly import build_reader, open_client
+from s3stream.assembly import open_client, open_reader
 from s3stream.config import Config
 from s3stream.ids import StreamId
-from s3stream.metadata.queries import GET_LIMIT_MAX
+from s3stream.metadata.controller import GET_LIMIT_MAX
 from s3stream.model import RecordBatch
 from s3stream.objectformat import ObjectReader, object_key
 from s3stream.storage.base import ObjectStorage
@@ -58,6 +58,8 @@ W = "metadata"
 @dataclass(frozen=True)
 class ReaderSpec:
     url: str
+    bucket_uri: str
+    """The same store as ``storage``, as ``s3stream.open_reader`` takes it."""
     storage: dict[str, Any]
     """``{"s3": S3Config fields}`` or ``{"local_root": path}``."""
     namespace: str
@@ -158,7 +160,15 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
         await storage.close()
     cpus = sorted(os.sched_getaffinity(0))
     spec = ReaderSpec(
-        url, storage_spec, namespace, stream_id, end, spans, rounds, cpus[-1] if ctx.pin else None
+        url=url,
+        bucket_uri=ctx.s3.uri(ctx.key_prefix("reader")) if ctx.s3 else f"file://{storage_spec['local_root']}",
+        storage=storage_spec,
+        namespace=namespace,
+        stream_id=stream_id,
+        end_offset=end,
+        spans=spans,
+        rounds=rounds,
+        cpu=cpus[-1] if ctx.pin else None,
     )
     ctx.status(f"metadata: reader catch-up in another process vs raw ranged GETs, {rounds} rounds")
     process = await asyncio.create_subprocess_exec(
@@ -193,7 +203,7 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
             span_bytes / min(raw_s) / 1e6,
             True,
             {
-                "subject": f"object read path over {label} metadata (build_reader; no data dir, no WAL)",
+                "subject": f"s3stream.open_reader over {label} metadata (no data dir, no WAL)",
                 "reader_median_mb_s": span_bytes / statistics.median(reader_s) / 1e6,
                 "raw_median_mb_s": span_bytes / statistics.median(raw_s) / 1e6,
                 "reader_s_rounds": reader_s,
@@ -215,27 +225,18 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
 
 
 async def _reader_pass(spec: ReaderSpec) -> tuple[float, int]:
-    """Open, read ``[0, end)``, close: seconds and payload bytes."""
+    """``s3stream.open_reader``, fetch ``[0, end)``, close: seconds and payload bytes."""
     started = time.perf_counter()
-    store = await open_store(spec.url)
-    storage = _open_storage(spec.storage)
-    try:
-        if isinstance(storage, S3ObjectStorage):
-            await storage.connect()
-        reader = build_reader(Config(), store, storage)
-        payload_bytes, offset, stream_id = 0, 0, StreamId(spec.stream_id)
-        try:
-            while offset < spec.end_offset:
-                batches = await reader.read(stream_id, offset, spec.end_offset, FETCH_MAX_BYTES)
-                if not batches:
-                    raise RuntimeError(f"the read stopped at offset {offset} of {spec.end_offset}")
-                payload_bytes += sum(len(b.payload) for b in batches)
-                offset = batches[-1].end_offset
-        finally:
-            await reader.close()
-    finally:
-        await storage.close()
-        await store.close()
+    payload_bytes, offset, stream_id = 0, 0, StreamId(spec.stream_id)
+    async with await open_reader(
+        bucket_uri=spec.bucket_uri, metadata_url=spec.url, config=Config()
+    ) as reader:
+        while offset < spec.end_offset:
+            batches = await reader.fetch(stream_id, offset, spec.end_offset, FETCH_MAX_BYTES)
+            if not batches:
+                raise RuntimeError(f"the read stopped at offset {offset} of {spec.end_offset}")
+            payload_bytes += sum(len(b.payload) for b in batches)
+            offset = batches[-1].end_offset
     return time.perf_counter() - started, payload_bytes
 
 

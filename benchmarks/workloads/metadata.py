@@ -156,6 +156,7 @@ async def _run_nodes(ctx: Context, url: str, spec: dict[str, Any], nodes: int) -
         "client_cpu_ms_per_op": 1000 * sum(r["cpu_s"] for r in reports) / ops if ops else 0.0,
         "retries": sum(r["retries"] for r in reports),
         "ops_by_node": [r["ops"] for r in reports],
+        "cpus_by_node": [r["cpus"] for r in reports],
     }
 
 
@@ -214,6 +215,7 @@ async def _commit_rows(ctx: Context, sides: Sides) -> list[Result]:
                         "duration_s": duration_s,
                         "warmup_s": warmup_s,
                         "pinned": ctx.pin,
+                        "cpus_by_node": subject["cpus_by_node"],
                     },
                 )
             )

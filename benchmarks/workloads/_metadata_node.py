@@ -17,7 +17,9 @@ Operations (each counted once):
 - ``kv``: ``kv_put`` of a 64-byte value under one of :data:`KV_KEYS` keys of the node's own.
 
 An operation refused as unavailable (SQLite's write lock held beyond its busy timeout by the other
-processes, a PostgreSQL retry limit) is retried and counted in ``retries``; any other error ends the
+processes, a PostgreSQL retry limit) is retried and counted in ``retries`` (the open and the setup
+are retried too: opening a SQLite store takes its write lock, which 8 busy processes can keep from
+it for more than the 5 s busy timeout); any other error ends the
 process with a traceback and a non-zero exit status.
 """
 
@@ -30,7 +32,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Literal, cast
+from typing import Literal, TypeVar, cast
 
 from s3stream.errors import UnavailableError
 from s3stream.ids import NodeId, ObjectId, StreamId
@@ -51,6 +53,21 @@ RETRIES_MAX = 100
 
 Operation = Literal["streamset", "openclose", "kv"]
 OPERATIONS: tuple[Operation, ...] = ("streamset", "openclose", "kv")
+
+
+T = TypeVar("T")
+
+
+async def retrying(call: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+    """``call()`` until the store stops answering unavailable (at most :data:`RETRIES_MAX` retries):
+    its result and the retries it took."""
+    for attempt in range(RETRIES_MAX + 1):
+        try:
+            return await call(), attempt
+        except UnavailableError:
+            if attempt == RETRIES_MAX:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def open_store(url: str) -> MetadataStore:
@@ -92,7 +109,7 @@ class Node:
         self.retries = 0
 
     async def setup(self) -> None:
-        await self.store.register_node(node_id=self.node_id, node_epoch=NODE_EPOCH)
+        await retrying(lambda: self.store.register_node(node_id=self.node_id, node_epoch=NODE_EPOCH))
         wanted = self.spec.streams if self.spec.operation == "streamset" else 1
         if self.spec.operation == "kv":
             wanted = 0
@@ -100,9 +117,13 @@ class Node:
 
         async def create() -> StreamId:
             async with gate:
-                stream_id = await self.store.create_stream(node_id=self.node_id, node_epoch=NODE_EPOCH)
-                await self.store.open_stream(
-                    node_id=self.node_id, node_epoch=NODE_EPOCH, stream_id=stream_id, epoch=0
+                stream_id, _ = await retrying(
+                    lambda: self.store.create_stream(node_id=self.node_id, node_epoch=NODE_EPOCH)
+                )
+                await retrying(
+                    lambda: self.store.open_stream(
+                        node_id=self.node_id, node_epoch=NODE_EPOCH, stream_id=stream_id, epoch=0
+                    )
                 )
                 return stream_id
 
@@ -144,21 +165,15 @@ class Node:
     async def one(self) -> None:
         """One operation, retried while the store answers unavailable."""
         operation: Callable[[], Awaitable[None]] = getattr(self, self.spec.operation)
-        for attempt in range(RETRIES_MAX + 1):
-            try:
-                await operation()
-                break
-            except UnavailableError:
-                if attempt == RETRIES_MAX:
-                    raise
-                self.retries += 1
+        _, retries = await retrying(operation)
+        self.retries += retries
         self.count += 1
 
 
 async def _run(spec: NodeSpec) -> dict[str, object]:
     if spec.cpu is not None:
         os.sched_setaffinity(0, {spec.cpu})
-    store = await open_store(spec.url)
+    store, open_retries = await retrying(lambda: open_store(spec.url))
     try:
         node = Node(store, spec)
         await node.setup()
@@ -186,6 +201,7 @@ async def _run(spec: NodeSpec) -> dict[str, object]:
             "retries": node.retries - retries_before,
             "latencies_s": latencies,
             "cpus": sorted(os.sched_getaffinity(0)),
+            "open_retries": open_retries,
         }
     finally:
         await store.close()

@@ -102,7 +102,12 @@ def _order(index: int, subject: Kind) -> list[tuple[Role, Kind]]:
 
 
 async def _run_nodes(ctx: Context, url: str, spec: dict[str, Any], nodes: int) -> dict[str, Any]:
-    """``nodes`` node processes on ``url``: setup, one start signal for all, their results summed."""
+    """``nodes`` node processes on ``url``: setup, one start signal for all, their results summed.
+
+    The store is created (schema and migrations) here first, untimed: SQLite refuses several processes
+    migrating a new file at once (``database is locked`` from the first ``BEGIN IMMEDIATE``)."""
+    store = await open_store(url)
+    await store.close()
     cpus = sorted(os.sched_getaffinity(0))
     logs = ctx.scratch("node-logs")
     processes: list[asyncio.subprocess.Process] = []
@@ -155,6 +160,7 @@ async def _run_nodes(ctx: Context, url: str, spec: dict[str, Any], nodes: int) -
         "latency": latency,
         "client_cpu_ms_per_op": 1000 * sum(r["cpu_s"] for r in reports) / ops if ops else 0.0,
         "retries": sum(r["retries"] for r in reports),
+        "open_retries": sum(r["open_retries"] for r in reports),
         "ops_by_node": [r["ops"] for r in reports],
         "cpus_by_node": [r["cpus"] for r in reports],
     }
@@ -208,6 +214,8 @@ async def _commit_rows(ctx: Context, sides: Sides) -> list[Result]:
                         "baseline_client_cpu_ms_per_op": base["client_cpu_ms_per_op"],
                         "retries": subject["retries"],
                         "baseline_retries": base["retries"],
+                        "open_retries": subject["open_retries"],
+                        "baseline_open_retries": base["open_retries"],
                         "ops_by_node": subject["ops_by_node"],
                         "baseline_ops_by_node": base["ops_by_node"],
                         "nodes": nodes,

@@ -7,8 +7,9 @@ index) is read once, untimed. Then a separate process (``python -m benchmarks.wo
 its :class:`ReaderSpec` as JSON in :data:`SPEC_ENV`) makes ``rounds`` pairs of passes in alternating
 order, each starting on a collected heap:
 
-- **reader**: ``s3stream.open_reader(bucket_uri=..., metadata_url=...)`` (the metadata store by URL
-  and an object-store client; empty block and index caches, default readahead; no data dir, no WAL),
+- **reader**: ``s3stream.open_reader(bucket_uri=..., metadata_url=...)`` (where the package has it;
+  else the same parts by hand: the metadata store by URL, an object-store client and the engine's
+  object read path, :func:`s3stream.assembly.build_reader`; empty block and index caches, default readahead; no data dir, no WAL),
   ``fetch`` of ``[0, end)`` in 1 MiB fetches, close. All of it is timed: the opens, the metadata
   queries, the index reads, the block GETs, the CRC checks and decoding into record batches.
 - **raw**: a plain object-store client fetching the same spans with ranged GETs of 4 MiB,
@@ -32,10 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import s3stream
 from benchmarks.core import Context, Result
 from benchmarks.pgserver import REPO_ROOT
 from benchmarks.workloads._metadata_node import open_store
-from s3stream.assembly import open_client, open_reader
+from s3stream.assembly import build_reader, open_client
 from s3stream.config import Config
 from s3stream.ids import StreamId
 from s3stream.metadata.controller import GET_LIMIT_MAX
@@ -203,7 +205,7 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
             span_bytes / min(raw_s) / 1e6,
             True,
             {
-                "subject": f"s3stream.open_reader over {label} metadata (no data dir, no WAL)",
+                "subject": f"{report['reader_api']} over {label} metadata (no data dir, no WAL)",
                 "reader_median_mb_s": span_bytes / statistics.median(reader_s) / 1e6,
                 "raw_median_mb_s": span_bytes / statistics.median(raw_s) / 1e6,
                 "reader_s_rounds": reader_s,
@@ -225,18 +227,32 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
 
 
 async def _reader_pass(spec: ReaderSpec) -> tuple[float, int]:
-    """``s3stream.open_reader``, fetch ``[0, end)``, close: seconds and payload bytes."""
+    """Open a reader, fetch ``[0, end)``, close: seconds and payload bytes. The reader is
+    ``s3stream.open_reader`` where the package has it, else the same parts by hand (the metadata store
+    by URL, an object-store client, :func:`s3stream.assembly.build_reader`)."""
     started = time.perf_counter()
     payload_bytes, offset, stream_id = 0, 0, StreamId(spec.stream_id)
-    async with await open_reader(
-        bucket_uri=spec.bucket_uri, metadata_url=spec.url, config=Config()
-    ) as reader:
+    open_reader = getattr(s3stream, "open_reader", None)
+    if open_reader is not None:
+        reader = await open_reader(bucket_uri=spec.bucket_uri, metadata_url=spec.url, config=Config())
+        fetch, closers = reader.fetch, [reader.close]
+    else:
+        store = await open_store(spec.url)
+        storage = _open_storage(spec.storage)
+        if isinstance(storage, S3ObjectStorage):
+            await storage.connect()
+        path = build_reader(Config(), store, storage)
+        fetch, closers = path.read, [path.close, storage.close, store.close]
+    try:
         while offset < spec.end_offset:
-            batches = await reader.fetch(stream_id, offset, spec.end_offset, FETCH_MAX_BYTES)
+            batches = await fetch(stream_id, offset, spec.end_offset, FETCH_MAX_BYTES)
             if not batches:
                 raise RuntimeError(f"the read stopped at offset {offset} of {spec.end_offset}")
             payload_bytes += sum(len(b.payload) for b in batches)
             offset = batches[-1].end_offset
+    finally:
+        for close in closers:
+            await close()
     return time.perf_counter() - started, payload_bytes
 
 
@@ -281,7 +297,8 @@ async def _passes(spec: ReaderSpec) -> dict[str, Any]:
                 reader_s.append(elapsed)
             else:
                 raw_s.append(await _raw_pass(spec))
-    return {"reader_s": reader_s, "raw_s": raw_s, "payload_bytes": payload_bytes}
+    api = "s3stream.open_reader" if hasattr(s3stream, "open_reader") else "build_reader (no open_reader yet)"
+    return {"reader_s": reader_s, "raw_s": raw_s, "payload_bytes": payload_bytes, "reader_api": api}
 
 
 def main() -> None:

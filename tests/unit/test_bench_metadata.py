@@ -6,7 +6,6 @@ server of ``S3STREAM_TEST_PG_URL`` and fails (never skips) without it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from benchmarks import harness, pgserver
 from benchmarks.core import Context, Result
 from benchmarks.workloads import metadata
 
-POSTGRES_STORE_MISSING = importlib.util.find_spec("s3stream.metadata.postgres") is None
 TINY = {
     "streams": "12",
     "nodes": "1,3",
@@ -73,9 +71,6 @@ async def test_pin_puts_each_node_process_on_one_core(tmp_path: Path) -> None:
         assert row.extra["cpus_by_node"] == [[cpus[i % len(cpus)]] for i in range(row.extra["nodes"])]
 
 
-@pytest.mark.xfail(
-    POSTGRES_STORE_MISSING, reason="s3stream.metadata.postgres is not on this branch yet", strict=True
-)
 async def test_postgresql_against_sqlite_uses_fresh_schemas_and_drops_them(tmp_path: Path) -> None:
     base_url = os.environ.get(pgserver.PG_URL_ENV)
     if not base_url:

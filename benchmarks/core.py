@@ -117,6 +117,10 @@ class Context:
     params: dict[str, Any] = field(default_factory=dict)
     """Workload parameters from ``--param name=value`` (strings; parse with :meth:`param`)."""
     status_sink: Callable[[str], None] = field(default=_noop_status, repr=False)
+    metadata_url: str | None = field(default=None, repr=False)
+    """``--metadata-url``: the metadata server a workload measures (may hold a password; never log it)."""
+    pin: bool = False
+    """``--pin``: workloads that start processes pin each to one core of this process's affinity set."""
 
     def status(self, text: str) -> None:
         """Show what the workload is doing now in the live display."""

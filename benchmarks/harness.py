@@ -492,22 +492,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--keep-objects", action="store_true", help="keep the objects the run wrote under bench/<run id>/"
     )
+    parser.add_argument(
+        "--metadata-url",
+        "--pg-url",
+        dest="metadata_url",
+        help="the PostgreSQL server the `metadata` workload measures (postgresql://user:pass@host:port/db; "
+        "it creates and drops schemas of its own there); default S3STREAM_TEST_PG_URL, else the project's "
+        "server (scripts/postgres start)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each process a workload starts to one core (round robin over this process's cores)",
+    )
     return parser
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line with the value of ``--secret-key`` hidden (it goes into result files)."""
+    """The command line with the values of ``--secret-key`` and ``--metadata-url`` hidden (it goes into
+    result files; a metadata URL may hold a password)."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
         if hide_next:
             out.append("***")
             hide_next = False
-        elif arg == "--secret-key":
+        elif arg in ("--secret-key", "--metadata-url", "--pg-url"):
             out.append(arg)
             hide_next = True
-        elif arg.startswith("--secret-key="):
-            out.append("--secret-key=***")
+        elif arg.startswith(("--secret-key=", "--metadata-url=", "--pg-url=")):
+            out.append(arg.split("=", 1)[0] + "=***")
         else:
             out.append(arg)
     return out
@@ -597,6 +611,8 @@ def main(
                 seed=seed,
                 params=dict(params),
                 status_sink=status,
+                metadata_url=args.metadata_url,
+                pin=args.pin,
             )
             notes_by_ctx.append((name, ctx))
             return ctx

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, cast
 
-from s3stream.engine.reader import ObjectStreamReader
+from s3stream.engine.reader import ObjectStreamReader, ReaderStats
 from s3stream.errors import ClosedError, InvalidArgumentError, OffsetOutOfRangeError
 from s3stream.facade import _LoopThread
 from s3stream.ids import StreamId
@@ -108,6 +108,10 @@ class Reader:
         records = await self._reader.read(sid, start_offset, end_offset, max_bytes)
         # A StreamRecordBatch is a FetchedBatch (as Stream.fetch returns them); the list is this call's.
         return cast(list[FetchedBatch], records)
+
+    def stats(self) -> ReaderStats:
+        """The object read path's counters (reads, re-plans after replaced objects, block hits and misses)."""
+        return self._reader.stats()
 
     async def close(self) -> None:
         """Stop readahead, close the object storage and the metadata. Idempotent."""

@@ -67,7 +67,7 @@ async def main(metadata_url: str, stop_file: str) -> int:
             await asyncio.sleep(0.05)
         for sid in sorted(next_offset):
             print("END", sid, next_offset[sid], digests[sid].hexdigest(), flush=True)
-        stats = reader._reader.stats()
+        stats = reader.stats()
         print("STATS", passes, batches, stats.retry_count, flush=True)
         return 0
     finally:

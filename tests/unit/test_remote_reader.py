@@ -216,7 +216,7 @@ async def test_a_read_replans_from_fresh_metadata_when_compaction_deleted_its_ob
             keys = {info.key async for info in storage.list("")}
             assert len(keys) == len(live)
             tail = await reader.fetch(stream.stream_id, head[-1].end_offset, end, max_bytes=1 << 30)
-            assert object_reader.stats().retry_count >= 1
+            assert reader.stats().retry_count >= 1
             want = await stream.fetch(0, end, 1 << 30)
             assert rows(head + tail) == rows(want)
     finally:

@@ -20,7 +20,7 @@ import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
@@ -42,6 +42,10 @@ from s3stream.storage.base import ObjectStorage
 from s3stream.walblock import BlockWalAdapter, open_block_wal_file
 from wal import WalConfig
 from wal.config import IO_THREADS_MAX
+
+if TYPE_CHECKING:
+    from s3stream.metacopy.replicator import MetadataCopy
+    from s3stream.metadata.sqlite import SqliteMetadataStore
 
 READER_CACHE_BYTES = 16 * 1024 * 1024
 """Object index cache of the read path."""
@@ -142,13 +146,14 @@ async def open_client(
             if not wal_existed:
                 created.files.append(wal_path)
         closers.append(wal.close)
+        copied_store, copy = None, None
         if metadata is None:
             from s3stream.metadata.sqlite import SqliteMetadataStore
 
             metadata_path = root / binding.METADATA_FILE
             if not await asyncio.to_thread(metadata_path.exists):
                 created.files[:0] = [Path(f"{metadata_path}{end}") for end in ("", "-wal", "-shm")]
-            metadata = await SqliteMetadataStore.open(str(metadata_path))
+            metadata = copied_store = await SqliteMetadataStore.open(str(metadata_path))
         closers.append(metadata.close)
         await binding.bind_storage(
             metadata,
@@ -170,6 +175,9 @@ async def open_client(
             upload_observer=upload_observer,
         )
         await engine.start()
+        if copied_store is not None and _is_bucket(bucket_uri):
+            copy = await _start_metadata_copy(copied_store, storage, config)
+            closers.append(copy.close)  # closed after the engine, before the metadata store
         collector = GarbageCollector(
             metadata,
             storage,
@@ -191,6 +199,8 @@ async def open_client(
         raise
     client = Client(engine, metadata, closers=list(reversed(closers)))
     client.components.update(reaper=reaper, compactor=compactor, reader=reader)
+    if copy is not None:
+        client.components["metadata_copy"] = copy
     return client
 
 
@@ -265,6 +275,26 @@ def open_reader_sync(
     return SyncReader.start(
         lambda: open_reader(bucket_uri=bucket_uri, metadata_url=metadata_url, config=config)
     )
+
+
+def _is_bucket(bucket_uri: str | None) -> bool:
+    """Whether the objects are in an S3 bucket (a local ``objects/`` folder or ``file://`` path is lost
+    with the disk that holds the metadata, so a copy there would not help)."""
+    from s3stream.storage.uri import parse_bucket_uri
+
+    return bucket_uri is not None and parse_bucket_uri(bucket_uri).protocol == "s3"
+
+
+async def _start_metadata_copy(
+    store: SqliteMetadataStore, storage: ObjectStorage, config: Config
+) -> MetadataCopy:
+    """Keep a copy of the embedded metadata in the bucket (``s3stream.metacopy``). Started after the
+    engine, so an open never waits for the bucket; from then on every metadata write does."""
+    from s3stream.metacopy.replicator import MetadataCopy
+
+    copy = MetadataCopy(store, storage, namespace=config.namespace)
+    await copy.start()
+    return copy
 
 
 def _recorded_storage(root: Path) -> binding.RecordedStorage | None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the S3 test server and a fresh prefix on it, the replayable seed.
+"""Shared fixtures: the S3 test server and a fresh prefix on it, a fresh PostgreSQL schema
+(``pg_url``), the replayable seed.
 
 The helpers behind them, and every other piece of test support, live in :mod:`tests.support`.
 """
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.postgres import pg_url  # noqa: F401 - the fixture, for every test module
 from tests.support.s3 import REQUIRE_S3_ENV, S3TestServer, delete_prefix, s3_from_env, s3_required
 
 

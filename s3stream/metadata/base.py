@@ -19,7 +19,8 @@ StreamSet ranges are kept in metadata (AutoMQ V2+ reads them from the object ind
 ``mark_destroyed`` and ``remove_objects`` are idempotent lifecycle calls of ours (AutoMQ's
 controller does both internally). Implementations: ``sqlite.SqliteMetadataStore`` (durable) and
 ``memory.MemoryMetadataStore``; both run the same controller (``stream_ops``, ``object_ops``,
-``queries``), so they cannot disagree.
+``node_ops``, ``queries``), so they cannot disagree. Node sessions, leases and the fencing of bound
+stores: ``node_ops`` and ``docs/decisions/0024-node-epochs-leases-and-fencing.md``.
 """
 
 from __future__ import annotations
@@ -86,6 +87,33 @@ class S3ObjectMetadata:
     """When it became MARK_DESTROYED (-1 otherwise)."""
     kind: ObjectKind | None = None
     """Known once committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node's current session: the epoch the database issued it and its lease.
+
+    ``lease_expires_at_ms == -1``: an unleased session (registered by ``register_node`` with an
+    epoch of its own), valid for as long as its epoch is the current one. Otherwise the session is
+    valid while the store's clock is below ``lease_expires_at_ms``. Times are the store's clock in
+    ms; -1 means "never".
+    """
+
+    node_id: NodeId
+    node_epoch: int
+    lease_expires_at_ms: int
+    heartbeat_at_ms: int
+    registered_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A named lease and the node session holding it until ``expires_at_ms`` (the store's clock)."""
+
+    name: str
+    node_id: NodeId
+    node_epoch: int
+    expires_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +218,42 @@ class MetadataStore(Protocol):
     async def register_node(self, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
         """(Re-)register a node (AutoMQ getOpeningStreams): returns the OPENED streams whose current
         range it owns. A lower epoch than the stored one -> FencedError(NODE_EPOCH_EXPIRED)."""
+        ...
+
+    async def open_node(self, *, node_id: NodeId, lease_ms: int) -> NodeInfo:
+        """Register or re-register a node: its epoch becomes the stored one + 1 (1 for a new node),
+        which fences every older session of the node; its lease expires ``lease_ms`` from now."""
+        ...
+
+    async def heartbeat(self, *, node_id: NodeId, node_epoch: int, lease_ms: int) -> NodeInfo:
+        """Renew the session's lease to ``lease_ms`` from now. A session whose epoch is not the
+        current one, or whose lease has expired, -> FencedError(NODE_FENCED): an expired lease is
+        never revived (open the node again); an unknown node has no session: the same error."""
+        ...
+
+    async def close_node(self, *, node_id: NodeId, node_epoch: int) -> None:
+        """End the session now (its lease expires, its leases are released); a no-op for a session
+        that is already fenced or of an unknown node."""
+        ...
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every registered node, by id."""
+        ...
+
+    async def acquire_lease(self, *, name: str, node_id: NodeId, node_epoch: int, lease_ms: int) -> LeaseInfo:
+        """Take the named lease if it is free, expired, or held by a fenced session; renew it if this
+        session holds it (to ``lease_ms`` from now). Returns the holder after the call: the caller holds
+        the lease iff the holder is ``(node_id, node_epoch)``. The session itself must be valid (else
+        FencedError(NODE_FENCED))."""
+        ...
+
+    async def release_lease(self, *, name: str, node_id: NodeId, node_epoch: int) -> None:
+        """Give the lease up if this session holds it; otherwise a no-op."""
+        ...
+
+    async def get_lease(self, name: str) -> LeaseInfo | None:
+        """The valid holder of the lease at the store's clock; None when it is free, expired or held
+        by a fenced session."""
         ...
 
     async def create_stream(

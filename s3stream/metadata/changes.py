@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
+    LeaseInfo,
     RangeMetadata,
     S3ObjectMetadata,
     StreamObject,
@@ -36,8 +37,23 @@ class SetCounter:
 
 @dataclass(frozen=True, slots=True)
 class PutNode:
+    """The node's whole row: its current epoch and lease (``-1``: none / never)."""
+
     node_id: NodeId
     node_epoch: int
+    lease_expires_at_ms: int = -1
+    heartbeat_at_ms: int = -1
+    registered_at_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PutLease:
+    lease: LeaseInfo
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveLease:
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +143,8 @@ class RemoveKv:
 Change = (
     SetCounter
     | PutNode
+    | PutLease
+    | RemoveLease
     | PutStream
     | RemoveStream
     | PutRange

@@ -26,6 +26,8 @@ from s3stream.errors import (
 )
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
+    LeaseInfo,
+    NodeInfo,
     ObjectState,
     S3ObjectMetadata,
     StreamMetadata,
@@ -77,6 +79,20 @@ class StateView(Protocol):
     """Read access to the metadata state inside the running transaction."""
 
     def node_epoch(self, node_id: NodeId) -> int | None: ...
+
+    def node(self, node_id: NodeId) -> NodeInfo | None: ...
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every registered node, by id."""
+        ...
+
+    def lease(self, name: str) -> LeaseInfo | None:
+        """The stored row of the named lease, valid or not."""
+        ...
+
+    def leases(self) -> list[LeaseInfo]:
+        """Every stored lease row, by name."""
+        ...
 
     def stream(self, stream_id: StreamId) -> StreamMetadata | None:
         """With ``ranges`` sorted by range index."""

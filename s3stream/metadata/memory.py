@@ -17,6 +17,8 @@ from s3stream.errors import ClosedError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
 from s3stream.metadata.base import (
+    LeaseInfo,
+    NodeInfo,
     ObjectState,
     RangeMetadata,
     S3ObjectMetadata,
@@ -30,6 +32,7 @@ from s3stream.metadata.changes import (
     Change,
     Counter,
     PutKv,
+    PutLease,
     PutNode,
     PutObject,
     PutRange,
@@ -37,6 +40,7 @@ from s3stream.metadata.changes import (
     PutStreamObject,
     PutStreamSetObject,
     RemoveKv,
+    RemoveLease,
     RemoveObject,
     RemoveRange,
     RemoveStream,
@@ -54,7 +58,8 @@ class _State:
 
     def __init__(self) -> None:
         self.counters: dict[Counter, int] = {}
-        self.nodes: dict[NodeId, int] = {}
+        self.node_rows: dict[NodeId, NodeInfo] = {}
+        self.lease_rows: dict[str, LeaseInfo] = {}
         self.stream_rows: dict[StreamId, PutStream] = {}
         self.ranges: dict[StreamId, dict[int, RangeMetadata]] = {}
         self.object_rows: dict[ObjectId, S3ObjectMetadata] = {}
@@ -69,7 +74,20 @@ class _State:
 
     # -- StateView ----------------------------------------------------------------------------
     def node_epoch(self, node_id: NodeId) -> int | None:
-        return self.nodes.get(node_id)
+        info = self.node_rows.get(node_id)
+        return None if info is None else info.node_epoch
+
+    def node(self, node_id: NodeId) -> NodeInfo | None:
+        return self.node_rows.get(node_id)
+
+    def nodes(self) -> list[NodeInfo]:
+        return [self.node_rows[node_id] for node_id in sorted(self.node_rows)]
+
+    def lease(self, name: str) -> LeaseInfo | None:
+        return self.lease_rows.get(name)
+
+    def leases(self) -> list[LeaseInfo]:
+        return [self.lease_rows[name] for name in sorted(self.lease_rows)]
 
     def stream(self, stream_id: StreamId) -> StreamMetadata | None:
         row = self.stream_rows.get(stream_id)
@@ -198,8 +216,14 @@ class _State:
         match change:
             case SetCounter(counter, next_value):
                 self.counters[counter] = next_value
-            case PutNode(node_id, node_epoch):
-                self.nodes[node_id] = node_epoch
+            case PutNode(node_id, node_epoch, lease_expires_at_ms, heartbeat_at_ms, registered_at_ms):
+                self.node_rows[node_id] = NodeInfo(
+                    node_id, node_epoch, lease_expires_at_ms, heartbeat_at_ms, registered_at_ms
+                )
+            case PutLease(lease):
+                self.lease_rows[lease.name] = lease
+            case RemoveLease(name):
+                self.lease_rows.pop(name, None)
             case PutStream():
                 self.stream_rows[change.stream_id] = PutStream(
                     change.stream_id, change.epoch, change.state, change.start_offset, change.end_offset,

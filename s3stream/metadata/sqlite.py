@@ -23,7 +23,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -38,6 +38,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.metadata import controller as ctl
+from s3stream.metadata import sqlite_copy
 from s3stream.metadata import sqlite_schema as schema
 from s3stream.metadata.store import TransactionalStore
 
@@ -102,8 +103,11 @@ class _Worker:
         busy_timeout_ms: int,
         setup: Callable[[sqlite3.Connection], None],
         ready: asyncio.Future[None],
+        journal: sqlite_copy.CopyJournal,
     ) -> None:
         self._path = path
+        self.journal = journal
+        """Writes each write group's changes to ``pending_copy`` before its COMMIT."""
         self._busy_timeout_ms = busy_timeout_ms
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         """Bounded by ``_slots`` (one slot per queued or running job; a cancelled caller frees its
@@ -217,8 +221,11 @@ class _Worker:
                 conn.execute("ROLLBACK")
             write = any(job.write for job in batch)
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            self.journal.begin()
             for job in batch:
                 outcomes.append(self._run_job(conn, job, savepoint=write))
+            if write:
+                self.journal.before_commit(conn)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             error = translate(exc, path=self._path, busy_timeout_ms=self._busy_timeout_ms)
@@ -261,11 +268,13 @@ class _Worker:
 class SqliteMetadataStore(TransactionalStore):
     """A MetadataStore in one SQLite file. Open with :meth:`open`; ``close()`` when done."""
 
-    def __init__(self, worker: _Worker, path: str, clock_ms: Clock) -> None:
+    def __init__(self, worker: _Worker, path: str, clock_ms: Clock, busy_timeout_ms: int) -> None:
         super().__init__(clock_ms)
         self._worker = worker
         self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
         self._closed = False
+        self._copy_wait: Callable[[int], Awaitable[None]] | None = None
 
     @classmethod
     async def open(
@@ -287,7 +296,11 @@ class SqliteMetadataStore(TransactionalStore):
             raise InvalidArgumentError(f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}")
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         worker = _Worker(
-            path_text, busy_timeout_ms, lambda conn: _initialize(conn, path_text, check_integrity), ready
+            path_text,
+            busy_timeout_ms,
+            lambda conn: _initialize(conn, path_text, check_integrity),
+            ready,
+            sqlite_copy.CopyJournal(),
         )
         try:
             await ready
@@ -295,21 +308,67 @@ class SqliteMetadataStore(TransactionalStore):
             worker.stop()
             await asyncio.to_thread(worker.join)
             raise
-        return cls(worker, path_text, clock_ms)
+        return cls(worker, path_text, clock_ms, busy_timeout_ms)
 
     @property
     def path(self) -> str:
         return self._path
 
     async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
-        def run(conn: sqlite3.Connection) -> T:
+        journal = self._worker.journal
+
+        def run(conn: sqlite3.Connection) -> tuple[T, sqlite_copy.GroupSeq | None]:
             txn = ctl.Txn(schema.SqlView(conn))
             result = fn(txn)
             schema.apply(conn, txn.changes)
-            return result
+            copied = sqlite_copy.copied_changes(txn.changes)
+            if txn.changes and not copied:
+                return result, None  # only session changes (a heartbeat): nothing to wait for
+            return result, journal.add(copied)
 
         self._check_open()
-        return await self._worker.call(run, write=True)
+        result, group = await self._worker.call(run, write=True)
+        if self._copy_wait is not None and group is not None and group.seq > 0:
+            # Everything this operation saw committed, its own changes included, is in the bucket's
+            # copy before it returns (groups are copied in order).
+            await self._copy_wait(group.seq)
+        return result
+
+    # -- the metadata copy (s3stream.metacopy) ------------------------------------------------
+    def attach_copy(self, wait: Callable[[int], Awaitable[None]] | None) -> None:
+        """Make every later write operation wait, before it returns, for ``wait(seq)``: the copy of
+        the group commit ``seq`` (and every one before it) is in the bucket (None: stop waiting)."""
+        self._copy_wait = wait
+
+    async def copy_enable(self) -> sqlite_copy.CopyState:
+        """Turn the change log on for this database (for good) and return the copy's state."""
+        self._check_open()
+        return await self._worker.call(sqlite_copy.enable, write=True)
+
+    async def copy_state(self) -> sqlite_copy.CopyState | None:
+        self._check_open()
+        return await self._worker.call(sqlite_copy.state, write=False)
+
+    async def copy_pending(self, *, bytes_max: int) -> list[tuple[int, bytes]]:
+        """The oldest groups not yet copied (seq, encoded changes), about ``bytes_max`` of them."""
+        self._check_open()
+        return await self._worker.call(
+            functools.partial(sqlite_copy.pending, bytes_max=bytes_max), write=False
+        )
+
+    async def copy_done(self, *, through_seq: int, snapshot_seq: int | None = None) -> None:
+        """The groups up to ``through_seq`` are in the bucket (a snapshot covering ``snapshot_seq``)."""
+        self._check_open()
+        await self._worker.call(
+            functools.partial(sqlite_copy.drop_pending, through_seq=through_seq, snapshot_seq=snapshot_seq),
+            write=True,
+        )
+
+    def snapshot_into(self, target: str) -> int:
+        """Write a consistent copy of the database to ``target``; returns the last group it holds.
+        Blocking (its own connection: run it in a thread); commits go on meanwhile."""
+        self._check_open()
+        return sqlite_copy.snapshot_into(self._path, target, busy_timeout_ms=self._busy_timeout_ms)
 
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
         self._check_open()

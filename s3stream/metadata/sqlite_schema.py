@@ -3,6 +3,11 @@
 The tables are documented in ``docs/format.md`` section 6. Synchronous code; it runs on the store's
 dedicated SQLite thread, inside a transaction the caller holds. Row values read back are validated:
 a value outside its domain raises :class:`~s3stream.errors.CorruptionError`.
+
+The statements are shared with PostgreSQL (:mod:`s3stream.metadata.postgres_schema`): :class:`SqlView`
+and :func:`apply` run on any :class:`SqlConnection` (``?`` placeholders, SQL both dialects accept);
+what differs (the KV key's column type, bulk forms of a large commit's statements) comes from a
+:class:`Dialect`.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ import enum
 import itertools
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
+    LeaseInfo,
+    NodeInfo,
     ObjectKind,
     ObjectState,
     RangeMetadata,
@@ -32,6 +40,7 @@ from s3stream.metadata.changes import (
     Change,
     Counter,
     PutKv,
+    PutLease,
     PutNode,
     PutObject,
     PutRange,
@@ -39,6 +48,7 @@ from s3stream.metadata.changes import (
     PutStreamObject,
     PutStreamSetObject,
     RemoveKv,
+    RemoveLease,
     RemoveObject,
     RemoveRange,
     RemoveStream,
@@ -49,6 +59,26 @@ from s3stream.metadata.changes import (
 from s3stream.metadata.controller import StreamHead, StreamSetRange
 
 E = TypeVar("E", bound=enum.Enum)
+
+
+class SqlCursor(Protocol):
+    """The part of a DB-API cursor the shared statements use."""
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class SqlConnection(Protocol):
+    """What :class:`SqlView` and :func:`apply` need of a connection: ``sqlite3.Connection`` itself,
+    or an adapter (PostgreSQL's translates the ``?`` placeholders)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> SqlCursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> object: ...
+
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # version 1: streams, ranges, nodes, objects and their StreamSet / stream object indexes
@@ -88,6 +118,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID",
         "CREATE INDEX objects_prepared ON objects (expires_at_ms) WHERE state = 1",
         "CREATE INDEX objects_destroyed ON objects (marked_at_ms, object_id) WHERE state = 3",
+    ),
+    # version 3: node sessions' leases; named leases (the maintenance election)
+    (
+        "ALTER TABLE nodes ADD COLUMN lease_expires_at_ms INTEGER NOT NULL DEFAULT -1",
+        "ALTER TABLE nodes ADD COLUMN heartbeat_at_ms INTEGER NOT NULL DEFAULT -1",
+        "ALTER TABLE nodes ADD COLUMN registered_at_ms INTEGER NOT NULL DEFAULT -1",
+        """CREATE TABLE leases (
+            name TEXT NOT NULL PRIMARY KEY, node_id INTEGER NOT NULL, node_epoch INTEGER NOT NULL,
+            expires_at_ms INTEGER NOT NULL)""",
+    ),
+    # version 4: the metadata copy in the bucket (s3stream.metadata.sqlite_copy)
+    (
+        """CREATE TABLE copy_state (
+            id INTEGER PRIMARY KEY CHECK (id = 0), copy_id TEXT NOT NULL, next_seq INTEGER NOT NULL,
+            last_commit_ms INTEGER NOT NULL, snapshot_seq INTEGER NOT NULL)""",
+        "CREATE TABLE pending_copy (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
     ),
 )
 LATEST_VERSION = len(MIGRATIONS)
@@ -212,9 +258,46 @@ _CONTINUE_QUERY = (
     "AND typeof(r.node_id) = 'integer' AND r.node_id = ?) IS NOT 1"
 )
 """:meth:`SqlView.all_continue_at_end`: the spans that are not the common case (0: all are)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the databases the shared statements run on (SQLite's by default)."""
+
+    name: str
+    kv_key: Callable[[str], Any] = str
+    """A KV key as the ``kv`` table's key column holds it."""
+    all_continue_at_end: (
+        Callable[[SqlConnection, NodeId, Sequence[tuple[StreamId, int, int]]], bool] | None
+    ) = None
+    """Replaces :meth:`SqlView.all_continue_at_end`'s query (same answer)."""
+    flush: Callable[[SqlConnection, list[Change]], bool] | None = None
+    """Writes a run of changes of one kind in its own way and returns True, or returns False to
+    leave them to the shared statements."""
+
+
+SQLITE_DIALECT = Dialect("sqlite")
 _STREAM_STATE_VALUES = frozenset(int(s) for s in StreamState)
 _RANGE_COLUMNS = "stream_id, epoch, range_index, start_offset, end_offset, node_id"
 _SO_COLUMNS = "object_id, stream_id, start_offset, end_offset, size_bytes, data_time_ms"
+
+
+_NODE_COLUMNS = "node_id, node_epoch, lease_expires_at_ms, heartbeat_at_ms, registered_at_ms"
+_LEASE_COLUMNS = "name, node_id, node_epoch, expires_at_ms"
+
+
+def _node(row: Sequence[Any]) -> NodeInfo:
+    where = f"nodes row {row[0]!r}"
+    v = [_int(x, where) for x in row]
+    return NodeInfo(NodeId(v[0]), v[1], v[2], v[3], v[4])
+
+
+def _lease(row: Sequence[Any]) -> LeaseInfo:
+    where = f"leases row {row[0]!r:.80}"
+    if not isinstance(row[0], str):
+        raise CorruptionError(f"a lease name is not text: {row[0]!r:.80}", source=where)
+    v = [_int(x, where) for x in row[1:]]
+    return LeaseInfo(row[0], NodeId(v[0]), v[1], v[2])
 
 
 def _range(row: Sequence[Any]) -> RangeMetadata:
@@ -232,14 +315,39 @@ def _stream_object(row: Sequence[Any]) -> StreamObject:
 class SqlView:
     """The controller's StateView over one connection (inside the caller's transaction)."""
 
-    __slots__ = ("_c",)
+    __slots__ = ("_c", "_dialect")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: SqlConnection, dialect: Dialect = SQLITE_DIALECT) -> None:
         self._c = conn
+        self._dialect = dialect
 
     def node_epoch(self, node_id: NodeId) -> int | None:
         row = self._c.execute("SELECT node_epoch FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
         return None if row is None else _int(row[0], f"nodes row {node_id}")
+
+    def node(self, node_id: NodeId) -> NodeInfo | None:
+        row = self._c.execute(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE node_id = ?", (node_id,)).fetchone()
+        return None if row is None else _node(row)
+
+    def nodes(self) -> list[NodeInfo]:
+        """Also on a file of schema version 1 or 2 opened read-only (no lease columns yet): every
+        node is then an unleased session."""
+        try:
+            rows = self._c.execute(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id").fetchall()
+        except sqlite3.OperationalError:  # only SQLite: PostgreSQL is always migrated to the latest
+            if schema_version(cast(sqlite3.Connection, self._c)) not in (1, 2):
+                raise
+            rows = self._c.execute(
+                "SELECT node_id, node_epoch, -1, -1, -1 FROM nodes ORDER BY node_id"
+            ).fetchall()
+        return [_node(row) for row in rows]
+
+    def lease(self, name: str) -> LeaseInfo | None:
+        row = self._c.execute(f"SELECT {_LEASE_COLUMNS} FROM leases WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _lease(row)
+
+    def leases(self) -> list[LeaseInfo]:
+        return [_lease(row) for row in self._c.execute(f"SELECT {_LEASE_COLUMNS} FROM leases ORDER BY name")]
 
     def _streams(
         self, where: str, params: tuple[Any, ...], range_where: str = "", range_params: tuple[Any, ...] = ()
@@ -303,6 +411,8 @@ class SqlView:
         return found
 
     def all_continue_at_end(self, node_id: NodeId, spans: Sequence[tuple[StreamId, int, int]]) -> bool:
+        if self._dialect.all_continue_at_end is not None:
+            return self._dialect.all_continue_at_end(self._c, node_id, spans)
         opened = int(StreamState.OPENED)
         for start in range(0, len(spans), _SPANS_PER_QUERY):
             chunk = spans[start : start + _SPANS_PER_QUERY]
@@ -423,7 +533,7 @@ class SqlView:
         return 0 if row is None else _int(row[0], f"counters row {counter.value}")
 
     def kv(self, key: str) -> bytes | None:
-        row = self._c.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        row = self._c.execute("SELECT value FROM kv WHERE key = ?", (self._dialect.kv_key(key),)).fetchone()
         if row is None:
             return None
         if not isinstance(row[0], bytes):
@@ -481,10 +591,19 @@ _SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
         lambda c: (c.counter.value, c.next_value),
     ),
     PutNode: (
-        "INSERT INTO nodes (node_id, node_epoch) VALUES (?, ?) "
-        "ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch",
-        lambda c: (c.node_id, c.node_epoch),
+        f"INSERT INTO nodes ({_NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch, "
+        "lease_expires_at_ms = excluded.lease_expires_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms, "
+        "registered_at_ms = excluded.registered_at_ms",
+        lambda c: (c.node_id, c.node_epoch, c.lease_expires_at_ms, c.heartbeat_at_ms, c.registered_at_ms),
     ),
+    PutLease: (
+        f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (name) DO UPDATE SET node_id = excluded.node_id, node_epoch = excluded.node_epoch, "
+        "expires_at_ms = excluded.expires_at_ms",
+        lambda c: (c.lease.name, c.lease.node_id, c.lease.node_epoch, c.lease.expires_at_ms),
+    ),
+    RemoveLease: ("DELETE FROM leases WHERE name = ?", lambda c: (c.name,)),
     PutStream: (
         f"INSERT INTO streams ({_STREAM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream_id) DO UPDATE SET "
         "epoch = excluded.epoch, state = excluded.state, start_offset = excluded.start_offset, "
@@ -519,24 +638,29 @@ _SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
 }
 
 
-def apply(conn: sqlite3.Connection, changes: Iterable[Change]) -> None:
+def apply(conn: SqlConnection, changes: Iterable[Change], dialect: Dialect = SQLITE_DIALECT) -> None:
     """Write the changes in order (inside the caller's transaction)."""
     run: list[Change] = []
     for change in changes:
         if run and type(run[-1]) is not type(change):
-            _flush(conn, run)
+            _flush(conn, run, dialect)
             run = []
         run.append(change)
     if run:
-        _flush(conn, run)
+        _flush(conn, run, dialect)
 
 
-def _flush(conn: sqlite3.Connection, run: list[Change]) -> None:
+def _flush(conn: SqlConnection, run: list[Change], dialect: Dialect) -> None:
+    if dialect.flush is not None and dialect.flush(conn, run):
+        return
     kind = type(run[0])
     simple = _SIMPLE.get(kind)
     if simple is not None:
         statement, params = simple
-        conn.executemany(statement, [params(c) for c in run])
+        rows = [params(c) for c in run]
+        if kind in (PutKv, RemoveKv):
+            rows = [(dialect.kv_key(row[0]), *row[1:]) for row in rows]
+        conn.executemany(statement, rows)
         return
     if kind is AdvanceEndOffsets:
         for advance in cast("list[AdvanceEndOffsets]", run):

@@ -16,11 +16,13 @@ from s3stream.clock import Clock
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
-from s3stream.metadata import object_ops, queries, stream_ops
+from s3stream.metadata import node_ops, object_ops, queries, stream_ops
 from s3stream.metadata.base import (
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
     KvWrite,
+    LeaseInfo,
+    NodeInfo,
     ObjectSlice,
     ObjectState,
     S3ObjectMetadata,
@@ -33,10 +35,18 @@ T = TypeVar("T")
 
 
 class TransactionalStore(abc.ABC):
-    """Implements :class:`~s3stream.metadata.base.MetadataStore` over ``_transact`` and ``_query``."""
+    """Implements :class:`~s3stream.metadata.base.MetadataStore` over ``_transact`` and ``_query``.
+
+    Fencing: after :meth:`bind_node`, every write transaction of this object except the node and
+    lease operations (which check their own session) first runs :func:`node_ops.check_guard` inside
+    the same transaction, at the store's clock (``_clock_ms``, read when the transaction runs): a
+    fenced session writes nothing. Every write method goes through :meth:`_write`; a backend that
+    overrides one must keep that.
+    """
 
     def __init__(self, clock_ms: Clock) -> None:
         self._clock_ms = clock_ms
+        self._guard: node_ops.Guard | None = None
 
     @abc.abstractmethod
     async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T: ...
@@ -44,21 +54,108 @@ class TransactionalStore(abc.ABC):
     @abc.abstractmethod
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T: ...
 
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def _write(self, fn: Callable[[ctl.Txn], T]) -> T:
+        """``_transact`` behind this object's guard, if it is bound."""
+        guard = self._guard
+        if guard is None:
+            return await self._transact(fn)
+        clock = self._clock_ms
+
+        def guarded(txn: ctl.Txn) -> T:
+            node_ops.check_guard(txn.view, guard, clock())
+            return fn(txn)
+
+        return await self._transact(guarded)
+
+    # -- fencing ----------------------------------------------------------------------------
+    def bind_node(self, node_id: NodeId, node_epoch: int) -> None:
+        """Fence this object's writes to the session ``(node_id, node_epoch)``: from now on each
+        write transaction first checks that the session is valid (its epoch is the node's current
+        one, its lease has not expired), else FencedError(NODE_FENCED) and nothing is written.
+        Binding again replaces the session (after ``open_node`` issued a new epoch)."""
+        ctl.check_node(node_id, node_epoch)
+        self._guard = node_ops.Guard(node_id, node_epoch)
+
+    @property
+    def bound_session(self) -> tuple[NodeId, int] | None:
+        """The ``(node_id, node_epoch)`` this object's writes are fenced to, if any."""
+        guard = self._guard
+        return None if guard is None else (guard.node_id, guard.node_epoch)
+
+    def bind_lease(self, name: str) -> TransactionalStore:
+        """A view of this store whose writes also require the bound session to hold the lease
+        ``name`` (checked in each write transaction): for the jobs that run on the elected node, so a
+        node that lost the lease commits nothing. The view shares this store's connection; closing it
+        does nothing. The session is the one bound now; bind_node first (else InvalidArgumentError)."""
+        node_ops.check_lease_name(name)
+        guard = self._guard
+        if guard is None:
+            raise InvalidArgumentError(
+                "bind_lease needs a store bound to a node session: call bind_node first"
+            )
+        return LeaseBoundStore(self, node_ops.Guard(guard.node_id, guard.node_epoch, name))
+
     # -- nodes and streams ------------------------------------------------------------------
     async def register_node(self, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
-        return await self._transact(partial(stream_ops.register_node, node_id=node_id, node_epoch=node_epoch))
+        clock = self._clock_ms
+        return await self._transact(
+            lambda txn: stream_ops.register_node(txn, node_id=node_id, node_epoch=node_epoch, now_ms=clock())
+        )
+
+    async def open_node(self, *, node_id: NodeId, lease_ms: int) -> NodeInfo:
+        clock = self._clock_ms
+        return await self._transact(
+            lambda txn: node_ops.open_node(txn, node_id=node_id, lease_ms=lease_ms, now_ms=clock())
+        )
+
+    async def heartbeat(self, *, node_id: NodeId, node_epoch: int, lease_ms: int) -> NodeInfo:
+        clock = self._clock_ms
+        return await self._transact(
+            lambda txn: node_ops.heartbeat(
+                txn, node_id=node_id, node_epoch=node_epoch, lease_ms=lease_ms, now_ms=clock()
+            )
+        )
+
+    async def close_node(self, *, node_id: NodeId, node_epoch: int) -> None:
+        clock = self._clock_ms
+        await self._transact(
+            lambda txn: node_ops.close_node(txn, node_id=node_id, node_epoch=node_epoch, now_ms=clock())
+        )
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        return await self._query(lambda view: view.nodes())
+
+    async def acquire_lease(self, *, name: str, node_id: NodeId, node_epoch: int, lease_ms: int) -> LeaseInfo:
+        clock = self._clock_ms
+        return await self._transact(
+            lambda txn: node_ops.acquire_lease(
+                txn, name=name, node_id=node_id, node_epoch=node_epoch, lease_ms=lease_ms, now_ms=clock()
+            )
+        )
+
+    async def release_lease(self, *, name: str, node_id: NodeId, node_epoch: int) -> None:
+        await self._transact(
+            partial(node_ops.release_lease, name=name, node_id=node_id, node_epoch=node_epoch)
+        )
+
+    async def get_lease(self, name: str) -> LeaseInfo | None:
+        clock = self._clock_ms
+        return await self._query(lambda view: node_ops.get_lease(view, name, now_ms=clock()))
 
     async def create_stream(
         self, *, node_id: NodeId, node_epoch: int, tags: Mapping[str, str] | None = None
     ) -> StreamId:
-        return await self._transact(
+        return await self._write(
             partial(stream_ops.create_stream, node_id=node_id, node_epoch=node_epoch, tags=tags)
         )
 
     async def open_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
     ) -> StreamMetadata:
-        return await self._transact(
+        return await self._write(
             partial(
                 stream_ops.open_stream,
                 node_id=node_id,
@@ -71,7 +168,7 @@ class TransactionalStore(abc.ABC):
     async def close_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
     ) -> None:
-        await self._transact(
+        await self._write(
             partial(
                 stream_ops.close_stream,
                 node_id=node_id,
@@ -84,7 +181,7 @@ class TransactionalStore(abc.ABC):
     async def trim_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int, new_start_offset: int
     ) -> None:
-        await self._transact(
+        await self._write(
             partial(
                 stream_ops.trim_stream,
                 node_id=node_id,
@@ -97,9 +194,7 @@ class TransactionalStore(abc.ABC):
 
     async def delete_stream(self, *, stream_id: StreamId, epoch: int) -> None:
         now_ms = self._clock_ms()
-        await self._transact(
-            partial(stream_ops.delete_stream, stream_id=stream_id, epoch=epoch, now_ms=now_ms)
-        )
+        await self._write(partial(stream_ops.delete_stream, stream_id=stream_id, epoch=epoch, now_ms=now_ms))
 
     async def describe_stream(self, stream_id: StreamId) -> StreamMetadata:
         stream = await self._query(lambda view: view.stream(stream_id))
@@ -113,17 +208,17 @@ class TransactionalStore(abc.ABC):
     # -- objects ----------------------------------------------------------------------------
     async def prepare_objects(self, *, count: int, ttl_ms: int) -> ObjectId:
         now_ms = self._clock_ms()
-        return await self._transact(
+        return await self._write(
             partial(object_ops.prepare_objects, count=count, ttl_ms=ttl_ms, now_ms=now_ms)
         )
 
     async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
         now_ms = self._clock_ms()
-        await self._transact(partial(object_ops.commit_stream_set_object, req=request, now_ms=now_ms))
+        await self._write(partial(object_ops.commit_stream_set_object, req=request, now_ms=now_ms))
 
     async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None:
         now_ms = self._clock_ms()
-        await self._transact(partial(object_ops.commit_stream_object, req=request, now_ms=now_ms))
+        await self._write(partial(object_ops.commit_stream_object, req=request, now_ms=now_ms))
 
     async def get_objects(
         self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int
@@ -168,10 +263,10 @@ class TransactionalStore(abc.ABC):
         return await self._query(lambda view: view.objects(wanted))
 
     async def expire_prepared(self, *, now_ms: int) -> list[ObjectId]:
-        return await self._transact(partial(object_ops.expire_prepared, now_ms=now_ms))
+        return await self._write(partial(object_ops.expire_prepared, now_ms=now_ms))
 
     async def mark_destroyed(self, object_ids: Sequence[ObjectId], *, now_ms: int) -> None:
-        await self._transact(partial(object_ops.mark_destroyed, object_ids=tuple(object_ids), now_ms=now_ms))
+        await self._write(partial(object_ops.mark_destroyed, object_ids=tuple(object_ids), now_ms=now_ms))
 
     async def destroyable_objects(self, *, marked_before_ms: int, limit: int) -> list[S3ObjectMetadata]:
         ctl.check_int("marked_before_ms", marked_before_ms, low=0)
@@ -179,24 +274,51 @@ class TransactionalStore(abc.ABC):
         return await self._query(lambda view: view.destroyable(marked_before_ms, limit))
 
     async def remove_objects(self, object_ids: Sequence[ObjectId]) -> None:
-        await self._transact(partial(object_ops.remove_objects, object_ids=tuple(object_ids)))
+        await self._write(partial(object_ops.remove_objects, object_ids=tuple(object_ids)))
 
     # -- KV ---------------------------------------------------------------------------------
     async def kv_put(self, key: str, value: bytes, *, overwrite: bool = True) -> bytes:
-        return await self._transact(partial(stream_ops.kv_put, key=key, value=value, overwrite=overwrite))
+        return await self._write(partial(stream_ops.kv_put, key=key, value=value, overwrite=overwrite))
 
     async def kv_get(self, key: str) -> bytes | None:
         return await self._query(partial(stream_ops.kv_get, key=key))
 
     async def kv_delete(self, key: str) -> bytes | None:
-        return await self._transact(partial(stream_ops.kv_delete, key=key))
+        return await self._write(partial(stream_ops.kv_delete, key=key))
 
     async def kv_apply(
         self, writes: Sequence[KvWrite], *, node_id: NodeId, wal_offset: int
     ) -> list[bytes | None]:
-        return await self._transact(
+        return await self._write(
             partial(stream_ops.kv_apply, writes=tuple(writes), node_id=node_id, wal_offset=wal_offset)
         )
 
     async def kv_applied_offset(self, node_id: NodeId) -> int:
         return await self._query(partial(stream_ops.kv_applied_offset, node_id=node_id))
+
+
+class LeaseBoundStore(TransactionalStore):
+    """A store's view whose write transactions require a session holding a named lease
+    (:meth:`TransactionalStore.bind_lease`); reads and the node and lease operations pass through."""
+
+    def __init__(self, base: TransactionalStore, guard: node_ops.Guard) -> None:
+        assert guard.lease_name is not None
+        super().__init__(base._clock_ms)
+        self._base = base
+        self._guard = guard
+        self.lease_name: str = guard.lease_name
+        """The lease every write transaction of this view requires."""
+
+    async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
+        return await self._base._transact(fn)
+
+    async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
+        return await self._base._query(fn)
+
+    def bind_node(self, node_id: NodeId, node_epoch: int) -> None:
+        raise InvalidArgumentError(
+            "a lease-bound view keeps its session: bind the base store and bind_lease again"
+        )
+
+    async def close(self) -> None:
+        """The base store owns the connection: nothing to close."""

@@ -53,8 +53,11 @@ from s3stream.metadata.controller import (
 )
 
 
-def register_node(txn: Txn, *, node_id: NodeId, node_epoch: int) -> list[StreamMetadata]:
-    """AutoMQ getOpeningStreams: (re-)register the node, return the OPENED streams it owns."""
+def register_node(txn: Txn, *, node_id: NodeId, node_epoch: int, now_ms: int) -> list[StreamMetadata]:
+    """AutoMQ getOpeningStreams: (re-)register the node, return the OPENED streams it owns.
+
+    A new epoch starts an unleased session (valid while its epoch is current); the same epoch
+    writes nothing, so a session opened by ``open_node`` keeps its lease."""
     check_node(node_id, node_epoch)
     stored = txn.view.node_epoch(node_id)
     if stored is not None and node_epoch < stored:
@@ -63,7 +66,7 @@ def register_node(txn: Txn, *, node_id: NodeId, node_epoch: int) -> list[StreamM
             code=ErrorCode.NODE_EPOCH_EXPIRED,
         )
     if stored != node_epoch:
-        txn.write(PutNode(node_id, node_epoch))
+        txn.write(PutNode(node_id, node_epoch, registered_at_ms=now_ms))
     return [s for s in txn.view.opened_streams() if s.ranges and s.ranges[-1].node_id == node_id]
 
 

@@ -102,16 +102,17 @@ def default_metadata_url(data_dir: str | os.PathLike[str]) -> str:
     return "sqlite://" + urllib.parse.quote(str(Path(os.path.abspath(data_dir)) / DEFAULT_SQLITE_FILE))
 
 
-async def open_metadata_store(
-    url: str | MetadataURL, *, clock_ms: Clock = wall_clock_ms
-) -> TransactionalStore:
-    """Open (creating and migrating the schema if needed) the store ``url`` names."""
+async def open_metadata_store(url: str | MetadataURL, *, clock_ms: Clock | None = None) -> TransactionalStore:
+    """Open (creating and migrating the schema if needed) the store ``url`` names.
+
+    ``clock_ms`` None: SQLite uses this machine's wall clock, PostgreSQL the database server's.
+    """
     parsed = url if isinstance(url, MetadataURL) else parse_metadata_url(url)
     if parsed.is_sqlite:
         from s3stream.metadata.sqlite import SqliteMetadataStore
 
-        return await SqliteMetadataStore.open(parsed.sqlite_path, clock_ms=clock_ms)
-    from s3stream.metadata.postgres import PostgresMetadataStore  # type: ignore[import-not-found]
+        return await SqliteMetadataStore.open(parsed.sqlite_path, clock_ms=clock_ms or wall_clock_ms)
+    from s3stream.metadata.postgres import PostgresMetadataStore
 
     store: TransactionalStore = await PostgresMetadataStore.open(parsed.url, clock_ms=clock_ms)
     return store

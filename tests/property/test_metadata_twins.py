@@ -24,15 +24,20 @@ from s3stream.metadata.base import (
 )
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
-from tests.support.metadata_contract import FakeClock, snapshot, sso_request
+from s3stream.metadata.store import TransactionalStore
+from tests.support.metadata_contract import FakeClock, nodes_and_leases, snapshot, sso_request
 
 NODES = st.sampled_from([NodeId(1), NodeId(2), NodeId(3)])
 NODE_EPOCHS = st.integers(min_value=0, max_value=3)
 STREAM_EPOCHS = st.integers(min_value=0, max_value=4)
 KEYS = st.sampled_from(["a", "b"])
+LEASES_MS = st.sampled_from([500, 2_000])
+LEASE_NAMES = st.sampled_from(["maintenance", "other"])
 
 
-class TwinStores(RuleBasedStateMachine):
+class _Twins(RuleBasedStateMachine):
+    """A memory and a SQLite store on one fake clock; ``both`` runs a call on each and compares."""
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
@@ -67,6 +72,8 @@ class TwinStores(RuleBasedStateMachine):
     def epoch_of(self, node_id: NodeId) -> int:
         return self.node_epochs.get(node_id, 0)
 
+
+class TwinStores(_Twins):
     def stream_ids(self) -> list[StreamId]:
         streams = self.memory_state(lambda s: s.list_streams())
         return [s.stream_id for s in streams] + [StreamId(len(streams) + 5)]
@@ -309,3 +316,81 @@ TwinStores.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_sqlite_and_memory_agree = TwinStores.TestCase
+
+
+class TwinNodes(_Twins):
+    """Node sessions, leases and bound writes, densely: the same results, errors and sessions."""
+
+    @rule(node_id=NODES, node_epoch=NODE_EPOCHS)
+    def register_node(self, node_id: NodeId, node_epoch: int) -> None:
+        if self.both(lambda s: s.register_node(node_id=node_id, node_epoch=node_epoch)) is not None:
+            self.node_epochs[node_id] = node_epoch
+
+    @rule(node_id=NODES, lease_ms=LEASES_MS)
+    def open_node(self, node_id: NodeId, lease_ms: int) -> None:
+        info = self.both(lambda s: s.open_node(node_id=node_id, lease_ms=lease_ms))
+        if info is not None:
+            self.node_epochs[node_id] = info.node_epoch
+
+    @rule(node_id=NODES, stale=st.booleans(), lease_ms=LEASES_MS)
+    def heartbeat(self, node_id: NodeId, stale: bool, lease_ms: int) -> None:
+        epoch = max(0, self.epoch_of(node_id) - stale)
+        self.both(lambda s: s.heartbeat(node_id=node_id, node_epoch=epoch, lease_ms=lease_ms))
+
+    @rule(node_id=NODES, stale=st.booleans())
+    def close_node(self, node_id: NodeId, stale: bool) -> None:
+        epoch = max(0, self.epoch_of(node_id) - stale)
+        self.both(lambda s: s.close_node(node_id=node_id, node_epoch=epoch))
+
+    @rule(name=LEASE_NAMES, node_id=NODES, stale=st.booleans(), lease_ms=LEASES_MS)
+    def acquire_lease(self, name: str, node_id: NodeId, stale: bool, lease_ms: int) -> None:
+        epoch = max(0, self.epoch_of(node_id) - stale)
+        self.both(lambda s: s.acquire_lease(name=name, node_id=node_id, node_epoch=epoch, lease_ms=lease_ms))
+
+    @rule(name=LEASE_NAMES, node_id=NODES, stale=st.booleans())
+    def release_lease(self, name: str, node_id: NodeId, stale: bool) -> None:
+        epoch = max(0, self.epoch_of(node_id) - stale)
+        self.both(lambda s: s.release_lease(name=name, node_id=node_id, node_epoch=epoch))
+
+    @rule(advance_ms=st.integers(min_value=0, max_value=1_500))
+    def time_passes(self, advance_ms: int) -> None:
+        self.clock.advance(advance_ms)
+
+    @rule(
+        node_id=NODES,
+        stale=st.booleans(),
+        lease=st.sampled_from([None, "maintenance"]),
+        value=st.binary(max_size=4),
+    )
+    def bound_kv_put(self, node_id: NodeId, stale: bool, lease: str | None, value: bytes) -> None:
+        """A write through a store bound to a session (and a lease): written or fenced, alike."""
+        epoch = max(0, self.epoch_of(node_id) - stale)
+
+        async def put(store: MetadataStore) -> bytes:
+            assert isinstance(store, TransactionalStore)
+            store.bind_node(node_id, epoch)
+            try:
+                target = store if lease is None else store.bind_lease(lease)
+                return await target.kv_put("a", value)
+            finally:
+                store._guard = None  # unbound again for the other rules
+
+        self.both(put)
+
+    @invariant()
+    def same_nodes_leases_and_kv(self) -> None:
+        async def state(store: MetadataStore) -> tuple[Any, ...]:
+            return await nodes_and_leases(store, ["maintenance", "other"]), await store.kv_get("a")
+
+        assert self.loop.run_until_complete(state(self.memory)) == self.loop.run_until_complete(
+            state(self.sqlite)
+        )
+
+
+TwinNodes.TestCase.settings = settings(
+    max_examples=30,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_node_sessions_and_leases_agree = TwinNodes.TestCase

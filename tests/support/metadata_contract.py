@@ -7,7 +7,7 @@ the ``clock`` fixture (a :class:`FakeClock`, so prepared-object deadlines can be
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -26,8 +26,10 @@ from s3stream.ids import NOOP_OBJECT_ID, NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
+    LeaseInfo,
     MetadataStore,
     NewStreamObject,
+    NodeInfo,
     ObjectKind,
     ObjectSlice,
     ObjectState,
@@ -35,8 +37,12 @@ from s3stream.metadata.base import (
     StreamOffsetRange,
     StreamState,
 )
+from s3stream.metadata.store import TransactionalStore
 
 N1, N2, N3 = NodeId(1), NodeId(2), NodeId(3)
+LEASE_MS = 10_000
+"""A node session's lease in the node and lease tests."""
+LEASE = "maintenance"
 EPOCH = 7
 """The node epoch every test node registers with."""
 TTL_MS = 60_000
@@ -71,6 +77,11 @@ async def snapshot(store: MetadataStore, keys: Sequence[str] = ("a", "b")) -> tu
     ssos = [await store.get_stream_set_objects(n) for n in (N1, N2, N3)]
     kvs = [await store.kv_get(k) for k in keys]
     return streams, await store.list_objects(), ssos, stream_objects, kvs
+
+
+async def nodes_and_leases(store: MetadataStore, names: Sequence[str]) -> tuple[Any, ...]:
+    """The node sessions and the valid holders of the named leases, for comparisons."""
+    return await store.list_nodes(), [await store.get_lease(name) for name in names]
 
 
 async def node(store: MetadataStore, *node_ids: NodeId) -> None:
@@ -127,6 +138,45 @@ def spans(slices: Sequence[ObjectSlice]) -> list[tuple[int, ObjectKind, int, int
     return [(s.object_id, s.kind, s.start_offset, s.end_offset) for s in slices]
 
 
+async def _bound_writes(
+    store: TransactionalStore, clock: FakeClock
+) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
+    """Bind ``store`` to a fresh session of N1 (epoch 1, lease LEASE_MS), prepare a state in which
+    each write kind can succeed once, in this order, and return one call per kind."""
+    session = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+    e = session.node_epoch
+    store.bind_node(N1, e)
+    s0 = await store.create_stream(node_id=N1, node_epoch=e)  # opened, holds data
+    await store.open_stream(node_id=N1, node_epoch=e, stream_id=s0, epoch=0)
+    s1 = await store.create_stream(node_id=N1, node_epoch=e)  # closed, to delete
+    await store.open_stream(node_id=N1, node_epoch=e, stream_id=s1, epoch=0)
+    await store.close_stream(node_id=N1, node_epoch=e, stream_id=s1, epoch=0)
+    s2 = await store.create_stream(node_id=N1, node_epoch=e)  # never opened, to open
+    sso = await upload(store, N1, [(s0, 0, 10)], [(s0, 10, 20)])  # objects 0 and 1
+    prepared = await store.prepare_objects(count=3, ttl_ms=TTL_MS)  # 2, 3, 4
+    await store.mark_destroyed([ObjectId(prepared + 2)], now_ms=clock.now_ms)
+    await store.kv_put("a", b"1")
+    commit_so = CommitStreamObjectRequest(
+        object_id=ObjectId(prepared + 1), object_size_bytes=100, stream_id=s0, stream_epoch=0,
+        start_offset=10, end_offset=20, source_object_ids=(ObjectId(sso + 1),), node_id=N1, node_epoch=e,
+    )  # fmt: skip
+    return [
+        ("create_stream", lambda: store.create_stream(node_id=N1, node_epoch=e)),
+        ("open_stream", lambda: store.open_stream(node_id=N1, node_epoch=e, stream_id=s2, epoch=0)),
+        ("trim_stream", lambda: store.trim_stream(node_id=N1, node_epoch=e, stream_id=s0, epoch=0, new_start_offset=5)),
+        ("commit_stream_set_object", lambda: store.commit_stream_set_object(sso_request(N1, prepared, [(s0, 20, 30)], node_epoch=e))),
+        ("commit_stream_object", lambda: store.commit_stream_object(commit_so)),
+        ("close_stream", lambda: store.close_stream(node_id=N1, node_epoch=e, stream_id=s0, epoch=0)),
+        ("delete_stream", lambda: store.delete_stream(stream_id=s1, epoch=0)),
+        ("prepare_objects", lambda: store.prepare_objects(count=1, ttl_ms=TTL_MS)),
+        ("expire_prepared", lambda: store.expire_prepared(now_ms=clock.now_ms)),
+        ("mark_destroyed", lambda: store.mark_destroyed([sso], now_ms=clock.now_ms)),
+        ("remove_objects", lambda: store.remove_objects([ObjectId(prepared + 2)])),
+        ("kv_put", lambda: store.kv_put("b", b"2")),
+        ("kv_delete", lambda: store.kv_delete("a")),
+    ]  # fmt: skip
+
+
 class MetadataContract:
     """Every operation, precondition and error code of the MetadataStore protocol."""
 
@@ -180,6 +230,270 @@ class MetadataContract:
         streams, objects, *rest = await snapshot(store)
         assert (streams, *rest) == (before[0], *before[2:])
         assert [o.state for o in objects] == [ObjectState.PREPARED]
+
+    # -- node sessions, leases and fencing ------------------------------------------------------
+
+    async def test_open_node_issues_monotonic_epochs_from_the_database(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        first = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        assert first == NodeInfo(N1, 1, START_MS + LEASE_MS, START_MS, START_MS)
+        clock.advance(5)
+        second = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        assert second == NodeInfo(N1, 2, START_MS + 5 + LEASE_MS, START_MS + 5, START_MS + 5)
+        clock.now_ms = START_MS - 50_000  # the clock steps back: the epoch still goes up
+        assert (await store.open_node(node_id=N1, lease_ms=LEASE_MS)).node_epoch == 3
+        await store.register_node(node_id=N2, node_epoch=1_700_000_000_000)  # a wall-clock epoch
+        assert (await store.open_node(node_id=N2, lease_ms=LEASE_MS)).node_epoch == 1_700_000_000_001
+
+    async def test_a_new_epoch_fences_the_older_session(self, store: TransactionalStore) -> None:
+        old = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        new = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.heartbeat(node_id=N1, node_epoch=old.node_epoch, lease_ms=LEASE_MS)
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # an epoch never issued is no session
+            await store.heartbeat(node_id=N1, node_epoch=new.node_epoch + 1, lease_ms=LEASE_MS)
+        assert (
+            await store.heartbeat(node_id=N1, node_epoch=new.node_epoch, lease_ms=LEASE_MS)
+        ).node_epoch == 2
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # an unknown node has no session
+            await store.heartbeat(node_id=N2, node_epoch=1, lease_ms=LEASE_MS)
+
+    async def test_heartbeat_renews_and_an_expired_lease_is_never_revived(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        session = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        clock.advance(LEASE_MS - 1)
+        renewed = await store.heartbeat(node_id=N1, node_epoch=session.node_epoch, lease_ms=2 * LEASE_MS)
+        assert renewed == NodeInfo(N1, 1, clock.now_ms + 2 * LEASE_MS, clock.now_ms, START_MS)
+        assert await store.list_nodes() == [renewed]
+        clock.advance(2 * LEASE_MS)  # exactly at expiry: expired
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.heartbeat(node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        assert await store.list_nodes() == [renewed]
+        assert (await store.open_node(node_id=N1, lease_ms=LEASE_MS)).node_epoch == 2
+
+    async def test_an_unleased_session_takes_a_lease_at_its_first_heartbeat(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        await store.register_node(node_id=N1, node_epoch=EPOCH)
+        assert await store.list_nodes() == [NodeInfo(N1, EPOCH, -1, -1, START_MS)]
+        clock.advance(10 * LEASE_MS)  # no lease: nothing expires
+        info = await store.heartbeat(node_id=N1, node_epoch=EPOCH, lease_ms=LEASE_MS)
+        assert info == NodeInfo(N1, EPOCH, clock.now_ms + LEASE_MS, clock.now_ms, START_MS)
+        opened_session = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        assert await store.register_node(node_id=N1, node_epoch=opened_session.node_epoch) == []
+        assert await store.list_nodes() == [opened_session]  # the same epoch writes nothing
+
+    async def test_close_node_ends_the_session_and_releases_its_leases(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        s1 = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        s2 = await store.open_node(node_id=N2, lease_ms=LEASE_MS)
+        await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=s1.node_epoch, lease_ms=LEASE_MS)
+        await store.acquire_lease(name="other", node_id=N2, node_epoch=s2.node_epoch, lease_ms=LEASE_MS)
+        clock.advance(10)
+        await store.close_node(node_id=N1, node_epoch=s1.node_epoch)
+        assert (await store.list_nodes())[0] == NodeInfo(N1, 1, clock.now_ms, START_MS, START_MS)
+        assert await store.get_lease(LEASE) is None
+        assert await store.get_lease("other") == LeaseInfo("other", N2, 1, START_MS + LEASE_MS)
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.heartbeat(node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        before = await store.list_nodes()
+        clock.advance(10)
+        await store.close_node(node_id=N1, node_epoch=1)  # already fenced: a no-op
+        await store.close_node(node_id=N2, node_epoch=7)  # not its session: a no-op
+        assert await store.list_nodes() == before
+        await store.close_node(node_id=N3, node_epoch=1)  # an unknown node: a no-op
+        assert await store.list_nodes() == before
+
+    async def test_list_nodes_by_id(self, store: TransactionalStore) -> None:
+        assert await store.list_nodes() == []
+        for node_id in (N3, N1, N2):
+            await store.open_node(node_id=node_id, lease_ms=LEASE_MS)
+        await store.open_node(node_id=N3, lease_ms=LEASE_MS)
+        assert [(n.node_id, n.node_epoch) for n in await store.list_nodes()] == [(N1, 1), (N2, 1), (N3, 2)]
+
+    async def test_node_and_lease_arguments_are_checked(self, store: TransactionalStore) -> None:
+        session = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        epoch = session.node_epoch
+        calls: list[Any] = [
+            store.open_node(node_id=NodeId(-1), lease_ms=LEASE_MS),
+            store.open_node(node_id=N1, lease_ms=0),
+            store.open_node(node_id=N1, lease_ms=25 * 3600 * 1000),
+            store.heartbeat(node_id=N1, node_epoch=-1, lease_ms=LEASE_MS),
+            store.heartbeat(node_id=N1, node_epoch=epoch, lease_ms=-5),
+            store.acquire_lease(name="", node_id=N1, node_epoch=epoch, lease_ms=LEASE_MS),
+            store.acquire_lease(name="x" * 257, node_id=N1, node_epoch=epoch, lease_ms=LEASE_MS),
+            store.acquire_lease(name="\ud800", node_id=N1, node_epoch=epoch, lease_ms=LEASE_MS),
+            store.acquire_lease(name=LEASE, node_id=N1, node_epoch=epoch, lease_ms=0),
+            store.release_lease(name=7, node_id=N1, node_epoch=epoch),  # type: ignore[arg-type]
+            store.get_lease(""),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidArgumentError):
+                await call
+        with pytest.raises(InvalidArgumentError):
+            store.bind_node(N1, -1)
+        with pytest.raises(InvalidArgumentError):
+            store.bind_lease(LEASE)  # not bound to a session yet
+        assert await store.list_nodes() == [session]
+
+    async def test_acquire_renew_and_take_an_expired_lease(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a = await store.open_node(node_id=N1, lease_ms=10 * LEASE_MS)
+        b = await store.open_node(node_id=N2, lease_ms=10 * LEASE_MS)
+        assert await store.get_lease(LEASE) is None
+        held = await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=a.node_epoch, lease_ms=LEASE_MS)
+        assert held == LeaseInfo(LEASE, N1, 1, START_MS + LEASE_MS)
+        assert (
+            await store.acquire_lease(name=LEASE, node_id=N2, node_epoch=b.node_epoch, lease_ms=LEASE_MS)
+            == held
+        )
+        clock.advance(LEASE_MS - 1)
+        renewed = await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        assert renewed == LeaseInfo(LEASE, N1, 1, clock.now_ms + LEASE_MS)
+        assert await store.get_lease(LEASE) == renewed
+        clock.advance(LEASE_MS)  # expired exactly now
+        assert await store.get_lease(LEASE) is None
+        taken = await store.acquire_lease(name=LEASE, node_id=N2, node_epoch=1, lease_ms=LEASE_MS)
+        assert taken == LeaseInfo(LEASE, N2, 1, clock.now_ms + LEASE_MS)
+        assert await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS) == taken
+        assert await store.get_lease(LEASE) == taken
+
+    @pytest.mark.parametrize("fence", ["new epoch", "node lease expired", "node closed"])
+    async def test_a_lease_held_by_a_fenced_session_can_be_taken(
+        self, store: TransactionalStore, clock: FakeClock, fence: str
+    ) -> None:
+        await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        await store.open_node(node_id=N2, lease_ms=100 * LEASE_MS)
+        await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=50 * LEASE_MS)
+        if fence == "new epoch":
+            await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        elif fence == "node lease expired":
+            clock.advance(LEASE_MS)
+        else:
+            await store.close_node(node_id=N1, node_epoch=1)
+        assert await store.get_lease(LEASE) is None
+        taken = await store.acquire_lease(name=LEASE, node_id=N2, node_epoch=1, lease_ms=LEASE_MS)
+        assert (taken.node_id, taken.node_epoch) == (N2, 1)
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # the fenced session cannot take it back
+            await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        assert await store.get_lease(LEASE) == taken
+
+    async def test_acquire_needs_a_registered_valid_session(self, store: TransactionalStore) -> None:
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # an unknown node has no session
+            await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=2, lease_ms=LEASE_MS)
+        assert await store.get_lease(LEASE) is None
+
+    async def test_release_frees_only_the_holder_s_lease(self, store: TransactionalStore) -> None:
+        await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        await store.open_node(node_id=N2, lease_ms=LEASE_MS)
+        held = await store.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        await store.release_lease(name=LEASE, node_id=N2, node_epoch=1)
+        await store.release_lease(name="unknown", node_id=N1, node_epoch=1)
+        assert await store.get_lease(LEASE) == held
+        await store.release_lease(name=LEASE, node_id=N1, node_epoch=1)
+        assert await store.get_lease(LEASE) is None
+        taken = await store.acquire_lease(name=LEASE, node_id=N2, node_epoch=1, lease_ms=LEASE_MS)
+        assert (taken.node_id, taken.node_epoch) == (N2, 1)
+
+    async def test_a_bound_store_writes_every_kind_while_its_session_is_valid(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        writes = await _bound_writes(store, clock)
+        for name, call in writes:
+            try:
+                await call()
+            except S3StreamError as exc:  # pragma: no cover - the message names the write
+                raise AssertionError(f"{name} failed: {exc!r}") from exc
+        assert [n.node_epoch for n in await store.list_nodes()] == [1]
+
+    @pytest.mark.parametrize("fence", ["new epoch", "node lease expired", "node closed"])
+    async def test_a_bound_store_refuses_every_write_kind_once_fenced(
+        self, store: TransactionalStore, clock: FakeClock, fence: str
+    ) -> None:
+        writes = await _bound_writes(store, clock)
+        if fence == "new epoch":
+            await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        elif fence == "node lease expired":
+            clock.advance(LEASE_MS)
+        else:
+            await store.close_node(node_id=N1, node_epoch=1)
+        before = await snapshot(store)
+        for _, call in writes:
+            with raises(FencedError, ErrorCode.NODE_FENCED):
+                await call()
+        assert await snapshot(store) == before
+        assert (await store.describe_stream(StreamId(0))).end_offset == 20  # reads are never fenced
+
+    async def test_a_store_bound_to_an_unregistered_node_writes_nothing(
+        self, store: TransactionalStore
+    ) -> None:
+        store.bind_node(N2, 1)
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.kv_put("a", b"1")
+        assert await store.kv_get("a") is None
+
+    async def test_binding_the_new_session_lets_the_node_write_again(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        old = await store.open_node(node_id=N1, lease_ms=LEASE_MS)
+        store.bind_node(N1, old.node_epoch)
+        assert store.bound_session == (N1, 1)
+        await store.kv_put("a", b"1")
+        clock.advance(LEASE_MS)
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await store.kv_put("a", b"2")
+        new = await store.open_node(node_id=N1, lease_ms=LEASE_MS)  # node operations are not guarded
+        store.bind_node(N1, new.node_epoch)
+        await store.kv_put("a", b"3")
+        assert await store.kv_get("a") == b"3"
+
+    async def test_a_lease_bound_view_writes_only_while_its_session_holds_the_lease(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a = await store.open_node(node_id=N1, lease_ms=100 * LEASE_MS)
+        b = await store.open_node(node_id=N2, lease_ms=100 * LEASE_MS)
+        store.bind_node(N1, a.node_epoch)
+        maintenance = store.bind_lease(LEASE)
+        with raises(FencedError, ErrorCode.NODE_FENCED):  # not acquired yet
+            await maintenance.kv_put("a", b"0")
+        await maintenance.acquire_lease(name=LEASE, node_id=N1, node_epoch=1, lease_ms=LEASE_MS)
+        stream_id = await store.create_stream(node_id=N1, node_epoch=1)
+        await store.open_stream(node_id=N1, node_epoch=1, stream_id=stream_id, epoch=0)
+        first = await upload(store, N1, [(stream_id, 0, 10)])
+        second = await upload(store, N1, [(stream_id, 10, 20)])
+        target = await maintenance.prepare_objects(count=2, ttl_ms=TTL_MS)
+        await maintenance.commit_stream_set_object(
+            sso_request(N1, target, [(stream_id, 0, 20)], compacted=[first, second], node_epoch=1)
+        )
+        assert [s.object_id for s in await store.get_stream_set_objects(N1)] == [target]
+        clock.advance(LEASE_MS)  # the maintenance lease expires: refused before anyone takes it
+        with raises(FencedError, ErrorCode.NODE_FENCED):
+            await maintenance.kv_put("a", b"expired")
+        taken = await store.acquire_lease(name=LEASE, node_id=N2, node_epoch=b.node_epoch, lease_ms=LEASE_MS)
+        assert taken.node_id == N2
+        before = await snapshot(store)
+        late = sso_request(N1, ObjectId(target + 1), [(stream_id, 0, 20)], compacted=[target], node_epoch=1)
+        for call in (
+            lambda: maintenance.commit_stream_set_object(late),
+            lambda: maintenance.mark_destroyed([target], now_ms=clock.now_ms),
+            lambda: maintenance.expire_prepared(now_ms=clock.now_ms),
+            lambda: maintenance.prepare_objects(count=1, ttl_ms=TTL_MS),
+        ):
+            with raises(FencedError, ErrorCode.NODE_FENCED):
+                await call()
+        assert await snapshot(store) == before
+        await store.kv_put("a", b"node-bound writes go on")  # the base store needs no lease
+        await maintenance.close()  # a view closes nothing
+        assert await store.kv_get("a") == b"node-bound writes go on"
+        with pytest.raises(InvalidArgumentError):
+            maintenance.bind_node(N1, 1)
 
     # -- create / open / close ----------------------------------------------------------------
 

@@ -67,6 +67,7 @@ def _imports_of(path: Path) -> set[str]:
         ("s3stream/metadata", ("s3stream.engine", "s3stream.storage", "compaction")),
         ("s3stream/storage", ("s3stream.engine", "s3stream.metadata", "compaction")),
         ("s3stream/objectformat", ("s3stream.engine", "compaction")),
+        ("s3stream/metacopy", ("s3stream.engine", "s3stream.assembly", "compaction")),
     ],
 )
 def test_imports_point_downward_only(package: str, forbidden: tuple[str, ...]) -> None:

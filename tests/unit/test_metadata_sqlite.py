@@ -15,6 +15,7 @@ import pytest
 from s3stream.errors import (
     ConflictError,
     CorruptionError,
+    FencedError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
@@ -22,7 +23,7 @@ from s3stream.errors import (
 from s3stream.ids import NodeId, StreamId
 from s3stream.metadata import sqlite as sqlite_module
 from s3stream.metadata import sqlite_schema
-from s3stream.metadata.base import ObjectState, StreamState
+from s3stream.metadata.base import NodeInfo, ObjectState, StreamState
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from tests.support.metadata_contract import (
@@ -99,7 +100,7 @@ async def test_an_old_version_database_is_migrated(tmp_path: Path) -> None:
     conn.close()
     store = await SqliteMetadataStore.open(path)
     try:
-        assert await store.schema_version() == 2
+        assert await store.schema_version() == sqlite_schema.LATEST_VERSION
         stream = await store.describe_stream(StreamId(0))
         assert (stream.state, stream.end_offset, dict(stream.tags)) == (
             StreamState.OPENED,
@@ -108,6 +109,31 @@ async def test_an_old_version_database_is_migrated(tmp_path: Path) -> None:
         )
         assert await store.kv_put("k", b"v") == b"v"  # the table version 2 added
         assert [s.stream_id for s in await store.register_node(node_id=NodeId(1), node_epoch=7)] == [0]
+    finally:
+        await store.close()
+
+
+async def test_a_version_2_node_with_a_wall_clock_epoch_migrates_unleased_and_reopens_above_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v2.db"
+    wall_clock_epoch = 1_700_000_000_000
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert sqlite_schema.migrate(conn, target_version=2) == 0
+    conn.execute("INSERT INTO nodes VALUES (1, ?)", (wall_clock_epoch,))
+    conn.close()
+    clock = FakeClock()
+    store = await SqliteMetadataStore.open(path, clock_ms=clock)
+    try:
+        assert await store.list_nodes() == [NodeInfo(NodeId(1), wall_clock_epoch, -1, -1, -1)]
+        store.bind_node(NodeId(1), wall_clock_epoch)  # unleased: valid while its epoch is current
+        clock.advance(10**9)
+        await store.kv_put("k", b"v")
+        info = await store.open_node(node_id=NodeId(1), lease_ms=1000)
+        assert info.node_epoch == wall_clock_epoch + 1
+        with pytest.raises(FencedError):
+            await store.kv_put("k", b"w")
+        assert await store.kv_get("k") == b"v"
     finally:
         await store.close()
 
@@ -463,3 +489,36 @@ async def test_the_sql_continuity_check_agrees_with_the_memory_twin(tmp_path: Pa
         for store in stores:
             await store.close()
     assert answers[0] == answers[1] == [True, False, True, False, False, False, False, False, False]
+
+
+async def test_a_new_epoch_issued_through_another_connection_fences_a_bound_store(tmp_path: Path) -> None:
+    clock = FakeClock()
+    first = await SqliteMetadataStore.open(tmp_path / "m.db", clock_ms=clock)
+    second = await SqliteMetadataStore.open(tmp_path / "m.db", clock_ms=clock)
+    try:
+        old = await first.open_node(node_id=N1, lease_ms=60_000)
+        first.bind_node(N1, old.node_epoch)
+        await first.kv_put("k", b"old")
+        new = await second.open_node(node_id=N1, lease_ms=60_000)  # the node restarted elsewhere
+        assert new.node_epoch == old.node_epoch + 1
+        with pytest.raises(FencedError):
+            await first.kv_put("k", b"stale")
+        second.bind_node(N1, new.node_epoch)
+        await second.kv_put("k", b"new")
+        assert await first.kv_get("k") == b"new"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_nodes_of_a_version_2_file_read_without_migrating_are_unleased(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    sqlite_schema.migrate(conn, target_version=2)
+    conn.execute("INSERT INTO nodes VALUES (2, 5), (1, 9)")
+    assert sqlite_schema.SqlView(conn).nodes() == [
+        NodeInfo(NodeId(1), 9, -1, -1, -1),
+        NodeInfo(NodeId(2), 5, -1, -1, -1),
+    ]
+    assert sqlite_schema.schema_version(conn) == 2
+    conn.close()

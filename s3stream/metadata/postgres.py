@@ -1,0 +1,389 @@
+"""The shared MetadataStore: PostgreSQL over psycopg 3, a few worker threads each owning a connection.
+
+Threads: the controller reads through a synchronous view, so each operation runs whole on one of
+``connections`` worker threads, each owning one blocking psycopg connection (autocommit mode, the
+transactions spelled out); the event loop only queues the operation and awaits its future. A
+process's operations overlap up to ``connections`` at a time.
+
+Transactions: a write is one ``SERIALIZABLE`` transaction: the controller decides from what it reads
+and its changes are applied (the statements are SQLite's, :mod:`s3stream.metadata.postgres_schema`).
+PostgreSQL aborts one of two transactions whose reads and writes could not have run one after the
+other (SQLSTATE 40001) and one of a deadlock (40P01); the operation is then run again from the start
+on a new snapshot, after a jittered backoff, at most ``RETRY_ATTEMPTS_MAX`` times and within
+``RETRY_DEADLINE_MS`` (then UnavailableError, retriable). So every operation behaves as if the
+operations of every process ran one at a time, in some order. A refusal (FencedError,
+ConflictError, ...) is decided in the same transaction and reported only after it commits (having
+written nothing), so it too rests on a state that existed. A read is one ``REPEATABLE READ READ ONLY``
+transaction: one consistent snapshot. Operations a caller issues concurrently (without awaiting one
+before the next) may commit in any order; an awaited one precedes every later one.
+
+Errors: connection refused, server gone, a timeout -> UnavailableError naming the URL without its
+password; failed authentication or a database that does not exist -> InvalidArgumentError; a table or
+column missing or altered -> CorruptionError; a schema newer than this code -> ConflictError; a
+closed store -> ClosedError. A caller cancelled while its operation runs does not stop it: it may
+still commit. Clock: the server's (:mod:`s3stream.metadata.postgres_clock`) unless one is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import random
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import psycopg
+from psycopg import conninfo
+
+from s3stream.clock import Clock
+from s3stream.errors import (
+    ClosedError,
+    ConflictError,
+    CorruptionError,
+    ErrorCode,
+    InvalidArgumentError,
+    S3StreamError,
+    UnavailableError,
+)
+from s3stream.metadata import controller as ctl
+from s3stream.metadata import postgres_schema as schema
+from s3stream.metadata import sqlite_schema
+from s3stream.metadata.postgres_clock import ServerClock
+from s3stream.metadata.store import TransactionalStore
+from s3stream.metadata.url import MetadataURL, parse_metadata_url
+
+T = TypeVar("T")
+
+CONNECTIONS_DEFAULT = 4
+CONNECTIONS_MAX = 64
+QUEUED_OPERATIONS_MAX = 1024
+"""Operations waiting for a worker at most; further callers wait for a slot first."""
+RETRY_ATTEMPTS_MAX = 100
+"""Runs of one operation at most when PostgreSQL aborts it for a conflict (40001, 40P01)."""
+RETRY_DEADLINE_MS = 30_000
+"""No new run of an aborted operation starts later than this after its first."""
+BACKOFF_MS_MIN = 1
+BACKOFF_MS_MAX = 100
+CONNECT_TIMEOUT_S = 10
+STATEMENT_TIMEOUT_MS = 30_000
+"""The server cancels a statement running longer (57014 -> UnavailableError)."""
+TCP_USER_TIMEOUT_MS = 30_000
+"""A connection whose sent data stays unacknowledged this long is dropped (a silent server)."""
+
+_CONNECT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+    "application_name": "s3stream",
+}
+_SESSION_SETUP = (
+    f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET lock_timeout = {STATEMENT_TIMEOUT_MS}; "
+    f"SET idle_in_transaction_session_timeout = {2 * STATEMENT_TIMEOUT_MS}"
+)
+_BEGIN: dict[str, str] = {
+    "write": "BEGIN ISOLATION LEVEL SERIALIZABLE",
+    "read": "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+}
+_CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+_AUTH_SQLSTATES = frozenset({"28000", "28P01"})
+_AUTH_FAILED = re.compile(r'authentication failed|FATAL: +role ".*" does not exist')
+_NO_DATABASE = re.compile(r'FATAL: +database ".*" does not exist')
+_DOMAIN_ERRORS = (S3StreamError, ValueError, TypeError)
+"""What a controller function raises to refuse an operation (nothing written)."""
+
+
+def translate(exc: psycopg.Error, *, where: str, password: str | None) -> S3StreamError:
+    """The s3stream error for a psycopg error (callers raise it ``from exc``); ``where`` is the
+    URL without its password, and ``password`` is scrubbed from the server's message."""
+    state = exc.sqlstate or ""
+    text = str(exc).strip()
+    if password:
+        text = text.replace(password, "***")
+    # libpq reports a refused connection without a SQLSTATE: its message tells
+    if state in _AUTH_SQLSTATES or _AUTH_FAILED.search(text):
+        return InvalidArgumentError(f"the metadata database {where} refused the credentials: {text}")
+    if state == "3D000" or _NO_DATABASE.search(text):
+        return InvalidArgumentError(f"the metadata database {where} does not exist: {text}")
+    if state.startswith("23"):
+        return ConflictError(
+            f"metadata integrity constraint failed: {text}", code=ErrorCode.STREAM_INNER_ERROR
+        )
+    if state.startswith("22") or (not state and isinstance(exc, psycopg.DataError)):
+        return InvalidArgumentError(f"the metadata database {where} refused a value: {text}")
+    if state.startswith("42") or state in ("XX001", "XX002"):
+        return CorruptionError(f"the metadata schema is damaged or not s3stream's: {text}", source=where)
+    return UnavailableError(f"the metadata database {where} is unavailable: {text}")
+
+
+def connection_info(url: MetadataURL) -> tuple[str, str | None]:
+    """libpq's connection string for ``url`` (with this store's timeouts and keepalives where the
+    URL sets none) and the URL's password; InvalidArgumentError for a URL libpq refuses."""
+    raw_password = urllib.parse.urlsplit(url.url).password
+    try:
+        params = conninfo.conninfo_to_dict(url.url)
+    except psycopg.Error as exc:
+        text = str(exc).strip()
+        if raw_password:
+            text = text.replace(raw_password, "***")
+        raise InvalidArgumentError(
+            f"metadata URL {url.describe()} is not a valid libpq URL: {text}"
+        ) from None
+    password = params.get("password")
+    for key, value in _CONNECT_DEFAULTS.items():
+        params.setdefault(key, value)
+    return conninfo.make_conninfo("", **params), None if password is None else str(password)
+
+
+@dataclass(slots=True)
+class _Job(Generic[T]):
+    fn: Callable[[psycopg.Connection[Any]], T]
+    mode: Literal["write", "read", "raw"]
+    """``raw``: ``fn`` runs on the connection as it is (no transaction, no retry)."""
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[T]
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+
+
+class _Pool:
+    """``size`` worker threads sharing one queue of operations; each owns one connection, opened on
+    its first operation and again after a failure broke it."""
+
+    def __init__(self, url: MetadataURL, size: int, clock: ServerClock | None) -> None:
+        self._where = url.describe()
+        self._conninfo, self._password = connection_info(url)
+        self._clock = clock
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        self._slots = asyncio.Semaphore(QUEUED_OPERATIONS_MAX)
+        self.conflict_retries = 0
+        """Runs of operations PostgreSQL aborted for a conflict and that ran again (a statistic)."""
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+        """Makes "not stopped, so queue the job" atomic against ``stop``'s sentinels."""
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"s3stream-metadata-pg-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+    async def call(
+        self, fn: Callable[[psycopg.Connection[Any]], T], mode: Literal["write", "read", "raw"]
+    ) -> T:
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[T] = loop.create_future()
+            with self._stop_lock:
+                if self._stopped:
+                    raise ClosedError(f"the metadata store {self._where} is closed")
+                self._jobs.put(_Job(fn, mode, loop, future))
+            return await future
+
+    def stop(self) -> None:
+        """Let the queued operations finish, then end every thread (one sentinel each)."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for _ in self._threads:
+                self._jobs.put(None)
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+    def _serve(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            while (job := self._jobs.get()) is not None:
+                error: BaseException | None
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = self._connect(conn)
+                    if self._clock is not None and job.mode != "raw" and self._clock.stale():
+                        self._clock.sample(conn)
+                    result, error = self._run(conn, job), None
+                except psycopg.Error as exc:
+                    failure = translate(exc, where=self._where, password=self._password)
+                    failure.__cause__ = exc
+                    result, error = None, failure
+                    if conn is not None:
+                        _rollback(conn)
+                except Exception as exc:  # noqa: BLE001 - thread boundary: handed to the caller
+                    result, error = None, exc
+                    if conn is not None:
+                        _rollback(conn)
+                with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens
+                    job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+
+    def _connect(self, old: psycopg.Connection[Any] | None) -> psycopg.Connection[Any]:
+        if old is not None:
+            with contextlib.suppress(psycopg.Error):
+                old.close()
+        conn = psycopg.connect(self._conninfo, autocommit=True)
+        try:
+            conn.execute(_SESSION_SETUP)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _run(self, conn: psycopg.Connection[Any], job: _Job[T]) -> T:
+        """Run ``job`` in its transaction, again from the start while PostgreSQL aborts it for a
+        conflict (bounded); a refusal is raised once the transaction that decided it commits."""
+        if job.mode == "raw":
+            return job.fn(conn)
+        begin = _BEGIN[job.mode]
+        first_ms = time.monotonic() * 1000
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn.execute(begin)
+                try:
+                    result = job.fn(conn)
+                except _DOMAIN_ERRORS:
+                    conn.execute("COMMIT")  # nothing was written; commits only if what it read holds
+                    raise
+                conn.execute("COMMIT")
+                return result
+            except psycopg.Error as exc:
+                _rollback(conn)
+                if exc.sqlstate not in _CONFLICT_SQLSTATES:
+                    raise
+                elapsed_ms = time.monotonic() * 1000 - first_ms
+                if attempt >= RETRY_ATTEMPTS_MAX or elapsed_ms >= RETRY_DEADLINE_MS:
+                    raise UnavailableError(
+                        f"the metadata database {self._where} aborted the operation for conflicts "
+                        f"{attempt} times in {elapsed_ms:.0f} ms: {exc}"
+                    ) from exc
+                with self._stop_lock:
+                    self.conflict_retries += 1
+                backoff_ms = min(BACKOFF_MS_MAX, BACKOFF_MS_MIN << min(attempt, 10))
+                time.sleep(random.uniform(0, backoff_ms) / 1000)
+            except BaseException:
+                _rollback(conn)
+                raise
+
+
+class PostgresMetadataStore(TransactionalStore):
+    """A MetadataStore in one PostgreSQL schema. Open with :meth:`open`; ``close()`` when done."""
+
+    def __init__(self, pool: _Pool, clock_ms: Clock) -> None:
+        super().__init__(clock_ms)
+        self._pool = pool
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        url: str | MetadataURL,
+        *,
+        clock_ms: Clock | None = None,
+        connections: int = CONNECTIONS_DEFAULT,
+    ) -> PostgresMetadataStore:
+        """Connect, then create or migrate the schema (the first schema on the URL's search_path).
+
+        ``clock_ms`` None: the database server's clock. ``connections``: worker threads, each with
+        its own connection (opened on first use).
+        """
+        parsed = url if isinstance(url, MetadataURL) else parse_metadata_url(url)
+        if parsed.is_sqlite:
+            raise InvalidArgumentError(f"{parsed.describe()} is not a PostgreSQL URL")
+        if not isinstance(connections, int) or not 1 <= connections <= CONNECTIONS_MAX:
+            raise InvalidArgumentError(
+                f"connections must be an int in [1, {CONNECTIONS_MAX}], got {connections!r}"
+            )
+        server_clock = ServerClock() if clock_ms is None else None
+        clock: Clock = server_clock if server_clock is not None else clock_ms  # type: ignore[assignment]
+        pool = _Pool(parsed, connections, server_clock)
+        try:
+            await pool.call(lambda conn: _initialize(conn, server_clock), "raw")
+        except BaseException:
+            pool.stop()
+            await asyncio.to_thread(pool.join)
+            raise
+        return cls(pool, clock)
+
+    @property
+    def where(self) -> str:
+        """The URL without its password."""
+        return self._pool.where
+
+    @property
+    def conflict_retries(self) -> int:
+        """Operations PostgreSQL aborted for a conflict (40001, 40P01) and that ran again, so far."""
+        return self._pool.conflict_retries
+
+    async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
+        def run(conn: psycopg.Connection[Any]) -> T:
+            sql = schema.PgConnection(conn)
+            txn = ctl.Txn(sqlite_schema.SqlView(sql, schema.POSTGRES_DIALECT))
+            result = fn(txn)
+            sqlite_schema.apply(sql, txn.changes, schema.POSTGRES_DIALECT)
+            return result
+
+        self._check_open()
+        return await self._pool.call(run, "write")
+
+    async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
+        self._check_open()
+        return await self._pool.call(
+            lambda conn: fn(sqlite_schema.SqlView(schema.PgConnection(conn), schema.POSTGRES_DIALECT)), "read"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the metadata store {self.where} is closed")
+
+    async def schema_version(self) -> int:
+        self._check_open()
+        version = await self._pool.call(schema.schema_version, "read")
+        assert version is not None
+        return version
+
+    async def close(self) -> None:
+        """Finish the queued operations, then close the connections and stop the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.stop()
+        await asyncio.to_thread(self._pool.join)
+
+
+def _initialize(conn: psycopg.Connection[Any], clock: ServerClock | None) -> None:
+    """Runs on a worker before any operation: migrations, schema shape, the clock's first sample."""
+    schema.migrate(conn)
+    schema.check_schema_shape(conn, schema.expected_columns())
+    if clock is not None:
+        clock.sample(conn)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -19,6 +20,7 @@ from s3stream.metadata.base import KvWrite, MetadataStore, StreamMetadata, Strea
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.metadata.stream_ops import kv_applied_key
+from s3stream.metadata.url import open_metadata_store
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.local import LocalObjectStorage
 from tests.support.configs import small_config
@@ -26,13 +28,15 @@ from tests.support.configs import small_config
 NODE = NodeId(7)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
     metadata: MetadataStore
     if request.param == "memory":
         metadata = MemoryMetadataStore()
-    else:
+    elif request.param == "sqlite":
         metadata = await SqliteMetadataStore.open(tmp_path / "metadata.db")
+    else:
+        metadata = cast(MetadataStore, await open_metadata_store(request.getfixturevalue("pg_url")))
     yield metadata
     await metadata.close()
 
@@ -103,9 +107,12 @@ def test_kv_records_at_or_below_the_applied_offset_are_not_replayed() -> None:
     assert plan_replay(wal, [opened(1, 0)], kv_applied_offset=128).kv_records == ()
 
 
-async def open_node(tmp: Path, node_id: int) -> Client:
-    """A node with its own data dir on the shared SQLite metadata file and bucket of ``tmp``."""
-    metadata = await SqliteMetadataStore.open(tmp / "metadata.db")
+async def open_node(tmp: Path, node_id: int, metadata_url: str | None = None) -> Client:
+    """A node with its own data dir on the shared metadata (``metadata_url``, else the SQLite file of
+    ``tmp``) and the bucket of ``tmp``."""
+    metadata = cast(
+        MetadataStore, await open_metadata_store(metadata_url or f"sqlite://{tmp / 'metadata.db'}")
+    )
     storage = LocalObjectStorage(str(tmp / "objects"))
     return await s3stream.open(
         tmp / f"node{node_id}",
@@ -115,8 +122,12 @@ async def open_node(tmp: Path, node_id: int) -> Client:
     )
 
 
-async def test_a_kv_change_acknowledged_on_one_node_is_read_on_the_other(tmp_path: Path) -> None:
-    one, two = await open_node(tmp_path, 1), await open_node(tmp_path, 2)
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_a_kv_change_acknowledged_on_one_node_is_read_on_the_other(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else None
+    one, two = await open_node(tmp_path, 1, url), await open_node(tmp_path, 2, url)
     try:
         await one.kv.put("k", b"from 1")
         assert await two.kv.get("k") == b"from 1"

@@ -10,6 +10,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -26,8 +27,9 @@ from s3stream.errors import (
     OffsetOutOfRangeError,
 )
 from s3stream.ids import StreamId
-from s3stream.metadata.base import ObjectState
+from s3stream.metadata.base import MetadataStore, ObjectState
 from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
+from s3stream.metadata.url import open_metadata_store
 from s3stream.model import FetchedBatch
 from s3stream.objectformat import ObjectReaderCache
 from s3stream.remote import Reader
@@ -302,3 +304,19 @@ async def test_bad_arguments_are_invalid_argument_errors(tmp_path: Path) -> None
             await reader.describe_stream("1")  # type: ignore[arg-type]
     with pytest.raises(ClosedError):
         await reader.list_streams()
+
+
+async def test_a_reader_reads_streams_whose_metadata_is_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    metadata = cast(MetadataStore, await open_metadata_store(pg_url))
+    bucket = f"file://{tmp_path / 'bucket'}"
+    client = await s3stream.open(tmp_path / "data", bucket_uri=bucket, config=FAST, metadata=metadata)
+    try:
+        stream = await client.streams.create_and_open_stream()
+        await fill(client, [stream], rounds=2, per_round=10)
+        async with await s3stream.open_reader(metadata_url=pg_url, config=FAST) as reader:  # bucket recorded
+            assert [m.end_offset for m in await reader.list_streams()] == [stream.next_offset]
+            end = stream.next_offset
+            got = await reader.fetch(stream.stream_id, 0, end, 1 << 20)
+            assert rows(got) == rows(await stream.fetch(0, end, 1 << 20))
+    finally:
+        await client.close()

@@ -46,6 +46,7 @@ from s3stream.metadata.base import MetadataStore
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import open_metadata_store
 from s3stream.objectformat import ObjectReaderCache
+from s3stream.remote import Reader, SyncReader
 from s3stream.storage.base import ObjectStorage
 from s3stream.walblock import BlockWalAdapter, open_block_wal_file
 from wal import WalConfig
@@ -276,6 +277,67 @@ def open_sync(
 ) -> SyncClient:
     """Open a :class:`~s3stream.facade.SyncClient`: like ``await open_client(...)`` but blocking."""
     return SyncClient.start(lambda: open_client(data_dir, bucket_uri=bucket_uri, config=config))
+
+
+async def open_reader(
+    *, bucket_uri: str | None = None, metadata_url: str | None = None, config: Config | None = None
+) -> Reader:
+    """A :class:`~s3stream.remote.Reader` of the streams in ``metadata_url`` (default: the config's
+    ``s3.metadata.url``) whose objects are in ``bucket_uri`` (default: the storage the metadata
+    records, when that is a bucket). No data dir, no WAL; nothing written: the metadata is opened
+    read-only (``open_metadata_store(..., read_only=True)``: SQLite without writing, PostgreSQL in a
+    read-only session).
+
+    InvalidArgumentError for bad arguments or no storage to read; ConflictError when the given
+    storage or ``s3.namespace`` is not the one the metadata records."""
+    from s3stream.metadata.url import open_metadata_store, parse_metadata_url
+
+    if config is not None and not isinstance(config, Config):
+        raise InvalidArgumentError(
+            f"config must be an s3stream Config (Config.from_sources(...)), got {type(config).__name__}"
+        )
+    config = config or Config.from_sources()
+    if bucket_uri is not None and (not isinstance(bucket_uri, str) or not bucket_uri):
+        raise InvalidArgumentError(f"bucket_uri must be a non-empty str or None, got {bucket_uri!r}")
+    if metadata_url is None:
+        metadata_url = config.metadata_url
+        if not metadata_url:
+            raise InvalidArgumentError("a reader needs a metadata URL: metadata_url= or s3.metadata.url")
+    parsed = parse_metadata_url(metadata_url)
+    closers: list[Callable[[], Awaitable[None]]] = []
+    try:
+        metadata = cast(MetadataStore, await open_metadata_store(parsed, read_only=True))
+        closers.append(metadata.close)
+        recorded = await binding.recorded_storage_of(metadata)
+        if recorded is not None and recorded.bucket_uri is None:  # a data dir's own objects/ folder
+            recorded = binding.RecordedStorage(bucket_uri, recorded.namespace) if bucket_uri else None
+            if recorded is None:
+                raise InvalidArgumentError(
+                    "the metadata's objects are in its data dir's objects/ folder: give "
+                    "bucket_uri='file:///<data dir>/objects'"
+                )
+        uri = binding.storage_to_open(recorded, bucket_uri, namespace=config.namespace)
+        if uri is None:
+            raise InvalidArgumentError(
+                f"the metadata {parsed.describe()} records no object storage: give bucket_uri="
+            )
+        storage = await binding.open_storage(Path(), uri)
+        closers.append(storage.close)
+    except BaseException:
+        for closer in reversed(closers):
+            with contextlib.suppress(Exception):
+                await closer()
+        raise
+    return Reader(metadata, build_reader(config, metadata, storage), closers=list(reversed(closers)))
+
+
+def open_reader_sync(
+    *, bucket_uri: str | None = None, metadata_url: str | None = None, config: Config | None = None
+) -> SyncReader:
+    """Open a :class:`~s3stream.remote.SyncReader`: like ``await open_reader(...)`` but blocking."""
+    return SyncReader.start(
+        lambda: open_reader(bucket_uri=bucket_uri, metadata_url=metadata_url, config=config)
+    )
 
 
 def _is_bucket(bucket_uri: str | None) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import urllib.parse
 from pathlib import Path
 from typing import cast
 
@@ -32,14 +31,10 @@ from s3stream.clock import Clock, wall_clock_ms
 from s3stream.config import Config
 from s3stream.errors import NotFoundError
 from s3stream.metadata.base import MetadataStore
-from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import MetadataURL, open_metadata_store, parse_metadata_url
 
 OPTION = "--metadata-url"
-READ_ONLY_OPTION = "-c default_transaction_read_only=on"
-"""The libpq ``options`` a read command's PostgreSQL session runs with."""
-
 _HELP_USED = (
     "metadata store: sqlite:///path/metadata.db or postgresql://user:pass@host:port/db; overrides "
     "s3.metadata.url (--config, $S3STREAM_S3_METADATA_URL); default: <data-dir>/metadata.db"
@@ -84,23 +79,9 @@ def command_config(args: argparse.Namespace) -> Config:
     return Config.from_sources(args.config, metadata_url=url)
 
 
-def read_only_url(url: MetadataURL) -> str:
-    """A PostgreSQL URL whose session runs every transaction read-only (its ``options`` kept)."""
-    parts = urllib.parse.urlsplit(url.url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    options = [value for name, value in query if name == "options"]
-    rest = [(name, value) for name, value in query if name != "options"]
-    merged = " ".join([*options, READ_ONLY_OPTION])
-    new_query = urllib.parse.urlencode([*rest, ("options", merged)], quote_via=urllib.parse.quote)
-    return urllib.parse.urlunsplit(parts._replace(query=new_query))
-
-
 async def open_metadata_read_only(url: MetadataURL) -> MetadataStore:
     """The store ``url`` names, opened so that nothing can be written through it."""
-    if url.is_sqlite:
-        return await ReadOnlySqliteStore.open(url.sqlite_path)
-    store = await open_metadata_store(read_only_url(url))
-    return cast(MetadataStore, store)  # a concrete store: TransactionalStore plus close()
+    return cast(MetadataStore, await open_metadata_store(url, read_only=True))
 
 
 async def open_read_view(args: argparse.Namespace, *, objects_needed: bool = False) -> ReadOnlyView:

@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
 from s3stream.engine.fetchmerge import merge_fetch
-from s3stream.engine.kvlog import KvApplier, apply_mutation
+from s3stream.engine.kvlog import KvApplier, apply_record
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
 from s3stream.engine.recovery import plan_replay
@@ -134,7 +134,7 @@ class Engine:
             upload_observer=upload_observer or UploadObserver(),
             clock=clock,
         )
-        self._kv = KvApplier(metadata, self._trim_tracker, self._supervisor)
+        self._kv = KvApplier(metadata, self._trim_tracker, self._supervisor, node_id=node_id)
         self._appends = AppendPath(
             config,
             cache=self.cache,
@@ -456,9 +456,14 @@ class Engine:
     async def _recover(self, opening: list[StreamMetadata]) -> None:
         """Replay untrimmed WAL records of this node's open streams, upload them, close the streams."""
         records = await self.wal.recover()
-        plan = plan_replay(records, opening)
-        for mutation in plan.kv_ops:
-            await apply_mutation(self.metadata, mutation)
+        applied_offset = await self.metadata.kv_applied_offset(self.node_id)
+        plan = plan_replay(records, opening, kv_applied_offset=applied_offset)
+        for wal_offset, mutations in plan.kv_records:
+            await apply_record(self.metadata, mutations, node_id=self.node_id, wal_offset=wal_offset)
+        if applied_offset != plan.wal_end_offset - 1 and not plan.kv_records:
+            # Everything this WAL holds is applied (or it is a new WAL: offsets start again at 0, so
+            # a mark left by a lost WAL would hide its records).
+            await self.metadata.kv_apply([], node_id=self.node_id, wal_offset=plan.wal_end_offset - 1)
         for gap in plan.gaps:
             log.error("WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
                       gap.stream_id, gap.expected_offset, gap.found_offset)  # fmt: skip

@@ -10,6 +10,13 @@ acknowledged: an older atomic group's put can never overwrite a newer plain put,
 can never be replayed in an order other than the one its caller saw. The WAL completes appends in
 offset order, so records become durable (:meth:`KvApplier.persisted`) in that order. A record stays
 live for the WAL trim until it is applied (:class:`~s3stream.engine.waltrim.WalTrimTracker`).
+
+Shared metadata (several nodes): a record's changes are applied in ONE metadata transaction together
+with the node's applied KV WAL offset (:meth:`~s3stream.metadata.base.MetadataStore.kv_apply`). A
+replay skips the records at or below it, so a restart never re-applies a change that was applied
+before the crash over a newer value another node wrote meanwhile; a record whose apply did not
+commit is above it and is re-applied. A change whose apply failed (its writer got the error) is
+re-applied by a restart only if no later record was applied since.
 """
 
 from __future__ import annotations
@@ -23,18 +30,25 @@ from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.walbody import KvMutation, KvOp
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import S3StreamError
-from s3stream.metadata.base import MetadataStore
+from s3stream.ids import NodeId
+from s3stream.metadata.base import KvWrite, MetadataStore
 
 log = logging.getLogger(__name__)
 
 
-async def apply_mutation(metadata: MetadataStore, mutation: KvMutation) -> bytes | None:
-    """Apply one change; returns what the KV client returns (the value stored, or the deleted one)."""
-    if mutation.op is KvOp.PUT:
-        return await metadata.kv_put(mutation.key, mutation.value, overwrite=True)
-    if mutation.op is KvOp.PUT_IF_ABSENT:
-        return await metadata.kv_put(mutation.key, mutation.value, overwrite=False)
-    return await metadata.kv_delete(mutation.key)
+def kv_write(mutation: KvMutation) -> KvWrite:
+    """The metadata write of one WAL KV change."""
+    if mutation.op is KvOp.DELETE:
+        return KvWrite(mutation.key, None)
+    return KvWrite(mutation.key, mutation.value, overwrite=mutation.op is KvOp.PUT)
+
+
+async def apply_record(
+    metadata: MetadataStore, mutations: Sequence[KvMutation], *, node_id: NodeId, wal_offset: int
+) -> list[bytes | None]:
+    """Apply one WAL record's changes and mark it applied, in one metadata transaction; returns per
+    change what the KV client returns (the value stored, or the deleted one)."""
+    return await metadata.kv_apply([kv_write(m) for m in mutations], node_id=node_id, wal_offset=wal_offset)
 
 
 class KvEntry:
@@ -53,8 +67,16 @@ class KvEntry:
 class KvApplier:
     """Applies the KV changes of durable WAL records to metadata in WAL offset order."""
 
-    def __init__(self, metadata: MetadataStore, trim_tracker: WalTrimTracker, supervisor: Supervisor) -> None:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        trim_tracker: WalTrimTracker,
+        supervisor: Supervisor,
+        *,
+        node_id: NodeId,
+    ) -> None:
         self.metadata = metadata
+        self.node_id = node_id
         self.trim_tracker = trim_tracker
         self.supervisor = supervisor
         self._unapplied: dict[int, KvEntry] = {}
@@ -106,7 +128,9 @@ class KvApplier:
             while queue:
                 entry = queue[0]
                 try:
-                    results = [await apply_mutation(self.metadata, m) for m in entry.mutations]
+                    results = await apply_record(
+                        self.metadata, entry.mutations, node_id=self.node_id, wal_offset=entry.wal_offset
+                    )
                 except S3StreamError as exc:
                     # The change stays in the WAL: a restart re-applies it in order. Tell the writer.
                     log.warning("KV change of WAL record %d failed to apply: %s", entry.wal_offset, exc)

@@ -2,7 +2,9 @@
 
 The rule is ``docs/format.md`` section 5.3 (AutoMQ's restart recovery, ``docs/automq-model.md`` section 13):
 every body is decoded; KV changes (atomic groups' puts and KV mutation bodies) are kept in WAL order, which is
-the order they were applied and acknowledged in (:mod:`s3stream.engine.kvlog`). A batch is kept only when its
+the order they were applied and acknowledged in (:mod:`s3stream.engine.kvlog`), except those of records at or
+below the node's applied KV WAL offset (applied before the crash: re-applying them could undo a newer change
+another node made meanwhile). A batch is kept only when its
 stream is one this node left open and its epoch is that stream's epoch; batches below the stream's next
 expected offset (beginning at the committed end offset) were committed already. A batch above it is held until
 its predecessor turns up later in the WAL (a write retried after "WAL full" lands after appends submitted
@@ -39,7 +41,8 @@ class GapInfo:
 @dataclass(frozen=True, slots=True)
 class ReplayPlan:
     kv_ops: tuple[KvMutation, ...]
-    """Every KV change in WAL order: re-applied in this order, they leave metadata as the WAL says."""
+    """Every KV change to re-apply, in WAL order: re-applied in this order, they leave metadata as the
+    WAL says."""
     records: tuple[ReplayRecord, ...]
     """WAL records with at least one kept batch, in WAL order (each record's batches in body order)."""
     wal_end_offset: int
@@ -50,26 +53,36 @@ class ReplayPlan:
     """Every kept batch as ``(index into records, batch)``, in the order to put into the LogCache:
     each stream's batches in offset order, which differs from WAL order where a held batch waited."""
 
+    kv_records: tuple[tuple[int, tuple[KvMutation, ...]], ...] = ()
+    """``kv_ops`` by WAL record: ``(wal offset, its changes)``, in WAL order (each applied in one
+    metadata transaction with its offset)."""
+
     @property
     def batch_count(self) -> int:
         return sum(len(r.batches) for r in self.records)
 
 
-def plan_replay(records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMetadata]) -> ReplayPlan:
-    """The replay plan of the WAL's untrimmed ``(offset, body)`` records (CorruptionError on a bad body)."""
+def plan_replay(
+    records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMetadata], *, kv_applied_offset: int = -1
+) -> ReplayPlan:
+    """The replay plan of the WAL's untrimmed ``(offset, body)`` records (CorruptionError on a bad body);
+    KV changes of records at or below ``kv_applied_offset`` are not replayed."""
     expected = {int(m.stream_id): m.end_offset for m in opening}
     epochs = {int(m.stream_id): m.epoch for m in opening}
     waiting: dict[int, dict[int, tuple[int, int, StreamRecordBatch]]] = {}
     """stream -> base offset -> (record index, position in the body, batch): batches held until their
     predecessor turns up."""
     kv_ops: list[KvMutation] = []
+    kv_records: list[tuple[int, tuple[KvMutation, ...]]] = []
     kept_by_record: list[tuple[int, int, list[tuple[int, StreamRecordBatch]]]] = []
     release: list[tuple[int, StreamRecordBatch]] = []
     dropped = 0
     end = 0
     for offset, body in records:
         decoded = decode_body(body, source="WAL", position=offset)
-        kv_ops.extend(decoded.kv_ops)
+        if decoded.kv_ops and offset > kv_applied_offset:
+            kv_ops.extend(decoded.kv_ops)
+            kv_records.append((offset, tuple(decoded.kv_ops)))
         index = len(kept_by_record)
         kept: list[tuple[int, StreamRecordBatch]] = []
         kept_by_record.append((offset, len(body), kept))
@@ -118,4 +131,5 @@ def plan_replay(records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMe
         tuple(gaps),
         dropped,
         tuple((renumber[index], batch) for index, batch in release),
+        tuple(kv_records),
     )

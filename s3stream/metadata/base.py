@@ -201,6 +201,16 @@ class ObjectSlice:
     end_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class KvWrite:
+    """One KV change of :meth:`MetadataStore.kv_apply`: a put (``value``; ``overwrite`` false keeps an
+    existing value) or, with ``value`` None, a delete."""
+
+    key: str
+    value: bytes | None
+    overwrite: bool = True
+
+
 class MetadataStore(Protocol):
     """Transactional metadata: every method is one atomic operation."""
 
@@ -350,5 +360,17 @@ class MetadataStore(Protocol):
     async def kv_get(self, key: str) -> bytes | None: ...
 
     async def kv_delete(self, key: str) -> bytes | None: ...
+
+    async def kv_apply(
+        self, writes: Sequence[KvWrite], *, node_id: NodeId, wal_offset: int
+    ) -> list[bytes | None]:
+        """Apply ``writes`` in order and record ``wal_offset`` as ``node_id``'s applied KV WAL offset,
+        all in one transaction. Returns per write what kv_put / kv_delete would (the value stored, or
+        the deleted one). ``wal_offset`` -1 with no writes resets the record (a new WAL)."""
+        ...
+
+    async def kv_applied_offset(self, node_id: NodeId) -> int:
+        """The WAL offset of ``node_id``'s last KV record applied through :meth:`kv_apply`; -1 if none."""
+        ...
 
     async def close(self) -> None: ...

@@ -20,6 +20,7 @@ from s3stream.metadata import node_ops, object_ops, queries, stream_ops
 from s3stream.metadata.base import (
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
+    KvWrite,
     LeaseInfo,
     NodeInfo,
     ObjectSlice,
@@ -284,6 +285,16 @@ class TransactionalStore(abc.ABC):
 
     async def kv_delete(self, key: str) -> bytes | None:
         return await self._write(partial(stream_ops.kv_delete, key=key))
+
+    async def kv_apply(
+        self, writes: Sequence[KvWrite], *, node_id: NodeId, wal_offset: int
+    ) -> list[bytes | None]:
+        return await self._write(
+            partial(stream_ops.kv_apply, writes=tuple(writes), node_id=node_id, wal_offset=wal_offset)
+        )
+
+    async def kv_applied_offset(self, node_id: NodeId) -> int:
+        return await self._query(partial(stream_ops.kv_applied_offset, node_id=node_id))
 
 
 class LeaseBoundStore(TransactionalStore):

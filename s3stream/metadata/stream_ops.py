@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from s3stream.errors import (
     ConflictError,
+    CorruptionError,
     ErrorCode,
     FencedError,
     InvalidArgumentError,
@@ -17,6 +18,7 @@ from s3stream.errors import (
 )
 from s3stream.ids import NodeId, StreamId
 from s3stream.metadata.base import (
+    KvWrite,
     ObjectState,
     RangeMetadata,
     StreamMetadata,
@@ -247,6 +249,62 @@ def kv_put(txn: Txn, key: str, value: bytes, *, overwrite: bool) -> bytes:
 def kv_get(view: StateView, key: str) -> bytes | None:
     _check_key(key)
     return view.kv(key)
+
+
+KV_APPLIED_KEY_PREFIX = "\x00s3stream.kv.applied."
+"""KV key of a node's applied KV WAL offset (``<prefix><node id>``, ASCII decimal value): under the
+reserved prefix that the KV client refuses, so only :func:`kv_apply` writes it."""
+
+
+def kv_applied_key(node_id: NodeId) -> str:
+    return f"{KV_APPLIED_KEY_PREFIX}{int(node_id)}"
+
+
+def kv_apply(txn: Txn, *, writes: Sequence[KvWrite], node_id: NodeId, wal_offset: int) -> list[bytes | None]:
+    """Several KV changes and the node's applied WAL offset, in one transaction (see
+    :meth:`~s3stream.metadata.base.MetadataStore.kv_apply`). One change per key is written: the
+    final state after ``writes`` in order (a later write of the batch sees the earlier ones)."""
+    check_int("node_id", node_id, low=0)
+    check_int("wal_offset", wal_offset, low=-1)
+    state: dict[str, bytes | None] = {}
+    results: list[bytes | None] = []
+    for write in writes:
+        if not isinstance(write, KvWrite):
+            raise InvalidArgumentError(f"a KV write is a KvWrite, got {type(write).__name__}")
+        _check_key(write.key)
+        current = state[write.key] if write.key in state else txn.view.kv(write.key)
+        if write.value is None:
+            results.append(current)
+            state[write.key] = None
+            continue
+        if not isinstance(write.value, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"a value is bytes, got {type(write.value).__name__}")
+        value = bytes(write.value)
+        if len(value) > KV_VALUE_MAX_BYTES:
+            raise InvalidArgumentError(f"a value is at most {KV_VALUE_MAX_BYTES} bytes, got {len(value)}")
+        if not write.overwrite and current is not None:
+            results.append(current)
+            continue
+        state[write.key] = value
+        results.append(value)
+    for key, final in state.items():
+        txn.write(RemoveKv(key) if final is None else PutKv(key, final))
+    txn.write(PutKv(kv_applied_key(node_id), str(wal_offset).encode()))
+    return results
+
+
+def kv_applied_offset(view: StateView, *, node_id: NodeId) -> int:
+    check_int("node_id", node_id, low=0)
+    raw = view.kv(kv_applied_key(node_id))
+    if raw is None:
+        return -1
+    try:
+        return int(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptionError(
+            f"the applied KV WAL offset of node {node_id} is not a number: {raw[:40]!r}",
+            source=kv_applied_key(node_id),
+        ) from exc
 
 
 def kv_delete(txn: Txn, key: str) -> bytes | None:

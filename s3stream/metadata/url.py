@@ -27,6 +27,8 @@ from s3stream.metadata.store import TransactionalStore
 SQLITE_SCHEME = "sqlite"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 DEFAULT_SQLITE_FILE = "metadata.db"
+READ_ONLY_OPTION = "-c default_transaction_read_only=on"
+"""The libpq ``options`` a read-only PostgreSQL session runs with: the server refuses every write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,20 +104,38 @@ def default_metadata_url(data_dir: str | os.PathLike[str]) -> str:
     return "sqlite://" + urllib.parse.quote(str(Path(os.path.abspath(data_dir)) / DEFAULT_SQLITE_FILE))
 
 
-async def open_metadata_store(url: str | MetadataURL, *, clock_ms: Clock | None = None) -> TransactionalStore:
-    """Open (creating and migrating the schema if needed) the store ``url`` names.
-
-    ``clock_ms`` None: SQLite uses this machine's wall clock, PostgreSQL the database server's.
-    """
+async def open_metadata_store(
+    url: str | MetadataURL, *, clock_ms: Clock | None = None, read_only: bool = False
+) -> TransactionalStore:
+    """Open the store ``url`` names. Writable: created and its schema migrated if needed.
+    ``read_only``: nothing can be written through it and opening writes nothing (SQLite through
+    :mod:`s3stream.metadata.sqlite_readonly`; PostgreSQL in a session whose transactions the server
+    keeps read-only, :func:`read_only_url`). ``clock_ms`` None: the store's own clock (the database
+    server's for PostgreSQL, the wall clock for SQLite)."""
     parsed = url if isinstance(url, MetadataURL) else parse_metadata_url(url)
     if parsed.is_sqlite:
+        if read_only:
+            from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
+
+            return await ReadOnlySqliteStore.open(parsed.sqlite_path)
         from s3stream.metadata.sqlite import SqliteMetadataStore
 
         return await SqliteMetadataStore.open(parsed.sqlite_path, clock_ms=clock_ms or wall_clock_ms)
     from s3stream.metadata.postgres import PostgresMetadataStore
 
-    store: TransactionalStore = await PostgresMetadataStore.open(parsed.url, clock_ms=clock_ms)
-    return store
+    target = read_only_url(parsed) if read_only else parsed.url
+    return await PostgresMetadataStore.open(target, clock_ms=clock_ms)
+
+
+def read_only_url(url: MetadataURL) -> str:
+    """A PostgreSQL URL whose session runs every transaction read-only (its own ``options`` kept)."""
+    parts = urllib.parse.urlsplit(url.url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    options = [value for name, value in query if name == "options"]
+    rest = [(name, value) for name, value in query if name != "options"]
+    merged = " ".join([*options, READ_ONLY_OPTION])
+    new_query = urllib.parse.urlencode([*rest, ("options", merged)], quote_via=urllib.parse.quote)
+    return urllib.parse.urlunsplit(parts._replace(query=new_query))
 
 
 def _redacted(url: str) -> str:

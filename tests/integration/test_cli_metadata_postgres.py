@@ -20,11 +20,11 @@ import psycopg
 import pytest
 
 from s3stream.cli import main
-from s3stream.cli._metadata import open_metadata_read_only, read_only_url
+from s3stream.cli._metadata import open_metadata_read_only
 from s3stream.cli.fetch import preview
 from s3stream.cli.produce import generated_payload
 from s3stream.errors import S3StreamError
-from s3stream.metadata.url import parse_metadata_url
+from s3stream.metadata.url import parse_metadata_url, read_only_url
 from tests.support.configs import SMALL_TOML
 
 PG_URL_ENV = "S3STREAM_TEST_PG_URL"

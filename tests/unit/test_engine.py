@@ -459,7 +459,9 @@ async def test_restart_replays_the_wal_and_uploads_it() -> None:
     # Crash: nothing was uploaded, the engine is abandoned without close.
     assert await node.metadata.list_objects([ObjectState.COMMITTED]) == []
     client.engine.abandon()
-    await node.metadata.kv_delete("k")  # pretend the KV put had not reached metadata
+    # Pretend the KV put had not reached metadata: neither its change nor its applied mark.
+    await node.metadata.kv_delete("k")
+    await node.metadata.kv_apply([], node_id=NodeId(node.node_id), wal_offset=-1)
     again = await node.open()
     assert again.engine.stats.recovered_records == 41
     assert await again.kv.get("k") == b"v"

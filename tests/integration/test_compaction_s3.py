@@ -17,8 +17,8 @@ from s3stream import RecordBatch
 from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
-from s3stream.metacopy.objects import parse_copy_key
 from s3stream.ids import NodeId
+from s3stream.metacopy.objects import parse_copy_key
 from s3stream.metadata.base import ObjectState
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.objectformat import ObjectReader, object_key

@@ -20,6 +20,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,37 +129,79 @@ async def _check(path: Path, acked: dict[int, int] | None) -> None:
         await store.close()
 
 
+def _run_until_killed(path: Path, rng: random.Random, stderr_path: Path) -> list[str]:
+    """Start a child on ``path``, SIGKILL it a random while after it printed READY; every whole line
+    it printed after READY. One thread reads stdout from the start to EOF through one file object, so
+    no line is lost between reading READY and reading the rest."""
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.crash.test_metadata_crash", str(path)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.endswith("\n"):  # a torn last line was never printed whole
+                lines.append(line.rstrip("\n"))
+                if lines[-1] == "READY":
+                    ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.wait(0.1) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        assert ready.is_set(), f"the child never got ready: {stderr_path.read_text()[-3000:]}"
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(30)
+        reader.join(30)
+    assert not reader.is_alive()
+    assert proc.returncode == -signal.SIGKILL, stderr_path.read_text()[-3000:]
+    assert lines[0] == "READY", lines[:3]
+    return lines[1:]
+
+
+async def _stored_ends(path: Path) -> dict[int, int]:
+    if not path.exists():
+        return {int(s): 0 for s in STREAMS}
+    store = await SqliteMetadataStore.open(path)
+    try:
+        return {s.stream_id: s.end_offset for s in await store.list_streams()}
+    finally:
+        await store.close()
+
+
 @pytest.mark.crash
 async def test_sigkill_mid_commit_leaves_a_consistent_store(tmp_path: Path, rng_seed: int) -> None:
     rng = random.Random(rng_seed)
     path = tmp_path / "meta.db"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     acked: dict[int, int] | None = None
     rounds_seen = 0
-    for _ in range(KILLS):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.crash.test_metadata_crash", str(path)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY", proc.stderr.read() if proc.stderr else ""
-        time.sleep(rng.uniform(0.05, 0.6))
-        proc.send_signal(signal.SIGKILL)
-        out, err = proc.communicate(timeout=30)
-        assert proc.returncode == -signal.SIGKILL, err
-        acks = [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("ACK ")]
+    for kill in range(KILLS):
+        ends = await _stored_ends(path)  # the child starts from what is stored
+        lines = _run_until_killed(path, rng, tmp_path / f"child-{kill}.err")
+        acks = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("ACK ")]
+        # every acknowledged round was read: each ACK is one round (STEP) after the one before
+        for ack in acks:
+            ends = {s: e + STEP for s, e in ends.items()}
+            assert {int(k): v for k, v in ack.items()} == ends, (ack, ends)
         rounds_seen += len(acks)
         if acks:
-            acked = {int(k): v for k, v in json.loads(acks[-1]).items()}
+            acked = {int(k): v for k, v in acks[-1].items()}
         await _check(path, acked)
         if acked is not None:  # the next child starts from what is stored, not from what it printed
-            stored = await SqliteMetadataStore.open(path)
-            acked = {s.stream_id: s.end_offset for s in await stored.list_streams()}
-            await stored.close()
+            acked = await _stored_ends(path)
     print(f"{rounds_seen} acknowledged commits over {KILLS} kills")
     assert rounds_seen > 0
 

@@ -25,10 +25,9 @@ import s3stream
 from s3stream import RecordBatch
 from s3stream.cli import main
 from s3stream.metacopy.objects import copies_prefix, log_key, parse_copy_key
-from s3stream.metadata import sqlite_schema
-from s3stream.metadata.changelog import decode_group
 from s3stream.storage.uri import open_storage
 from tests.support.metacopy_child import CONFIG, STREAMS, payload
+from tests.support.metacopy_replay import replay_uncopied
 from tests.support.s3 import S3TestServer
 
 pytestmark = pytest.mark.integration
@@ -94,7 +93,11 @@ def run_child_until_killed(data_dir: Path, uri: str, rng: Random) -> list[dict[s
 
 
 async def test_kill_9_then_rm_rf_then_restore_keeps_everything_acknowledged(
-    tmp_path: Path, s3_server: S3TestServer, s3_prefix: str, rng_seed: int
+    tmp_path: Path,
+    s3_server: S3TestServer,
+    s3_prefix: str,
+    rng_seed: int,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     uri = s3_server.uri(s3_prefix)
     lost, restored = tmp_path / "lost", tmp_path / "restored"
@@ -115,23 +118,21 @@ async def test_kill_9_then_rm_rf_then_restore_keeps_everything_acknowledged(
             shutil.copy(lost / f"metadata.db{end}", tmp_path / f"killed.db{end}")
     shutil.rmtree(lost)
 
+    capsys.readouterr()
     assert (
         await asyncio.to_thread(main, ["restore", "--bucket-uri", uri, "--data-dir", str(restored), "--json"])
         == 0
     )
-    # the restored metadata is the killed process's, minus groups it had not yet copied (never acknowledged)
-    killed = sqlite3.connect(tmp_path / "killed.db")
-    (next_seq,) = killed.execute("SELECT next_seq FROM copy_state").fetchone()
-    pending = killed.execute("SELECT seq, payload FROM pending_copy ORDER BY seq").fetchall()
-    killed.close()
+    out = capsys.readouterr().out
+    print(out)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["stopped"] is None
+    # the restored metadata is the killed process's, minus groups it had not yet copied (never
+    # acknowledged); groups killed between their PUT and the deletion of their pending rows are in both
     replayed = tmp_path / "replayed.db"
-    shutil.copy(restored / "metadata.db", replayed)
-    conn = sqlite3.connect(replayed, isolation_level=None)
-    restored_last = next_seq - 1 - len(pending)
-    for seq, data in pending:
-        assert seq > restored_last
-        sqlite_schema.apply(conn, decode_group(data, source=str(seq)).changes)
-    conn.close()
+    replay_uncopied(
+        tmp_path / "killed.db", restored / "metadata.db", replayed, restored_last_seq=report["last_seq"]
+    )
     # node sessions and leases (heartbeats, lease renewals) are liveness, left out of the copy's log
     # (sqlite_copy.SESSION_CHANGES): every other table must match
     assert data_tables(replayed) == data_tables(tmp_path / "killed.db")

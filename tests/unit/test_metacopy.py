@@ -4,6 +4,7 @@ uploads, when operations return, and what restore rebuilds from it (gaps, damage
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.objectformat import parse_object_key
 from s3stream.storage.base import ObjectInfo, Upload
 from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.metacopy_replay import replay_uncopied
 
 NS = "ns"
 NODE = NodeId(1)
@@ -389,3 +391,88 @@ async def test_operations_still_commit_when_the_copy_task_is_gone(store: SqliteM
     state = await store.copy_state()
     assert state is not None
     assert state.pending_first_seq == state.next_seq - 1
+
+
+class KilledAfterLogPut(FlakyStorage):
+    """The in-memory storage where, once ``kill`` is set, a log object's PUT stores the object and then
+    never returns: the process dies after the upload and before it deletes the log's pending rows."""
+
+    def __init__(self, inner: MemoryObjectStorage) -> None:
+        super().__init__(inner)
+        self.kill = False
+        self.stored: list[str] = []
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
+        await self.inner.put(key, data, if_absent=if_absent)
+        if self.kill and "/log/" in key:
+            self.stored.append(key)
+            await asyncio.Event().wait()
+
+
+def data_tables(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    """:func:`dump` without node sessions and leases (not in the copy's log)."""
+    return {n: rows for n, rows in dump(path).items() if n not in ("nodes", "leases")}
+
+
+async def test_groups_uploaded_but_still_pending_at_a_kill_are_restored_once_and_uploaded_again_once(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a").mkdir()
+    path = tmp_path / "a" / "metadata.db"
+    memory = MemoryObjectStorage()
+    storage = KilledAfterLogPut(memory)
+    store = await SqliteMetadataStore.open(path)
+    copy = MetadataCopy(store, storage, namespace=NS, wait_timeout_ms=200)
+    await copy.start()
+    await work(store, 3)
+    sid = (await store.list_streams())[0].stream_id
+    oid = await store.prepare_objects(count=1, ttl_ms=60_000)
+    storage.kill = True
+    with pytest.raises(UnavailableError):  # never acknowledged: its log's PUT never returned
+        await store.commit_stream_set_object(
+            CommitStreamSetObjectRequest(NODE, 5, oid, oid, 100, (StreamOffsetRange(sid, 10, 20, 100),))
+        )
+    await copy.close()
+    state = await store.copy_state()
+    await store.close()
+    assert state is not None
+    killed_seq = state.next_seq - 1
+    assert storage.stored == [log_key(copy.prefix, killed_seq, killed_seq)]
+    assert state.pending_first_seq == killed_seq  # in the bucket and still pending
+    shutil.copy(path, tmp_path / "killed.db")
+
+    # restore applies the group once; the killed database's pending groups after it were never copied
+    report = await restore(memory, namespace=NS, data_dir=tmp_path / "b")
+    assert (report.last_seq, report.stopped) == (killed_seq, None)
+    restored = tmp_path / "b" / "metadata.db"
+    assert (
+        replay_uncopied(tmp_path / "killed.db", restored, tmp_path / "r.db", restored_last_seq=killed_seq)
+        == []
+    )
+    assert data_tables(tmp_path / "r.db") == data_tables(tmp_path / "killed.db")
+
+    # the next process uploads the pending group again, batched with a newer one: overlapping logs
+    store = await SqliteMetadataStore.open(path)
+    try:
+        await store.kv_put("after-kill", b"1")  # no copy attached yet: pending
+        copy = MetadataCopy(store, memory, namespace=NS)
+        await copy.start()
+        try:
+            for _ in range(250):
+                if copy.copied_seq == killed_seq + 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert copy.copied_seq == killed_seq + 1
+            await store.kv_put("attached", b"2")
+            await work(store, 2)
+            assert copy.copied_seq > killed_seq + 1
+        finally:
+            await copy.close()
+    finally:
+        await store.close()
+    found = await keys(memory)
+    assert log_key(copy.prefix, killed_seq, killed_seq) in found
+    assert log_key(copy.prefix, killed_seq, killed_seq + 1) in found
+    report = await restore(memory, namespace=NS, data_dir=tmp_path / "c")
+    assert report.stopped is None
+    assert data_tables(tmp_path / "c" / "metadata.db") == data_tables(path)

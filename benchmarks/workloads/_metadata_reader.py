@@ -49,6 +49,7 @@ from s3stream.storage.s3 import S3Config, S3ObjectStorage
 SPEC_ENV = "S3STREAM_BENCH_METADATA_READER"
 KiB = 1 << 10
 MiB = 1 << 20
+GiB = 1 << 30
 FETCH_MAX_BYTES = 1 * MiB
 RAW_GET_BYTES = 4 * MiB
 RAW_INFLIGHT = 16
@@ -210,6 +211,8 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
                 "raw_median_mb_s": span_bytes / statistics.median(raw_s) / 1e6,
                 "reader_s_rounds": reader_s,
                 "raw_s_rounds": raw_s,
+                "reader_cpu_s_per_gib": [c / (span_bytes / GiB) for c in report["reader_cpu_s"]],
+                "raw_cpu_s_per_gib": [c / (span_bytes / GiB) for c in report["raw_cpu_s"]],
                 "span_bytes": span_bytes,
                 "objects": len(spans),
                 "payload_bytes": total_bytes,
@@ -288,17 +291,27 @@ async def _passes(spec: ReaderSpec) -> dict[str, Any]:
     await _raw_pass(spec)  # warms the server; unmeasured
     reader_s: list[float] = []
     raw_s: list[float] = []
+    cpu_s: dict[str, list[float]] = {"reader": [], "raw": []}
     payload_bytes = 0
     for index in range(spec.rounds):
         for side in ("reader", "raw") if index % 2 == 0 else ("raw", "reader"):
             gc.collect()  # each side pays for collecting its own garbage only
+            cpu_started_s = time.process_time()
             if side == "reader":
                 elapsed, payload_bytes = await _reader_pass(spec)
                 reader_s.append(elapsed)
             else:
                 raw_s.append(await _raw_pass(spec))
+            cpu_s[side].append(time.process_time() - cpu_started_s)
     api = "s3stream.open_reader" if hasattr(s3stream, "open_reader") else "build_reader (no open_reader yet)"
-    return {"reader_s": reader_s, "raw_s": raw_s, "payload_bytes": payload_bytes, "reader_api": api}
+    return {
+        "reader_s": reader_s,
+        "raw_s": raw_s,
+        "reader_cpu_s": cpu_s["reader"],
+        "raw_cpu_s": cpu_s["raw"],
+        "payload_bytes": payload_bytes,
+        "reader_api": api,
+    }
 
 
 def main() -> None:

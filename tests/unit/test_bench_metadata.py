@@ -52,6 +52,9 @@ def _check_rows(results: list[Result], subject: str) -> None:
     assert reader.extra["payload_bytes_read"] == reader.extra["payload_bytes"] == 1 << 20
     assert reader.value > 0
     assert reader.baseline_value > 0
+    assert len(reader.extra["reader_cpu_s_per_gib"]) == len(reader.extra["reader_s_rounds"]) == 1
+    assert len(reader.extra["raw_cpu_s_per_gib"]) == len(reader.extra["raw_s_rounds"]) == 1
+    assert min(reader.extra["reader_cpu_s_per_gib"] + reader.extra["raw_cpu_s_per_gib"]) > 0
 
 
 async def test_sqlite_against_sqlite_gives_every_row_from_separate_node_processes(tmp_path: Path) -> None:

@@ -159,12 +159,33 @@ def schema_version(conn: sqlite3.Connection) -> int | None:
     return None
 
 
+def _check_not_newer(found: int) -> None:
+    if found > LATEST_VERSION:
+        raise ConflictError(
+            f"the metadata schema is version {found}, newer than this s3stream knows ({LATEST_VERSION}): "
+            "upgrade s3stream to open it"
+        )
+
+
 def migrate(conn: sqlite3.Connection, *, target_version: int = LATEST_VERSION) -> int:
     """Bring the schema to ``target_version`` in one transaction; returns the version found before.
 
-    A database newer than this code refuses with :class:`ConflictError` and is left untouched.
+    The version is read first in a read transaction: a database already at (or past) the target is
+    left without taking the write lock, so opening beside busy writers does not wait for them. Only
+    a migration takes the write lock (``BEGIN IMMEDIATE``), and reads the version again under it
+    (another opener may have migrated in between). A database newer than this code refuses with
+    :class:`ConflictError` and is left untouched.
     """
     assert 0 <= target_version <= LATEST_VERSION
+    conn.execute("BEGIN")
+    try:
+        current = schema_version(conn)
+    finally:
+        conn.execute("ROLLBACK")
+    if current is not None:
+        _check_not_newer(current)
+        if current >= target_version:
+            return current
     conn.execute("BEGIN IMMEDIATE")
     try:
         found = schema_version(conn)
@@ -172,11 +193,7 @@ def migrate(conn: sqlite3.Connection, *, target_version: int = LATEST_VERSION) -
             conn.execute(_VERSION_TABLE)
             conn.execute("INSERT INTO schema_version (id, version) VALUES (0, 0)")
             found = 0
-        if found > LATEST_VERSION:
-            raise ConflictError(
-                f"the metadata schema is version {found}, newer than this s3stream knows ({LATEST_VERSION}): "
-                "upgrade s3stream to open it"
-            )
+        _check_not_newer(found)
         for version in range(found + 1, target_version + 1):
             for statement in MIGRATIONS[version - 1]:
                 conn.execute(statement)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -220,6 +222,63 @@ async def test_a_lock_held_too_long_is_unavailable(tmp_path: Path) -> None:
         assert await store.kv_put("a", b"1") == b"1"
     finally:
         await store.close()
+
+
+_WRITE_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("INSERT INTO kv (key, value) VALUES ('held', x'00')")
+print("holding", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+async def test_opening_a_current_database_beside_a_long_writer_does_not_wait_for_it(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = await SqliteMetadataStore.open(path)
+    await store.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _WRITE_HOLDER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdin is not None
+        assert holder.stdout.readline() == "holding\n"
+        # The other process holds the write lock far beyond this opener's busy timeout.
+        opener = await SqliteMetadataStore.open(path, busy_timeout_ms=200)
+        try:
+            assert await opener.schema_version() == sqlite_schema.LATEST_VERSION
+            assert await opener.kv_get("held") is None  # its snapshot predates the writer's commit
+            with pytest.raises(UnavailableError):
+                await opener.kv_put("a", b"1")  # a write still waits for the lock, and gives up
+        finally:
+            await opener.close()
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+async def test_an_old_database_migrates_once_when_two_openers_race(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    sqlite_schema.migrate(conn, target_version=1)
+    conn.close()
+    stores = await asyncio.gather(*(SqliteMetadataStore.open(path, busy_timeout_ms=5_000) for _ in range(4)))
+    try:
+        for store in stores:
+            assert await store.schema_version() == sqlite_schema.LATEST_VERSION
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def test_a_lock_released_within_the_timeout_is_waited_for(tmp_path: Path) -> None:

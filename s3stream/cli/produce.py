@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TextIO, cast
 
 from s3stream._loop import run
@@ -31,12 +32,27 @@ INFLIGHT_MAX = 256
 """Appends awaited at once (appends of one stream keep their order: offsets are assigned at call time)."""
 
 
+_ALPHABET = bytes(range(ord("a"), ord("z") + 1))
+
+
 def generated_payload(stream_id: int, index: int, size_bytes: int) -> bytes:
-    """A recognizable payload: ``s<stream>-r<index>:`` (index = the offset it is meant for) and a filler,
-    cut to ``size_bytes``."""
+    """A recognizable payload: ``s<stream>-r<index>:`` (index = the offset it is meant for) and a filler
+    (the alphabet from letter ``index % 26`` on, repeated), cut to ``size_bytes``."""
     head = f"s{stream_id}-r{index}:".encode()
-    filler = bytes(ord("a") + (index + i) % 26 for i in range(max(0, size_bytes - len(head))))
+    filler_bytes = max(0, size_bytes - len(head))
+    rotated = _ALPHABET[index % 26 :] + _ALPHABET[: index % 26]
+    filler = (rotated * (filler_bytes // 26 + 1))[:filler_bytes]
     return (head + filler)[:size_bytes]
+
+
+def generated_plan(streams: Sequence[Stream], count: int, size_bytes: int) -> Iterator[tuple[Stream, bytes]]:
+    """``count`` generated payloads per stream, the streams in turn, each made only when it is taken
+    (the appends draw it chunk by chunk, so no long run of payload building blocks the event loop).
+    Each payload names the offset it is meant for, counted from the streams' ends at the call."""
+    bases = [stream.next_offset for stream in streams]
+    for i in range(count):
+        for stream, base in zip(streams, bases, strict=True):
+            yield stream, generated_payload(stream.stream_id, base + i, size_bytes)
 
 
 async def named_streams(client: Client, prefix: str, count: int) -> list[Stream]:
@@ -57,9 +73,12 @@ Ack = Callable[[int, int, int], None]
 """Called with (stream_id, offset, bytes) as each append is acknowledged."""
 
 
-async def append_all(plan: Sequence[tuple[Stream, bytes]], on_ack: Ack | None = None) -> list[dict[str, Any]]:
+async def append_all(plan: Iterable[tuple[Stream, bytes]], on_ack: Ack | None = None) -> list[dict[str, Any]]:
     """Append every (stream, payload) in order, at most INFLIGHT_MAX awaited at once; ``on_ack``
-    hears of each acknowledgement as it comes. Returns the rows in plan order."""
+    hears of each acknowledgement as it comes. Returns the rows in plan order.
+
+    ``plan`` is drawn INFLIGHT_MAX items at a time, each chunk only once the one before it is
+    acknowledged: a lazy plan is never built ahead of the appends."""
 
     async def append_one(stream: Stream, payload: bytes) -> dict[str, Any]:
         offset = await stream.append(RecordBatch(payload))
@@ -68,8 +87,8 @@ async def append_all(plan: Sequence[tuple[Stream, bytes]], on_ack: Ack | None = 
         return {"stream_id": stream.stream_id, "offset": offset, "bytes": len(payload)}
 
     rows: list[dict[str, Any]] = []
-    for start in range(0, len(plan), INFLIGHT_MAX):
-        chunk = plan[start : start + INFLIGHT_MAX]
+    items = iter(plan)
+    while chunk := list(itertools.islice(items, INFLIGHT_MAX)):
         # Every append of the chunk finishes (and is reported) before a failure is raised, so what
         # was printed when the error comes is all that was acknowledged.
         results = await asyncio.gather(
@@ -143,15 +162,12 @@ async def _produce(args: argparse.Namespace) -> int:
             if not args.stdin and args.size > record_max:
                 raise InvalidArgumentError(f"--size {args.size} is above s3.record.size.max ({record_max})")
             streams = await named_streams(client, args.name, args.streams)
+            plan: Iterable[tuple[Stream, bytes]]
             if args.stdin:
-                payloads = [line for line in lines if line]
-                plan = [(streams[i % len(streams)], p) for i, p in enumerate(payloads)]
+                payloads = (line for line in lines if line)
+                plan = ((streams[i % len(streams)], p) for i, p in enumerate(payloads))
             else:
-                plan = [
-                    (stream, generated_payload(stream.stream_id, stream.next_offset + i, args.size))
-                    for i in range(args.count)
-                    for stream in streams
-                ]
+                plan = generated_plan(streams, args.count, args.size)
             printer = AckPrinter(sys.stdout, as_json=args.json)
             await append_all(plan, printer.ack)
             for stream in streams:

@@ -139,10 +139,12 @@ class GarbageCollector:
         if the listing saw it, the metadata read after the listing has its row: it is kept (1) until
         metadata itself forgets the id (GC after it deleted the bytes, or an expired prepare).
         An id at or above the counter was never issued by this metadata (another cluster, or a
-        metadata store restored from an older copy writing into the same bucket): kept (2). The
-        counter is bounded from below by the largest object id metadata knows + 1 (ids are issued in
-        increasing order, rows are removed only after their bytes are deleted), which is what the
-        store lets a reader see: a key above every known id is kept until a newer object is known.
+        metadata store restored from an older copy writing into the same bucket): kept (2).
+
+        The counter is read before the rows: an id below it was issued (its row written) before the
+        rows are read, so a missing row means metadata forgot it. Read the other way round, an id
+        this metadata issues between the two reads (its upload may overwrite the listed key) would
+        have no row in the earlier read yet be below the later counter.
         """
         candidates: list[tuple[int, str]] = []
         scanned = 0
@@ -157,9 +159,9 @@ class GarbageCollector:
                 candidates.append((object_id, info.key))
         if not candidates:
             return 0, scanned
-        known = {o.object_id for o in await self.metadata.list_objects()}  # after the listing
-        next_object_id_min = max(known, default=-1) + 1
-        orphans = orphan_keys(candidates, known, next_object_id_min)
+        next_object_id = await self.metadata.next_object_id()  # after the listing, before the rows
+        known = {o.object_id for o in await self.metadata.list_objects()}
+        orphans = orphan_keys(candidates, known, next_object_id)
         for i in range(0, len(orphans), MAX_DELETE_BATCH):
             await self.storage.delete(orphans[i : i + MAX_DELETE_BATCH])
         return len(orphans), scanned
@@ -167,7 +169,7 @@ class GarbageCollector:
 
 def orphan_keys(candidates: list[tuple[int, str]], known: set[ObjectId], next_object_id: int) -> list[str]:
     """The orphan rule on listed ``(object id, key)`` pairs already older than the orphan TTL: no
-    metadata row and an id below the (lower bound of the) next object id (see
+    metadata row and an id below the next object id (see
     :meth:`GarbageCollector._delete_orphans`)."""
     return [key for object_id, key in candidates if object_id not in known and object_id < next_object_id]
 

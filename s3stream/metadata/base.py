@@ -299,6 +299,11 @@ class MetadataStore(Protocol):
         """Allocate ``count`` consecutive PREPARED object ids; returns the first."""
         ...
 
+    async def next_object_id(self) -> ObjectId:
+        """The object id counter: the id the next :meth:`prepare_objects` hands out (0 before the
+        first). Read only. Every id metadata ever issued is below it, and it never goes down."""
+        ...
+
     async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
         """Commit a WAL upload (continuity checked, end offsets advanced) or a compaction
         (``compacted_object_ids``: sources marked destroyed, no continuity check, order id -1 -> the

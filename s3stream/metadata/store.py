@@ -30,6 +30,7 @@ from s3stream.metadata.base import (
     StreamObject,
     StreamSetObject,
 )
+from s3stream.metadata.changes import Counter
 
 T = TypeVar("T")
 
@@ -211,6 +212,9 @@ class TransactionalStore(abc.ABC):
         return await self._write(
             partial(object_ops.prepare_objects, count=count, ttl_ms=ttl_ms, now_ms=now_ms)
         )
+
+    async def next_object_id(self) -> ObjectId:
+        return await self._query(lambda view: ObjectId(view.next_id(Counter.OBJECT_ID)))
 
     async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
         now_ms = self._clock_ms()

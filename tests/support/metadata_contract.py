@@ -737,6 +737,20 @@ class MetadataContract:
             o.expires_at_ms == clock.now_ms + TTL_MS and o.prepared_at_ms == clock.now_ms for o in objects
         )
 
+    async def test_next_object_id_reads_the_counter_which_never_goes_down(
+        self, store: MetadataStore, clock: FakeClock
+    ) -> None:
+        assert await store.next_object_id() == 0
+        await store.prepare_objects(count=3, ttl_ms=TTL_MS)
+        assert await store.next_object_id() == 3
+        await store.prepare_objects(count=2, ttl_ms=TTL_MS)
+        await store.mark_destroyed([ObjectId(3), ObjectId(4)], now_ms=clock.now_ms)
+        await store.remove_objects([ObjectId(3), ObjectId(4)])
+        assert [o.object_id for o in await store.list_objects()] == [0, 1, 2]
+        assert await store.next_object_id() == 5  # above every id ever issued, not only the known ones
+        assert await store.next_object_id() == 5  # a read: it issues nothing
+        assert await store.prepare_objects(count=1, ttl_ms=TTL_MS) == 5
+
     async def test_commit_stream_set_object(self, store: MetadataStore, clock: FakeClock) -> None:
         await node(store)
         a, b = await opened(store), await opened(store)

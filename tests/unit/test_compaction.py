@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 
 from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector
@@ -15,8 +16,8 @@ from s3stream.config import Config
 from s3stream.engine.client import Client, Stream
 from s3stream.engine.core import Engine
 from s3stream.engine.walport import MemoryWal
-from s3stream.ids import NodeId
-from s3stream.metadata.base import ObjectKind, ObjectState
+from s3stream.ids import NodeId, ObjectId
+from s3stream.metadata.base import ObjectKind, ObjectState, S3ObjectMetadata
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
 from s3stream.objectformat import object_key
@@ -350,6 +351,52 @@ async def test_gc_deletes_in_batches_of_at_most_1000_keys() -> None:
     assert storage.stats.counts["delete"] == 3
     assert await metadata.list_objects() == []
     assert [info async for info in storage.list("")] == []
+
+
+async def test_an_orphan_above_every_known_id_is_deleted_at_once() -> None:
+    """The highest id ever issued, forgotten by metadata, is below the counter: an orphan, though no
+    known id is above it."""
+    metadata = MemoryMetadataStore()
+    storage = MemoryObjectStorage()
+    kept = await metadata.prepare_objects(count=2, ttl_ms=3_600_000)
+    forgotten = ObjectId(kept + 1)
+    await metadata.mark_destroyed([forgotten], now_ms=int(time.time() * 1000))
+    await metadata.remove_objects([forgotten])
+    await storage.put(object_key(kept, CONFIG.namespace), b"known: kept")
+    await storage.put(object_key(forgotten, CONFIG.namespace), b"orphan")
+    await storage.put(object_key(forgotten + 1, CONFIG.namespace), b"never issued: kept")
+    later = int(time.time() * 1000) + 10_000
+    gc = GarbageCollector(metadata, storage, namespace=CONFIG.namespace, retention_ms=3_600_000,
+                          orphan_ttl_ms=0, clock_ms=lambda: later)  # fmt: skip
+    assert (await gc.collect(scan_orphans=True)).orphan_deleted_count == 1
+    assert [info.key async for info in storage.list("")] == [
+        object_key(kept, CONFIG.namespace),
+        object_key(forgotten + 1, CONFIG.namespace),
+    ]
+
+
+class _PreparesAfterItsRowsAreRead(MemoryMetadataStore):
+    """Another node prepares an object just after the orphan scan read the object rows."""
+
+    async def list_objects(self, states: Sequence[ObjectState] | None = None) -> list[S3ObjectMetadata]:
+        rows = await super().list_objects(states)
+        await self.prepare_objects(count=1, ttl_ms=3_600_000)
+        return rows
+
+
+async def test_an_id_issued_while_the_scan_reads_metadata_is_not_an_orphan() -> None:
+    """A listed key under the id metadata hands out next (a key left by another cluster): the node
+    that gets the id writes its object to that key, so the scan must keep it."""
+    metadata = _PreparesAfterItsRowsAreRead()
+    storage = MemoryObjectStorage()
+    next_id = await metadata.next_object_id()
+    await storage.put(object_key(next_id, CONFIG.namespace), b"about to be overwritten by its new owner")
+    later = int(time.time() * 1000) + 10_000
+    gc = GarbageCollector(metadata, storage, namespace=CONFIG.namespace, retention_ms=3_600_000,
+                          orphan_ttl_ms=0, clock_ms=lambda: later)  # fmt: skip
+    assert (await gc.collect(scan_orphans=True)).orphan_deleted_count == 0
+    assert (await metadata.get_object(next_id)).state == ObjectState.PREPARED
+    assert [info.key async for info in storage.list("")] == [object_key(next_id, CONFIG.namespace)]
 
 
 async def test_a_corrupted_source_block_stops_the_commit_and_is_reported() -> None:

@@ -28,6 +28,7 @@ from s3stream.metadata import sqlite_schema
 from s3stream.metadata.base import NodeInfo, ObjectState, StreamState
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
+from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
 from tests.support.metadata_contract import (
     EPOCH,
     N1,
@@ -581,3 +582,19 @@ async def test_nodes_of_a_version_2_file_read_without_migrating_are_unleased(tmp
     ]
     assert sqlite_schema.schema_version(conn) == 2
     conn.close()
+
+
+async def test_a_read_only_opener_reads_the_object_id_counter_a_writer_advances(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    writer = await SqliteMetadataStore.open(path)
+    reader: ReadOnlySqliteStore | None = None
+    try:
+        await writer.prepare_objects(count=3, ttl_ms=TTL_MS)
+        reader = await ReadOnlySqliteStore.open(path)
+        assert await reader.next_object_id() == 3
+        await writer.prepare_objects(count=2, ttl_ms=TTL_MS)
+        assert await reader.next_object_id() == 5
+    finally:
+        if reader is not None:
+            await reader.close()
+        await writer.close()

@@ -186,14 +186,16 @@ class PreparedObjectReaper:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="s3stream-prepared-reaper")
+        """Start the loop (no-op while it runs)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="s3stream-prepared-reaper")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None  # detached first: a start() meanwhile makes a new one
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
     async def run_once(self) -> list[ObjectId]:
         """One pass: expire, then delete what is past retention; returns the deleted ids."""

@@ -135,6 +135,9 @@ class MaintenanceElection:
                 if self.running and self.clock() >= self._deadline_s:
                     await self._stop_jobs("lease not renewed before its end")
                 return self.running
+            if self._fenced:  # fenced while the acquire was in flight: never start jobs now
+                await self._stop_jobs("node fenced")
+                return False
             holds = lease.node_id == self.node_id and lease.node_epoch == self.node_epoch
             if not holds:
                 await self._stop_jobs(f"held by node {lease.node_id} epoch {lease.node_epoch}")

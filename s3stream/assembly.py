@@ -202,6 +202,8 @@ async def open_client(
         )
         heartbeat.add_listener(engine.fence)
         await engine.start()
+        engine_closer = len(closers)
+        closers.append(engine.close)  # for a failure below; the client closes the engine itself
         if copied_store is not None and _is_bucket(bucket_uri):
             copy = await _start_metadata_copy(copied_store, storage, config)
             closers.append(copy.close)  # closed after the engine, before the metadata store
@@ -233,6 +235,7 @@ async def open_client(
                 await closer()
         await asyncio.to_thread(created.remove)
         raise
+    del closers[engine_closer]
     client = Client(engine, metadata, closers=list(reversed(closers)))
     client.components.update(
         reaper=reaper, compactor=compactor, reader=reader, heartbeat=heartbeat, maintenance=maintenance

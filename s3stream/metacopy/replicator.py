@@ -236,6 +236,8 @@ class MetadataCopy:
         try:
             seq = await asyncio.to_thread(self._store.snapshot_into, target)
             database = await asyncio.to_thread(Path(target).read_bytes)
+        except OSError as exc:  # a passing local fault (disk full, I/O): retried like the bucket
+            raise UnavailableError(f"reading the metadata snapshot {target} failed: {exc}") from exc
         finally:
             await asyncio.to_thread(_unlink_quietly, target)
         await self._storage.put(snapshot_key(self._prefix, seq), encode_snapshot(seq, database))

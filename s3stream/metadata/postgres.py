@@ -131,9 +131,12 @@ def connection_info(url: MetadataURL) -> tuple[str, str | None]:
     try:
         params = conninfo.conninfo_to_dict(url.url)
     except psycopg.Error as exc:
-        text = str(exc).strip()
-        if raw_password:
-            text = text.replace(raw_password, "***")
+        text = " ".join(str(exc).split())
+        query = urllib.parse.parse_qsl(urllib.parse.urlsplit(url.url).query, keep_blank_values=True)
+        secrets = [raw_password or ""] + [v for n, v in query if n.lower() == "password"]
+        for secret in filter(None, secrets):
+            for form in {secret, urllib.parse.quote(secret, safe=""), urllib.parse.unquote(secret)}:
+                text = text.replace(form, "***")
         raise InvalidArgumentError(
             f"metadata URL {url.describe()} is not a valid libpq URL: {text}"
         ) from None

@@ -368,7 +368,12 @@ class SqliteMetadataStore(TransactionalStore):
         """Write a consistent copy of the database to ``target``; returns the last group it holds.
         Blocking (its own connection: run it in a thread); commits go on meanwhile."""
         self._check_open()
-        return sqlite_copy.snapshot_into(self._path, target, busy_timeout_ms=self._busy_timeout_ms)
+        try:
+            return sqlite_copy.snapshot_into(self._path, target, busy_timeout_ms=self._busy_timeout_ms)
+        except sqlite3.Error as exc:  # busy, disk full, I/O: the copier retries
+            raise translate(exc, path=self._path, busy_timeout_ms=self._busy_timeout_ms) from exc
+        except OSError as exc:
+            raise UnavailableError(f"the metadata snapshot into {target} failed: {exc}") from exc
 
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
         self._check_open()

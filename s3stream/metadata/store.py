@@ -71,6 +71,12 @@ class TransactionalStore(abc.ABC):
 
         return await self._transact(guarded)
 
+    async def _write_now(self, fn: Callable[..., T]) -> T:
+        """``_write`` of ``fn(txn, now_ms=...)`` with the store's clock read inside the transaction, so
+        a transaction rerun after a conflict (PostgreSQL) or queued behind others stamps its own time."""
+        clock = self._clock_ms
+        return await self._write(lambda txn: fn(txn, now_ms=clock()))
+
     # -- fencing ----------------------------------------------------------------------------
     def bind_node(self, node_id: NodeId, node_epoch: int) -> None:
         """Fence this object's writes to the session ``(node_id, node_epoch)``: from now on each
@@ -194,8 +200,7 @@ class TransactionalStore(abc.ABC):
         )
 
     async def delete_stream(self, *, stream_id: StreamId, epoch: int) -> None:
-        now_ms = self._clock_ms()
-        await self._write(partial(stream_ops.delete_stream, stream_id=stream_id, epoch=epoch, now_ms=now_ms))
+        await self._write_now(partial(stream_ops.delete_stream, stream_id=stream_id, epoch=epoch))
 
     async def describe_stream(self, stream_id: StreamId) -> StreamMetadata:
         stream = await self._query(lambda view: view.stream(stream_id))
@@ -208,21 +213,16 @@ class TransactionalStore(abc.ABC):
 
     # -- objects ----------------------------------------------------------------------------
     async def prepare_objects(self, *, count: int, ttl_ms: int) -> ObjectId:
-        now_ms = self._clock_ms()
-        return await self._write(
-            partial(object_ops.prepare_objects, count=count, ttl_ms=ttl_ms, now_ms=now_ms)
-        )
+        return await self._write_now(partial(object_ops.prepare_objects, count=count, ttl_ms=ttl_ms))
 
     async def next_object_id(self) -> ObjectId:
         return await self._query(lambda view: ObjectId(view.next_id(Counter.OBJECT_ID)))
 
     async def commit_stream_set_object(self, request: CommitStreamSetObjectRequest) -> None:
-        now_ms = self._clock_ms()
-        await self._write(partial(object_ops.commit_stream_set_object, req=request, now_ms=now_ms))
+        await self._write_now(partial(object_ops.commit_stream_set_object, req=request))
 
     async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None:
-        now_ms = self._clock_ms()
-        await self._write(partial(object_ops.commit_stream_object, req=request, now_ms=now_ms))
+        await self._write_now(partial(object_ops.commit_stream_object, req=request))
 
     async def get_objects(
         self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int

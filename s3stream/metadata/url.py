@@ -50,14 +50,24 @@ class MetadataURL:
         if self.is_sqlite:
             return ("sqlite://" if self.sqlite_path.startswith("/") else "sqlite:") + self.sqlite_path
         parts = urllib.parse.urlsplit(self.url)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        if any(_holds_password(name, value) for name, value in query):  # libpq takes ?password= too
+            masked = [(name, "***" if _holds_password(name, value) else value) for name, value in query]
+            parts = parts._replace(
+                query=urllib.parse.urlencode(masked, quote_via=urllib.parse.quote, safe="*")
+            )
         if parts.password is None:
-            return self.url
+            return urllib.parse.urlunsplit(parts)
         user = urllib.parse.quote(parts.username or "", safe="")
         host = parts.hostname or ""
         if ":" in host:
             host = f"[{host}]"
         netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _holds_password(name: str, value: str) -> bool:
+    return name.lower() == "password" or "password" in value.lower()
 
 
 def parse_metadata_url(url: str) -> MetadataURL:

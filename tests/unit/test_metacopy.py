@@ -23,6 +23,7 @@ from s3stream.metacopy.objects import (
 )
 from s3stream.metacopy.replicator import MetadataCopy
 from s3stream.metacopy.restore import restore
+from s3stream.metadata import sqlite_copy
 from s3stream.metadata.base import CommitStreamSetObjectRequest, StreamOffsetRange
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from s3stream.objectformat import parse_object_key
@@ -492,3 +493,27 @@ async def test_groups_uploaded_but_still_pending_at_a_kill_are_restored_once_and
     report = await restore(memory, namespace=NS, data_dir=tmp_path / "c")
     assert report.stopped is None
     assert data_tables(tmp_path / "c" / "metadata.db") == data_tables(path)
+
+
+async def test_a_failed_local_snapshot_is_retried_not_fatal(
+    store: SqliteMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = sqlite_copy.snapshot_into
+    failures = [sqlite3.OperationalError("database or disk is full")]
+
+    def failing_once(path: str, target: str, *, busy_timeout_ms: int) -> int:
+        if failures:
+            raise failures.pop()
+        return real(path, target, busy_timeout_ms=busy_timeout_ms)
+
+    monkeypatch.setattr(sqlite_copy, "snapshot_into", failing_once)
+    storage = MemoryObjectStorage()
+    copy = MetadataCopy(store, storage, namespace=NS)
+    await copy.start()
+    try:
+        await first_snapshot(storage)
+        await store.kv_put("a", b"1")  # the copy lives on: the write returns once copied
+        assert copy.copied_seq == 1
+        assert copy.stats["retries"] >= 1
+    finally:
+        await copy.close()

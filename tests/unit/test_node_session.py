@@ -344,3 +344,36 @@ async def test_a_stream_operation_refused_for_the_session_fences_the_engine(
             await stream.append(RecordBatch(b"refused"))
     finally:
         await client.close()
+
+
+async def test_a_fence_while_the_acquire_is_in_flight_starts_no_job(clocks: Clocks) -> None:
+    store = MemoryMetadataStore(clock_ms=clocks.wall_ms)
+    election, job = await election_of(store, clocks, N1)
+    real_acquire = store.acquire_lease
+
+    async def acquire_then_fenced(**kwargs: object) -> object:
+        lease = await real_acquire(**kwargs)  # type: ignore[arg-type]
+        election.on_fenced(FencedError("lease lost locally", code=ErrorCode.NODE_FENCED))
+        return lease
+
+    store.acquire_lease = acquire_then_fenced  # type: ignore[method-assign]
+    assert not await election.elect_once()
+    assert job.starts == 0
+    await election.close()
+
+
+async def test_the_reaper_starts_once_and_close_detaches_its_task() -> None:
+    from compaction.gc import GarbageCollector, PreparedObjectReaper
+
+    store = MemoryMetadataStore()
+    reaper = PreparedObjectReaper(
+        GarbageCollector(store, MemoryObjectStorage(), namespace="ns", retention_ms=0, orphan_ttl_ms=0)
+    )
+    reaper.start()
+    first = reaper._task
+    reaper.start()  # a second start while it runs: the same loop
+    assert reaper._task is first
+    await reaper.close()
+    assert reaper._task is None
+    assert first is not None
+    assert first.done()

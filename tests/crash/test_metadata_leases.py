@@ -69,6 +69,8 @@ async def child(path: str, node_id: NodeId, seconds: float) -> None:
             if held_rounds % HOLD_ROUNDS == 0:
                 await asyncio.sleep(2 * LEASE_MS / 1000)
         await asyncio.sleep(0.02)
+    # close_node ends the session and so releases the lease early: a grant ends here at the latest
+    print("CLOSING", wall_clock_ms(), flush=True)
     await store.close_node(node_id=node_id, node_epoch=epoch)
     await store.close()
 
@@ -122,10 +124,13 @@ async def test_one_maintenance_lease_holder_at_a_time_across_processes(tmp_path:
             assert proc is victim or proc.returncode == 0, err
         intervals = []
         for out, _ in outputs:
+            closing = [int(line.split()[1]) for line in out.splitlines() if line.startswith("CLOSING ")]
+            end_ms = closing[0] if closing else None
             for line in out.splitlines():
                 if line.startswith("HELD "):
                     held = json.loads(line[5:])
-                    intervals.append((tuple(held["session"]), held["from"], held["to"]))
+                    to = held["to"] if end_ms is None else min(held["to"], end_ms)
+                    intervals.append((tuple(held["session"]), held["from"], to))
         sessions = {i[0] for i in intervals}
         victim_session = (holder.node_id, holder.node_epoch)
         print(f"{len(intervals)} grants to {len(sessions)} sessions; killed {victim_session}")

@@ -55,6 +55,7 @@ from s3stream.metadata import controller as ctl
 from s3stream.metadata import postgres_schema as schema
 from s3stream.metadata import sqlite_schema
 from s3stream.metadata.postgres_clock import ServerClock
+from s3stream.metadata.sqlite import settle
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import MetadataURL, parse_metadata_url
 
@@ -155,15 +156,6 @@ class _Job(Generic[T]):
     future: asyncio.Future[T]
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 def _rollback(conn: psycopg.Connection[Any]) -> None:
     with contextlib.suppress(psycopg.Error):
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -243,7 +235,7 @@ class _Pool:
                     if conn is not None:
                         _rollback(conn)
                 with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens
-                    job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+                    job.loop.call_soon_threadsafe(settle, job.future, result, error)
         finally:
             if conn is not None:
                 with contextlib.suppress(psycopg.Error):

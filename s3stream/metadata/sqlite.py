@@ -85,7 +85,9 @@ class _Job(Generic[T]):
     future: asyncio.Future[T]
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """Complete a caller's future from its event loop (worker-thread stores: SQLite, PostgreSQL);
+    a caller that gave up (cancelled) hears nothing."""
     if future.cancelled():
         return
     if error is not None:
@@ -142,7 +144,7 @@ class _Worker:
 
     def _run(self) -> None:
         error = self._open()
-        self._ready_loop.call_soon_threadsafe(_settle, self._ready, None, error)
+        self._ready_loop.call_soon_threadsafe(settle, self._ready, None, error)
         if error is not None:
             self._dead = True
             return
@@ -162,7 +164,7 @@ class _Worker:
                 if job is not None:
                     error = ClosedError(f"the metadata store {self._path} is closed")
                     with contextlib.suppress(RuntimeError):
-                        job.loop.call_soon_threadsafe(_settle, job.future, None, error)
+                        job.loop.call_soon_threadsafe(settle, job.future, None, error)
 
     def _serve(self) -> None:
         stopping = False
@@ -241,7 +243,7 @@ class _Worker:
             outcomes = [(None, exc)] * len(batch)
         for job, (result, failure) in zip(batch, outcomes, strict=True):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody is listening
-                job.loop.call_soon_threadsafe(_settle, job.future, result, failure)
+                job.loop.call_soon_threadsafe(settle, job.future, result, failure)
 
     def _run_job(
         self, conn: sqlite3.Connection, job: _Job[Any], *, savepoint: bool

@@ -67,7 +67,7 @@ class Cluster:
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    yield Cluster(MemoryMetadataStore(), MemoryObjectStorage())
+    return Cluster(MemoryMetadataStore(), MemoryObjectStorage())
 
 
 async def next_event(subscription: Subscription, timeout_s: float = 5.0) -> AssignmentEvent:
@@ -94,7 +94,8 @@ async def test_a_moved_stream_refuses_appends_naming_the_target_and_the_target_c
     await one.client.streams.reassign([stream.stream_id], 2, timeout_s=10)
     gained = await next_event(events_two)
     assert (gained.kind, gained.stream_id) == ("gained", stream.stream_id)
-    assert gained.stream is not None and gained.stream.epoch == stream.epoch + 1
+    assert gained.stream is not None
+    assert gained.stream.epoch == stream.epoch + 1
     lost = await next_event(events_one)
     assert (lost.kind, lost.stream_id, lost.stream) == ("lost", stream.stream_id, None)
     with pytest.raises(MovedError) as moved:
@@ -104,7 +105,8 @@ async def test_a_moved_stream_refuses_appends_naming_the_target_and_the_target_c
     assert await gained.stream.append(RecordBatch(b"r3")) == 3
     assert await read_all(gained.stream) == [b"r0", b"r1", b"r2", b"r3"]
     meta = await cluster.metadata.describe_stream(stream.stream_id)
-    assert meta.state is StreamState.OPENED and meta.ranges[-1].node_id == 2
+    assert meta.state is StreamState.OPENED
+    assert meta.ranges[-1].node_id == 2
     assert await cluster.metadata.list_assignments() == []
     await one.client.close()
     await two.client.close()
@@ -155,7 +157,8 @@ async def test_a_hundred_streams_move_in_one_request(cluster: Cluster) -> None:
     gained: dict[StreamId, Stream] = {}
     while len(gained) < 100:
         event = await next_event(events_two)
-        assert event.kind == "gained" and event.stream is not None
+        assert event.kind == "gained"
+        assert event.stream is not None
         gained[event.stream_id] = event.stream
     for i, stream in enumerate(streams):
         assert await gained[stream.stream_id].append(RecordBatch(b"t%d" % i)) == 1

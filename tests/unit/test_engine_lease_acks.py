@@ -4,6 +4,8 @@ failed (never acknowledged) when their WAL write returns after it; the engine fe
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -79,13 +81,15 @@ async def test_an_append_after_the_deadline_is_refused_before_the_wal(path: str)
     stream = await client.streams.create_and_open_stream()
     written = wal.append_count
     clock.s += LEASE_MS / 1000
+    attempt: Coroutine[Any, Any, object]
+    if path == "plain":
+        attempt = stream.append(RecordBatch(b"late"))
+    elif path == "group":
+        attempt = client.append_atomic([(stream, RecordBatch(b"late"))], kv={"k": b"v"})
+    else:
+        attempt = client.kv.put("k", b"late")
     with pytest.raises(FencedError) as raised:
-        if path == "plain":
-            await stream.append(RecordBatch(b"late"))
-        elif path == "group":
-            await client.append_atomic([(stream, RecordBatch(b"late"))], kv={"k": b"v"})
-        else:
-            await client.kv.put("k", b"late")
+        await attempt
     assert_node_fenced(raised.value)
     assert wal.append_count == written  # nothing reached the WAL
     assert client.engine.fenced

@@ -178,7 +178,7 @@ async def run_takeover(
     return result
 
 
-class TakeoverRunner:
+class Taker:
     """The cluster watcher's takeover callback: :func:`run_takeover` as this node's session (the watcher
     calls it for a takeover the store assigned to this node, and again after a failed attempt)."""
 
@@ -203,7 +203,8 @@ class TakeoverRunner:
         self.results: list[TakeoverResult] = []
         """Every takeover this node finished, oldest first."""
 
-    async def __call__(self, takeover: TakeoverInfo) -> TakeoverResult:
+    async def __call__(self, takeover: TakeoverInfo) -> Sequence[StreamId]:
+        """Run the takeover; returns the streams it took over and closed (the watcher opens them)."""
         result = await run_takeover(
             takeover,
             metadata=self.metadata,
@@ -215,7 +216,7 @@ class TakeoverRunner:
             observer=self.observer,
         )
         self.results.append(result)
-        return result
+        return result.stream_ids
 
 
 def upload_groups(

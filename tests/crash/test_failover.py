@@ -10,7 +10,7 @@ everything the checks find again came through the taker's replay of the dead nod
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import queue
 import signal
 import subprocess
@@ -23,8 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from s3stream.metadata.base import TakeoverInfo, TakeoverState
+from compaction.gc import GarbageCollector
+from s3stream.errors import InvalidArgumentError
+from s3stream.metadata.base import ObjectState, TakeoverInfo, TakeoverState
 from s3stream.metadata.url import open_metadata_store
+from s3stream.objectformat import parse_object_key
+from s3stream.storage.uri import open_storage
 
 pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +38,7 @@ REPLY_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 60.0
 """Longest wait for a takeover to end (lease + controller election + replay, on a loaded machine)."""
 RECORD_BYTES = 200
+NAMESPACE = "s3stream"
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,54 @@ def takeovers(cluster: Cluster) -> list[TakeoverInfo]:
     return asyncio.run(read())
 
 
+def object_ids(cluster: Cluster) -> set[int]:
+    """The ids of the object keys in the bucket (the metadata copy and other keys aside)."""
+
+    async def read() -> set[int]:
+        storage = open_storage(cluster.bucket_uri)
+        try:
+            ids = set()
+            async for info in storage.list(""):
+                with contextlib.suppress(InvalidArgumentError):
+                    ids.add(parse_object_key(info.key)[0])
+            return ids
+        finally:
+            await storage.close()
+
+    return asyncio.run(read())
+
+
+def object_states(cluster: Cluster) -> dict[int, ObjectState]:
+    async def read() -> dict[int, ObjectState]:
+        store = await open_metadata_store(cluster.metadata_url)
+        try:
+            return {int(o.object_id): o.state for o in await store.list_objects()}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def collect_garbage(cluster: Cluster, *, clock_ahead_ms: int) -> None:
+    """One GC pass with an orphan scan, its clock ``clock_ahead_ms`` ahead (prepared objects older
+    than that expire), deleting at once what it marks."""
+
+    async def run() -> None:
+        store = await open_metadata_store(cluster.metadata_url)
+        storage = open_storage(cluster.bucket_uri)
+        try:
+            gc = GarbageCollector(
+                store, storage, namespace=NAMESPACE, retention_ms=0, orphan_ttl_ms=0,
+                clock_ms=lambda: int(time.time() * 1000) + clock_ahead_ms,
+            )  # fmt: skip
+            await gc.collect(scan_orphans=True)
+        finally:
+            await storage.close()
+            await store.close()
+
+    asyncio.run(run())
+
+
 def payloads(stream_id: int, count: int, start: int = 0) -> list[str]:
     return [f"{stream_id}-{i}-".ljust(RECORD_BYTES, "x") for i in range(start, start + count)]
 
@@ -229,11 +282,14 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     sid = int(zombie.ok("create"))
     zombie.ok(f"open {sid} 0")
     fill(zombie, sid, 30)
+    before = object_ids(cluster)
     assert zombie.proc.stdin is not None
     zombie.proc.stdin.write("upload\n")  # its objects are written, then the commit waits 4 s
     zombie.proc.stdin.flush()
     wait_for(lambda: zombie.notes, "the zombie's upload to reach its commit", 30)
     zombie.proc.send_signal(signal.SIGSTOP)
+    written = object_ids(cluster) - before
+    assert written, "the zombie wrote its objects before its commit"
     wait_for(
         lambda: any(t.node_id == 1 and t.state == TakeoverState.DONE for t in takeovers(cluster)),
         "the takeover of the stopped node",
@@ -242,7 +298,8 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     zombie.proc.send_signal(signal.SIGCONT)
     assert zombie._reply().startswith("ERR FencedError")  # the held upload's commit was refused
     for i in range(3):
-        assert zombie.cmd(f"append {sid} zombie{i}").startswith("ERR FencedError")
+        answer = zombie.cmd(f"append {sid} zombie{i}")
+        assert answer.startswith("ERR FencedError"), answer + zombie._stderr()
     assert zombie.cmd("upload").startswith("ERR FencedError")
     assert zombie.status()["fenced"] == 1
     assert taker.read(sid) == payloads(sid, 30)
@@ -250,4 +307,10 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     taker.ok("upload")
     assert taker.read(sid) == [*payloads(sid, 30), "after"]
     zombie.close()
+    states = object_states(cluster)
+    assert all(states.get(oid) != ObjectState.COMMITTED for oid in written), "a fenced upload was committed"
+    # Past the prepared TTL (1 h) GC removes what the zombie wrote; everything committed stays.
+    collect_garbage(cluster, clock_ahead_ms=2 * 3600 * 1000)
+    assert not written & object_ids(cluster)
+    assert taker.read(sid) == [*payloads(sid, 30), "after"]
     taker.close()

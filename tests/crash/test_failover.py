@@ -25,6 +25,7 @@ import pytest
 
 from compaction.gc import GarbageCollector
 from s3stream.errors import InvalidArgumentError
+from s3stream.ids import StreamId
 from s3stream.metadata.base import ObjectState, TakeoverInfo, TakeoverState
 from s3stream.metadata.url import open_metadata_store
 from s3stream.objectformat import parse_object_key
@@ -223,6 +224,17 @@ def collect_garbage(cluster: Cluster, *, clock_ahead_ms: int) -> None:
     asyncio.run(run())
 
 
+def end_offsets(cluster: Cluster, stream_ids: list[int]) -> list[int]:
+    async def read() -> list[int]:
+        store = await open_metadata_store(cluster.metadata_url)
+        try:
+            return [(await store.describe_stream(StreamId(sid))).end_offset for sid in stream_ids]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 def payloads(stream_id: int, count: int, start: int = 0) -> list[str]:
     return [f"{stream_id}-{i}-".ljust(RECORD_BYTES, "x") for i in range(start, start + count)]
 
@@ -314,3 +326,50 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     assert not written & object_ids(cluster)
     assert taker.read(sid) == [*payloads(sid, 30), "after"]
     taker.close()
+
+
+ATTACH_SCRIPT = """#!/bin/sh
+# The attach command of the test: "attach" node $1's WAL $2 by copying it to a directory of this node.
+set -e
+mkdir -p "$3/node-$1"
+cp "$2" "$3/node-$1/wal"
+echo "attached node $1"
+echo "$3/node-$1/wal"
+"""
+
+
+def test_a_taker_killed_mid_way_leaves_a_takeover_that_another_taker_finishes(
+    pg_ceph: Cluster, nodes: list[Node]
+) -> None:
+    cluster = pg_ceph
+    victim = Node(cluster, "n1", 1)
+    nodes.append(victim)
+    first_taker = Node(cluster, "n2", 2, "--kill-at", "after_commit", "--threshold", str(64 * 1024))
+    nodes.append(first_taker)
+    streams = [int(victim.ok("create")) for _ in range(3)]
+    for sid in streams:
+        victim.ok(f"open {sid} 0")
+    for sid in streams:
+        fill(victim, sid, 300)  # 180 KB in all: several upload groups of 64 KiB
+    victim.kill()
+    wait_for(lambda: first_taker.proc.poll() is not None, "the first taker to die after its first commit")
+    assert first_taker.notes == ["KILLING at after_commit"]
+    [running] = [t for t in takeovers(cluster) if t.node_id == 1]
+    assert (running.state, running.taker_node_id, running.attempt) == (TakeoverState.RUNNING, 2, 1)
+    committed = sum(end_offsets(cluster, streams))
+    assert 0 < committed < 900, f"the first taker committed part of the WAL ({committed} of 900 records)"
+
+    script = cluster.tmp / "attach.sh"
+    script.write_text(ATTACH_SCRIPT)
+    script.chmod(0o755)
+    attach = f"{script} {{node_id}} {{wal_path}} {cluster.tmp / 'attached'}"
+    second_taker = Node(cluster, "n3", 3, "--attach", attach)
+    nodes.append(second_taker)
+    wait_for(lambda: second_taker.gained() >= set(streams), "the second taker to open the streams")
+    [done] = [t for t in takeovers(cluster) if t.node_id == 1]
+    assert (done.state, done.taker_node_id, done.attempt) == (TakeoverState.DONE, 3, 2)
+    assert (cluster.tmp / "attached" / "node-1" / "wal").exists(), "the attach command ran"
+    for sid in streams:
+        assert second_taker.read(sid) == payloads(sid, 300)  # each record once, none lost
+        assert second_taker.ok(f"append {sid} next") == "300"
+    second_taker.close()

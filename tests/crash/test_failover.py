@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,12 +132,13 @@ class Node:
 
 
 @pytest.fixture
-def nodes() -> list[Node]:
+def nodes() -> Iterator[list[Node]]:
     """Every node a test starts (append it); killed after the test whatever happened."""
     started: list[Node] = []
-    yield started  # type: ignore[misc]
+    yield started
     for node in started:
-        node.proc.send_signal(signal.SIGCONT) if node.proc.poll() is None else None
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGCONT)
         node.stop()
 
 

@@ -215,6 +215,7 @@ class FailoverController:
         takeovers = await self.metadata.list_takeovers()
         now_ms = self.clock_ms()
         owner_ids: set[int] | None = None
+        self._idle &= {(n.node_id, n.node_epoch) for n in nodes}  # forget sessions that were replaced
         if not any(t.state in IN_FLIGHT for t in takeovers):
             suspects = [
                 n for n in nodes if session_lapsed(n, now_ms) and (n.node_id, n.node_epoch) not in self._idle

@@ -17,7 +17,6 @@ from s3stream.engine.walport import MemoryWal
 from s3stream.errors import (
     CapacityError,
     ClosedError,
-    ConflictError,
     FencedError,
     InvalidArgumentError,
     NotFoundError,

@@ -231,7 +231,10 @@ class FailoverController:
         try:
             info = await self._carry_out(decision)
         except S3StreamError as exc:
-            log.warning("failover controller: decision=%s refused: %s", decision, exc)
+            log.warning(
+                "failover controller: decision=%s node_id=%d taker=%d refused=%s: %s",
+                type(decision).__name__, decision.node_id, decision.taker_node_id, type(exc).__name__, exc,
+            )  # fmt: skip
             return None
         if decision.taker_node_id != NO_NODE:
             self._last_taker = decision.taker_node_id

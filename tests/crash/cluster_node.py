@@ -3,7 +3,8 @@
 Usage: python -m tests.crash.cluster_node DATA_DIR METADATA_URL BUCKET_URI NODE_ID LEASE_MS [options]
 
 Options: ``--kill-at POINT`` kills this process (SIGKILL, by itself) at a point of a takeover it runs
-(``after_streams_taken``, ``after_commit`` (the first), ``before_finish``); ``--hold-before-commit S``
+(``after_streams_taken``, ``after_commit`` (the first), ``before_finish``); ``--hold-at POINT
+--hold-s S`` holds the takeover there S seconds instead; ``--hold-before-commit S``
 holds every upload of its own engine S seconds between the object writes and the commit (a node paused
 there by SIGSTOP writes objects that it may never commit); ``--threshold BYTES`` sets
 ``s3.wal.upload.threshold`` (the size of a takeover's upload groups); ``--attach CMD`` sets
@@ -51,25 +52,31 @@ CONFIG = Config(
 )
 
 
-class KillAt(TakeoverObserver):
-    """Kills this process at one point of a takeover it runs."""
+class AtPoint(TakeoverObserver):
+    """Kills this process, or holds the takeover ``hold_s`` seconds, at one point of a takeover it runs."""
 
-    def __init__(self, point: str) -> None:
+    def __init__(self, point: str, *, hold_s: float = 0.0) -> None:
         self.point = point
+        self.hold_s = hold_s
 
-    def _maybe_kill(self, point: str) -> None:
-        if point == self.point:
-            print(f"KILLING at {point}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+    async def _reached(self, point: str) -> None:
+        if point != self.point:
+            return
+        if self.hold_s:
+            print(f"HOLDING at {point}", flush=True)
+            await asyncio.sleep(self.hold_s)
+            return
+        print(f"KILLING at {point}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     async def after_streams_taken(self, takeover: TakeoverInfo) -> None:
-        self._maybe_kill("after_streams_taken")
+        await self._reached("after_streams_taken")
 
     async def after_commit(self, takeover: TakeoverInfo, commit_count: int) -> None:
-        self._maybe_kill("after_commit")
+        await self._reached("after_commit")
 
     async def before_finish(self, takeover: TakeoverInfo) -> None:
-        self._maybe_kill("before_finish")
+        await self._reached("before_finish")
 
 
 class HoldBeforeCommit(UploadObserver):
@@ -143,6 +150,8 @@ async def main(argv: list[str]) -> None:
     parser.add_argument("node_id", type=int)
     parser.add_argument("lease_ms", type=int)
     parser.add_argument("--kill-at", default="")
+    parser.add_argument("--hold-at", default="")
+    parser.add_argument("--hold-s", type=float, default=5.0)
     parser.add_argument("--hold-before-commit", type=float, default=0.0)
     parser.add_argument("--threshold", type=int, default=0)
     parser.add_argument("--attach", default="")
@@ -159,7 +168,13 @@ async def main(argv: list[str]) -> None:
         args.data_dir,
         bucket_uri=args.bucket_uri,
         config=config,
-        takeover_observer=KillAt(args.kill_at) if args.kill_at else None,
+        takeover_observer=(
+            AtPoint(args.kill_at)
+            if args.kill_at
+            else AtPoint(args.hold_at, hold_s=args.hold_s)
+            if args.hold_at
+            else None
+        ),
         upload_observer=HoldBeforeCommit(args.hold_before_commit) if args.hold_before_commit else None,
     )
     print(f"READY epoch={client.engine.node_epoch}", flush=True)

@@ -135,7 +135,7 @@ async def _moves(
     bucket = _bucket_uri(ctx, f"moves-{name}")
     nodes: list[Client] = []
     watches: list[GainWatch] = []
-    requester: MetadataStore = await open_metadata_store(url)  # type: ignore[assignment]
+    requester: MetadataStore = await open_metadata_store(url)
     latency = LatencyRecorder()
     samples: list[float] = []
     try:

@@ -82,7 +82,8 @@ class ClusterState:
         """The node's takeover in flight, else its last finished one, else None."""
         mine = sorted((t for t in self.takeovers if t.node_id == node_id), key=lambda t: t.created_at_ms)
         in_flight = [t for t in mine if t.state in IN_FLIGHT]
-        return (in_flight or mine or [None])[-1]
+        chosen = in_flight or mine
+        return chosen[-1] if chosen else None
 
     def add_to_node_rows(
         self, rows: list[dict[str, Any]], streams: Sequence[StreamMetadata]

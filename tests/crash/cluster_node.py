@@ -34,13 +34,18 @@ from s3stream.engine.client import Client, Stream
 from s3stream.errors import NotOwnerError
 from s3stream.ids import StreamId
 
-CONFIG = dict(
-    wal_capacity_bytes=16 << 20,
-    wal_record_max_bytes=1 << 20,
-    record_max_bytes=1 << 20,
-    wal_upload_interval_ms=3_600_000,  # uploads only when a stream moves or closes
-    cluster_poll_ms=50,
-)
+
+def node_config(node_id: int, lease_ms: int, metadata_url: str) -> Config:
+    return Config.from_sources(
+        wal_capacity_bytes=16 << 20,
+        wal_record_max_bytes=1 << 20,
+        record_max_bytes=1 << 20,
+        wal_upload_interval_ms=3_600_000,  # uploads only when a stream moves or closes
+        cluster_poll_ms=50,
+        node_id=node_id,
+        node_lease_ms=lease_ms,
+        metadata_url=metadata_url,
+    )
 
 
 class Node:
@@ -121,9 +126,7 @@ class Node:
 
 async def main(argv: list[str]) -> None:
     data_dir, metadata_url, bucket_uri, node_id, lease_ms, acks_path = argv[:6]
-    config = Config.from_sources(
-        **CONFIG, node_id=int(node_id), node_lease_ms=int(lease_ms), metadata_url=metadata_url
-    )
+    config = node_config(int(node_id), int(lease_ms), metadata_url)
     client = await open_client(data_dir, bucket_uri=bucket_uri, config=config)
     print(f"READY epoch={client.engine.node_epoch}", flush=True)
     with open(acks_path, "a") as acks:

@@ -16,12 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import s3stream
+from s3stream.ids import NodeId, StreamId
 from s3stream.metadata.base import StreamState
 from s3stream.metadata.url import open_metadata_store
 from tests.support.s3 import S3TestServer
@@ -120,15 +122,21 @@ class Node:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, pg_url: str, s3_server: S3TestServer, s3_prefix: str) -> Cluster:
-    return Cluster(tmp_path, pg_url, s3_server.uri(s3_prefix))
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
+) -> Cluster:
+    """PostgreSQL (a fresh schema; fails without the server); ``S3STREAM_TEST_CLUSTER_METADATA=sqlite``
+    runs the same tests on one SQLite file instead."""
+    if os.environ.get("S3STREAM_TEST_CLUSTER_METADATA") == "sqlite":
+        return Cluster(tmp_path, f"sqlite://{tmp_path / 'metadata.db'}", s3_server.uri(s3_prefix))
+    return Cluster(tmp_path, request.getfixturevalue("pg_url"), s3_server.uri(s3_prefix))
 
 
 @pytest.fixture
-def nodes() -> list[Node]:
+def nodes() -> Iterator[list[Node]]:
     """Every node a test starts is killed at the end if it is still running."""
     started: list[Node] = []
-    yield started  # type: ignore[misc]
+    yield started
     for node in started:
         node.proc.send_signal(signal.SIGCONT)
         node.kill()
@@ -286,9 +294,9 @@ def test_two_racing_reassignments_of_one_stream_leave_exactly_one_owner(
         try:
             await asyncio.gather(
                 *(
-                    s.request_reassign(stream_ids=[sid], to_node_id=n)
+                    s.request_reassign(stream_ids=[StreamId(sid)], to_node_id=NodeId(n))
                     for s, n in zip(stores, (2, 3), strict=True)
-                )  # type: ignore[attr-defined,list-item]
+                )
             )
         finally:
             for store in stores:

@@ -5,7 +5,6 @@ epoch; both publish their events; no acknowledged record is lost or duplicated."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -66,7 +65,7 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[Cluster]:
+async def cluster() -> Cluster:
     return Cluster(MemoryMetadataStore(), MemoryObjectStorage())
 
 

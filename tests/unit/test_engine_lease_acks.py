@@ -104,6 +104,7 @@ async def test_an_append_whose_wal_write_returns_after_the_deadline_is_never_ack
     stream = await client.streams.create_and_open_stream()
     assert await stream.append(RecordBatch(b"before")) == 0
     wal.hold = True
+    pending: asyncio.Task[object]
     if path == "plain":
         pending = asyncio.create_task(stream.append(RecordBatch(b"in flight")))
     elif path == "group":

@@ -32,9 +32,9 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
-from s3stream.cluster.events import AssignmentHub
 from s3stream.cluster.controller import CONTROLLER_LEASE, FailoverController
-from s3stream.cluster.takeover import Taker, TakeoverObserver
+from s3stream.cluster.events import AssignmentHub
+from s3stream.cluster.takeover import TakeoverObserver, Taker
 from s3stream.cluster.watcher import ClusterWatcher, TakeoverRunner
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
@@ -226,14 +226,11 @@ async def open_client(
         hub = AssignmentHub()
         watcher, watcher_closer = None, -1
         if clustered:
+            taker = takeover_runner(
+                config, metadata, storage, node_id=node_id, node_epoch=epoch, observer=takeover_observer
+            )
             watcher = ClusterWatcher(
-                engine,
-                metadata,
-                hub,
-                poll_ms=config.cluster_poll_ms,
-                takeover_runner=takeover_runner(
-                    config, metadata, storage, node_id=node_id, node_epoch=epoch, observer=takeover_observer
-                ),
+                engine, metadata, hub, poll_ms=config.cluster_poll_ms, takeover_runner=taker
             )
             heartbeat.add_listener(watcher.on_fenced)
             watcher.start()
@@ -298,7 +295,7 @@ async def open_client(
     if watcher is not None:
         client.components["watcher"] = watcher
     if controller is not None:
-        client.components.update(controller=controller, controller_election=controller_election)
+        client.components.update(controller=controller, controller_election=controller_election, taker=taker)
     if copy is not None:
         client.components["metadata_copy"] = copy
     return client

@@ -31,7 +31,14 @@ from dataclasses import dataclass
 
 from s3stream.errors import S3StreamError
 from s3stream.ids import NodeId
-from s3stream.metadata.base import MetadataStore, NodeInfo, StreamMetadata, StreamState, TakeoverInfo, TakeoverState
+from s3stream.metadata.base import (
+    MetadataStore,
+    NodeInfo,
+    StreamMetadata,
+    StreamState,
+    TakeoverInfo,
+    TakeoverState,
+)
 
 log = logging.getLogger(__name__)
 

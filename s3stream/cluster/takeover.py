@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,9 +47,9 @@ from s3stream.config import Config
 from s3stream.engine.kvlog import apply_record
 from s3stream.engine.recovery import ReplayPlan, plan_replay
 from s3stream.engine.upload import ObjectUploader, StreamRecords, plan_upload
-from s3stream.errors import NotFoundError, UnavailableError
+from s3stream.errors import ErrorCode, NotFoundError, UnavailableError
 from s3stream.ids import NodeId, StreamId
-from s3stream.metadata.base import MetadataStore, StreamMetadata, TakeoverInfo
+from s3stream.metadata.base import MetadataStore, TakeoverInfo
 from s3stream.objectformat.writer import RecordFields
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
@@ -227,7 +228,8 @@ def upload_groups(
     than ``group_streams_max`` streams. Each group's streams are in ascending id (what
     :func:`~s3stream.engine.upload.plan_upload` takes); a stream's batches in a later group continue
     where its batches of the earlier one end."""
-    assert group_bytes_max > 0 and group_streams_max > 0
+    assert group_bytes_max > 0, group_bytes_max
+    assert group_streams_max > 0, group_streams_max
     groups: list[list[StreamRecords]] = []
     current: dict[int, list[RecordFields]] = {}
     size_bytes = 0
@@ -260,15 +262,17 @@ async def _upload_group(
     plan = plan_upload(group, split_size_bytes=config.stream_object_split_size_bytes)
     while True:
         first_id = await _retry("prepare", lambda: uploader.prepare(plan), config)
-        request = await _retry("upload", lambda: uploader.write(plan, first_id), config)
+        request = await _retry("upload", functools.partial(uploader.write, plan, first_id), config)
         try:
-            await _retry("commit", lambda: metadata.commit_stream_set_object(request), config)
+            await _retry("commit", functools.partial(metadata.commit_stream_set_object, request), config)
             return
         except NotFoundError as exc:
-            if exc.code != exc.code.OBJECT_NOT_EXIST:
+            if exc.code != ErrorCode.OBJECT_NOT_EXIST:
                 raise
             # The prepared ids expired before the commit (storage was down that long): again.
-            log.warning("takeover: prepared objects from %d expired before their commit: uploading again", first_id)
+            log.warning(
+                "takeover: prepared objects from %d expired before their commit: uploading again", first_id
+            )
 
 
 async def _retry(what: str, op: Callable[[], Awaitable[T]], config: Config) -> T:
@@ -281,7 +285,9 @@ async def _retry(what: str, op: Callable[[], Awaitable[T]], config: Config) -> T
         except (UnavailableError, OSError, TimeoutError) as exc:
             if attempt == STEP_ATTEMPTS_MAX:
                 raise
-            log.warning("takeover: %s failed (attempt %d), retrying in %.2f s: %r", what, attempt, delay_s, exc)
+            log.warning(
+                "takeover: %s failed (attempt %d), retrying in %.2f s: %r", what, attempt, delay_s, exc
+            )
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, config.upload_retry_backoff_max_ms / 1000)
     raise AssertionError("unreachable")

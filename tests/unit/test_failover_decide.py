@@ -40,7 +40,11 @@ def stream(stream_id: int, owner: int, state: StreamState = StreamState.OPENED) 
 
 
 def test_owners_are_the_nodes_of_the_last_range_of_opened_streams() -> None:
-    streams = [stream(1, 4), stream(2, 5, StreamState.CLOSED), StreamMetadata(StreamId(3), -1, StreamState.OPENED, 0, 0)]
+    streams = [
+        stream(1, 4),
+        stream(2, 5, StreamState.CLOSED),
+        StreamMetadata(StreamId(3), -1, StreamState.OPENED, 0, 0),
+    ]
     assert owners(streams) == {4}
 
 
@@ -113,9 +117,9 @@ def test_a_takeover_whose_taker_restarted_is_reassigned() -> None:
 def test_a_pending_takeover_gets_a_taker_once_a_node_lives() -> None:
     pending = takeover(2, TakeoverState.PENDING, attempt=0)
     assert decide([dead(2)], [pending], owner_ids=None, now_ms=NOW, last_taker=-1) is None
-    assert decide([dead(2), node(5)], [pending], owner_ids=None, now_ms=NOW, last_taker=-1) == ReassignTakeover(
-        NodeId(2), 5, 1, -1, 1
-    )
+    assert decide(
+        [dead(2), node(5)], [pending], owner_ids=None, now_ms=NOW, last_taker=-1
+    ) == ReassignTakeover(NodeId(2), 5, 1, -1, 1)
 
 
 def test_done_takeovers_do_not_block_new_ones() -> None:

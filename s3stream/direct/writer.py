@@ -20,6 +20,8 @@ the connections of the tasks before it. A forked child (Spark's worker daemon fo
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import threading
 from collections.abc import Coroutine, Iterable
@@ -46,6 +48,8 @@ PART_SIZE_BYTES = 8 << 20
 BUFFER_MAX_BYTES = 32 << 20
 """What one upload may hold buffered (parts in flight included)."""
 assert MIN_PART_SIZE_BYTES <= PART_SIZE_BYTES <= BUFFER_MAX_BYTES
+CLOSE_TIMEOUT_S = 10.0
+"""How long closing the worker's stores may take at the end of the process."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +92,32 @@ class _Worker:
             store = self.stores[bucket_uri] = open_storage(bucket_uri)
         return store
 
+    def close(self) -> None:
+        """Close every store (their connections), then stop the loop; for the end of the process."""
+
+        async def close_all() -> None:
+            stores, self.stores = list(self.stores.values()), {}
+            for store in stores:
+                await store.close()
+
+        if self.pid == os.getpid() and self.thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(timeout=CLOSE_TIMEOUT_S)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
 
 _lock = threading.Lock()
 _worker: _Worker | None = None
+
+
+@atexit.register
+def close_worker() -> None:
+    """Close the process's worker (its stores and loop), if it has one; the next write starts a new one."""
+    global _worker
+    with _lock:
+        worker, _worker = _worker, None
+    if worker is not None:
+        worker.close()
 
 
 def _the_worker() -> _Worker:

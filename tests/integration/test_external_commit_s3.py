@@ -17,6 +17,7 @@ from s3stream.engine.client import Client, Stream
 from s3stream.engine.kvlog import DIRECT_KV_PREFIX
 from s3stream.engine.stream import Status
 from s3stream.errors import ConflictError, ErrorCode, InvalidArgumentError
+from s3stream.ids import ObjectId
 from s3stream.metadata.base import ObjectKind
 from s3stream.objectformat.writer import RecordFields
 from tests.support.s3 import S3TestServer
@@ -75,7 +76,7 @@ async def test_a_commit_uploads_the_engines_held_data_first_and_moves_the_offset
     first = await client.prepare_objects(2, ttl_ms=60_000)
     info = await write(uri, client, first, external_batches(stream, 10, 5))
     await client.commit_objects(
-        [stream], [info.committed()], kv_puts={PROGRESS: b"1"}, release_ids=[first + 1]
+        [stream], [info.committed()], kv_puts={PROGRESS: b"1"}, release_ids=[ObjectId(first + 1)]
     )
     assert client.engine.stats.uploads == 1  # the held data went up before the commit
     assert (stream.next_offset, stream.confirm_offset) == (15, 15)
@@ -93,7 +94,7 @@ async def test_a_commit_uploads_the_engines_held_data_first_and_moves_the_offset
     assert await read_all(reopened) == expected
     slices = await again.engine.metadata.get_objects(stream_id=sid, start_offset=0, end_offset=-1, limit=100)
     assert [(s.start_offset, s.end_offset) for s in slices] == [(0, 10), (10, 15), (15, 16)]
-    assert (await again.engine.metadata.get_object(first + 1)).state.name == "MARK_DESTROYED"
+    assert (await again.engine.metadata.get_object(ObjectId(first + 1))).state.name == "MARK_DESTROYED"
     await again.close()
 
 

@@ -1,0 +1,98 @@
+"""Reserved streams on the in-memory twins: a commit that meets a reserved stream's data refused is
+never resolved by dropping that data (the review's lost-data hazard), and reservations come and go."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from s3stream.engine.stream import Status
+from s3stream.errors import ClosedError, ConflictError, S3StreamError
+from s3stream.ids import ObjectId, StreamId
+from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, StreamOffsetRange
+from s3stream.model import RecordBatch
+from tests.unit.test_engine import Node
+
+
+async def test_a_reserved_streams_refused_upload_keeps_its_data_for_the_restart() -> None:
+    node = Node()
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    for i in range(10):  # acknowledged, held in the WAL and the LogCache
+        await stream.append(RecordBatch(b"%d" % i))
+    client.engine.reserve_streams([stream.handle], "a test")
+    # Someone commits [0, 5) behind the engine's back (what commit_external never lets happen).
+    foreign = await node.metadata.prepare_objects(count=1, ttl_ms=60_000)
+    await node.metadata.commit_objects(
+        CommitObjectsRequest(
+            node_id=client.engine.node_id,
+            node_epoch=client.engine.node_epoch,
+            objects=(CommittedObject(foreign, 10, (StreamOffsetRange(stream.stream_id, 0, 5),)),),
+            stream_epochs={stream.stream_id: stream.epoch},
+        )
+    )
+    with pytest.raises(S3StreamError):  # the engine's upload is refused over and over: it fails loudly
+        await asyncio.wait_for(client.engine.force_upload(stream.stream_id), 10)
+    assert "taken over" not in str(stream.handle.error)  # not dropped as lost
+    client.engine.abandon()
+    again = await node.open()  # the WAL still holds [0, 10): [5, 10) continues the foreign commit
+    assert (await node.metadata.describe_stream(StreamId(stream.stream_id))).end_offset == 10
+    await again.close()
+
+
+async def test_reserve_is_all_or_none_and_release_leaves_other_states_alone() -> None:
+    client = await Node().open()
+    a = await client.streams.create_and_open_stream()
+    b = await client.streams.create_and_open_stream()
+    client.engine.reserve_streams([a.handle], "one")
+    with pytest.raises(ConflictError, match="reserved by one"):
+        client.engine.reserve_streams([b.handle, a.handle], "two")
+    assert b.handle.status is Status.OPEN  # none reserved
+    client.engine.reserve_streams([a.handle], "one")  # again for the same reason: a no-op
+    with pytest.raises(ConflictError, match="reserved by one"):
+        await a.close()
+    with pytest.raises(ConflictError, match="already open"):
+        await client.streams.open_stream(a.stream_id, epoch=0)
+    client.engine.release_streams([a.handle, b.handle])
+    assert (a.handle.status, b.handle.status) == (Status.OPEN, Status.OPEN)
+    await a.close()
+    client.engine.release_streams([a.handle])
+    assert a.handle.status is Status.CLOSED
+    with pytest.raises(ClosedError):
+        client.engine.reserve_streams([a.handle], "closed")
+    await client.close()
+
+
+async def test_commit_external_checks_the_request_against_its_handles() -> None:
+    client = await Node().open()
+    a = await client.streams.create_and_open_stream()
+    b = await client.streams.create_and_open_stream()
+    first = await client.prepare_objects(1)
+    obj = CommittedObject(first, 10, (StreamOffsetRange(a.stream_id, 0, 2),))
+
+    def request(**changes: object) -> CommitObjectsRequest:
+        fields: dict[str, object] = {
+            "node_id": client.engine.node_id,
+            "node_epoch": client.engine.node_epoch,
+            "objects": (obj,),
+            "stream_epochs": {a.stream_id: 0},
+        }
+        fields.update(changes)
+        return CommitObjectsRequest(**fields)  # type: ignore[arg-type]
+
+    engine = client.engine
+    bad = [
+        ([a.handle], request(node_epoch=engine.node_epoch + 1), "this engine is node"),
+        ([b.handle], request(), "not among the handles"),
+        ([a.handle], request(stream_epochs={a.stream_id: 3}), "open at epoch 0, not 3"),
+        ([a.handle], request(stream_epochs={}), "has ranges but no epoch"),
+        ([a.handle, a.handle], request(), "named twice"),
+        ([a.handle], request(kv_puts={"k": b"v"}), "only KV keys under"),
+    ]
+    for handles, req, message in bad:
+        with pytest.raises(ValueError, match=message):
+            await engine.commit_external(handles, req)
+        assert a.handle.status is Status.OPEN
+    assert (await client.engine.metadata.get_object(ObjectId(first))).state.name == "PREPARED"
+    await client.close()

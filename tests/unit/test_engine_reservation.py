@@ -7,11 +7,16 @@ import asyncio
 
 import pytest
 
+from s3stream.direct.writer import write_object
+from s3stream.engine.kvlog import DIRECT_KV_PREFIX
 from s3stream.engine.stream import Status
-from s3stream.errors import ClosedError, ConflictError, S3StreamError
+from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, S3StreamError
+from s3stream.facade import SyncClient
 from s3stream.ids import ObjectId, StreamId
 from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, StreamOffsetRange
 from s3stream.model import RecordBatch
+from s3stream.storage.memory import MemoryObjectStorage
+from s3stream.storage.uri import open_storage
 from tests.unit.test_engine import Node
 
 
@@ -96,3 +101,32 @@ async def test_commit_external_checks_the_request_against_its_handles() -> None:
         assert a.handle.status is Status.OPEN
     assert (await client.engine.metadata.get_object(ObjectId(first))).state.name == "PREPARED"
     await client.close()
+
+
+def test_the_sync_client_commits_an_object_of_the_direct_writer() -> None:
+    storage = open_storage("mem://sync-direct-commit")
+    assert isinstance(storage, MemoryObjectStorage)
+    client = SyncClient.start(lambda: Node(storage=storage).open())
+    try:
+        stream = client.streams.create_and_open_stream()
+        for i in range(3):
+            stream.append(RecordBatch(b"wal-%d" % i))
+        first = client.prepare_objects(2, ttl_ms=60_000)
+        records = [(stream.stream_id, stream.epoch, o, 1, b"ext-%d" % o) for o in range(3, 6)]
+        info = write_object("mem://sync-direct-commit", client.client.config.namespace, first, records)
+        with pytest.raises(InvalidArgumentError, match="SyncStreams"):
+            client.commit_objects([stream.stream], [info.committed()])  # type: ignore[list-item]
+        client.commit_objects(
+            [stream],
+            [info.committed()],
+            kv_puts={DIRECT_KV_PREFIX + "p": b"1"},
+            release_ids=[ObjectId(first + 1)],
+        )
+        assert (stream.next_offset, stream.confirm_offset) == (6, 6)
+        got: list[bytes] = []
+        while len(got) < 6:
+            got += [bytes(b.payload) for b in stream.fetch(len(got), 6)]
+        assert got == [b"wal-0", b"wal-1", b"wal-2", b"ext-3", b"ext-4", b"ext-5"]
+        assert client.kv.get(DIRECT_KV_PREFIX + "p") == b"1"
+    finally:
+        client.close()

@@ -10,10 +10,11 @@ import pytest
 from s3stream.direct.writer import write_object
 from s3stream.engine.kvlog import DIRECT_KV_PREFIX
 from s3stream.engine.stream import Status
-from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, S3StreamError
+from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, S3StreamError, UnavailableError
 from s3stream.facade import SyncClient
 from s3stream.ids import ObjectId, StreamId
 from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, StreamOffsetRange
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
 from s3stream.storage.uri import open_storage
@@ -130,3 +131,46 @@ def test_the_sync_client_commits_an_object_of_the_direct_writer() -> None:
         assert client.kv.get(DIRECT_KV_PREFIX + "p") == b"1"
     finally:
         client.close()
+
+
+class FlakyCommitStore(MemoryMetadataStore):
+    """``commit_objects`` fails once with UnavailableError, after committing (``commit_first``) or not:
+    the two unknown outcomes of a store that went away mid-call."""
+
+    def __init__(self, *, commit_first: bool) -> None:
+        super().__init__()
+        self.commit_first = commit_first
+        self.failures = 1
+
+    async def commit_objects(self, request: CommitObjectsRequest) -> None:
+        if self.failures:
+            self.failures -= 1
+            if self.commit_first:
+                await super().commit_objects(request)
+            raise UnavailableError("the store went away mid-call")
+        await super().commit_objects(request)
+
+
+@pytest.mark.parametrize("commit_first", [True, False], ids=["committed", "not committed"])
+async def test_a_commit_with_an_unknown_outcome_keeps_its_streams_reserved_until_sent_again(
+    commit_first: bool,
+) -> None:
+    node = Node(metadata=FlakyCommitStore(commit_first=commit_first))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    await stream.append(RecordBatch(b"wal-0"))
+    first = await client.prepare_objects(1)
+    obj = CommittedObject(first, 10, (StreamOffsetRange(stream.stream_id, 1, 4),))
+    puts = {DIRECT_KV_PREFIX + "p": b"1"}
+    with pytest.raises(UnavailableError):
+        await client.commit_objects([stream], [obj], kv_puts=puts)
+    assert stream.handle.status is Status.RESERVED  # appends could take offsets the commit used
+    with pytest.raises(ConflictError, match="reserved by an external commit"):
+        await stream.append(RecordBatch(b"refused"))
+    await client.commit_objects([stream], [obj], kv_puts=puts)  # the same request settles it
+    assert stream.handle.status is Status.OPEN
+    assert (stream.next_offset, stream.confirm_offset) == (4, 4)
+    assert (await node.metadata.describe_stream(stream.stream_id)).end_offset == 4
+    assert await client.kv.get(DIRECT_KV_PREFIX + "p") == b"1"
+    assert await stream.append(RecordBatch(b"wal-4")) == 4
+    await client.close()

@@ -164,7 +164,7 @@ async def test_a_commit_with_an_unknown_outcome_keeps_its_streams_reserved_until
     puts = {DIRECT_KV_PREFIX + "p": b"1"}
     with pytest.raises(UnavailableError):
         await client.commit_objects([stream], [obj], kv_puts=puts)
-    assert stream.handle.status is Status.RESERVED  # appends could take offsets the commit used
+    assert stream.handle.status.name == "RESERVED"  # appends could take offsets the commit used
     with pytest.raises(ConflictError, match="reserved by an external commit"):
         await stream.append(RecordBatch(b"refused"))
     await client.commit_objects([stream], [obj], kv_puts=puts)  # the same request settles it

@@ -48,6 +48,8 @@ class ErrorCode(enum.IntEnum):
     STREAM_MOVED = 518
     NODE_NOT_ALIVE = 519
     NODE_TAKEOVER_IN_PROGRESS = 520
+    KV_CONDITION_FAILED = 530
+    """Ours: a conditional KV write (``kv_expect`` of an external commit) found another value."""
     STREAM_INNER_ERROR = 599
 
 

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from s3stream.engine.logcache import CachedBatch
-from s3stream.errors import ClosedError, FencedError, MovedError, S3StreamError
+from s3stream.errors import ClosedError, ConflictError, FencedError, MovedError, S3StreamError
 from s3stream.ids import StreamId
 
 
@@ -21,6 +21,8 @@ class Status(enum.Enum):
     CLOSING = "closing"
     CLOSED = "closed"
     FENCED = "fenced"
+    RESERVED = "reserved"
+    """Held for an external commit (:mod:`s3stream.engine.external`): readable, no appends."""
 
 
 class PendingAppend:
@@ -104,10 +106,16 @@ class StreamHandle:
     moved_to: int | None = None
     """The node this stream is being moved to (a reassignment): set before its close starts, so every
     later append raises MovedError naming that node while the appends in flight finish."""
+    reservation: str = ""
+    """While RESERVED: what holds the stream (named in the ConflictError of a refused append)."""
 
     def check_writable(self) -> None:
         if self.status is Status.FENCED:
             raise self.error or FencedError(f"stream {self.stream_id} is fenced")
+        if self.status is Status.RESERVED:
+            raise ConflictError(
+                f"stream {self.stream_id} is reserved by {self.reservation}: no appends until it is released"
+            )
         if self.status is not Status.OPEN:
             if self.moved_to is not None:
                 raise MovedError(
@@ -122,7 +130,7 @@ class StreamHandle:
             raise ClosedError(f"stream {self.stream_id} is closed")
 
     def fence(self, error: S3StreamError) -> None:
-        """Refuse later appends and reads with ``error`` (an open or closing stream only)."""
-        if self.status is Status.OPEN or self.status is Status.CLOSING:
+        """Refuse later appends and reads with ``error`` (an open, reserved or closing stream only)."""
+        if self.status is Status.OPEN or self.status is Status.CLOSING or self.status is Status.RESERVED:
             self.status = Status.FENCED
             self.error = error

@@ -230,7 +230,12 @@ async def open_client(
                 config, metadata, storage, node_id=node_id, node_epoch=epoch, observer=takeover_observer
             )
             watcher = ClusterWatcher(
-                engine, metadata, hub, poll_ms=config.cluster_poll_ms, takeover_runner=taker
+                engine,
+                metadata,
+                hub,
+                poll_ms=config.cluster_poll_ms,
+                takeover_runner=taker,
+                run_failures_max=config.wal_failover_run_failures_max,
             )
             heartbeat.add_listener(watcher.on_fenced)
             watcher.start()
@@ -264,7 +269,11 @@ async def open_client(
         controller, controller_election = None, None
         if clustered:  # failover: the node holding the "controller" lease fences dead nodes
             controller = FailoverController(
-                _lease_bound(metadata, CONTROLLER_LEASE), node_id=node_id, poll_ms=config.cluster_poll_ms
+                _lease_bound(metadata, CONTROLLER_LEASE),
+                node_id=node_id,
+                poll_ms=config.cluster_poll_ms,
+                stall_ms=config.wal_failover_progress_leases * config.node_lease_ms,
+                attempts_max=config.wal_failover_attempts_max,
             )
             controller_election = MaintenanceElection(
                 metadata,

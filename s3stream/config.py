@@ -92,6 +92,9 @@ class Config:
     # -- cluster: reassignment and failover ----------------------------------------------------
     cluster_poll_ms: int = 100
     wal_failover_attach_cmd: str = ""
+    wal_failover_progress_leases: int = 6
+    wal_failover_run_failures_max: int = 3
+    wal_failover_attempts_max: int = 5
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -247,6 +250,14 @@ KEYS: tuple[Key, ...] = (
     Key("s3.wal.failover.attach.cmd", "wal_failover_attach_cmd", str, None, None,
         "shell command a taker runs before opening a dead node's WAL ({node_id}, {wal_path} substituted); "
         "the last non-empty stdout line, if any, is the path to open; non-zero exit fails the attempt"),
+    Key("s3.wal.failover.progress.leases", "wal_failover_progress_leases", int, 1, 1_000,
+        "node leases a takeover attempt may go without reporting progress before the controller gives "
+        "it to another node; ours 6"),
+    Key("s3.wal.failover.run.failures.max", "wal_failover_run_failures_max", int, 1, 1_000,
+        "failed runs of one takeover attempt after which the taker gives the attempt back; ours 3"),
+    Key("s3.wal.failover.attempts.max", "wal_failover_attempts_max", int, 1, 1_000,
+        "takeover attempts (across nodes) after which the takeover is FAILED: the slot is freed and the "
+        "dead node may register again and replay its own WAL; ours 5"),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}

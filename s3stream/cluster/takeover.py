@@ -22,7 +22,11 @@ work, in this order:
    ``s3.wal.upload.threshold`` bytes (the size of the owner's own uploads), each prepared, written and
    committed before the next: every commit continues each stream's end offset.
 7. **Finish** (``finish_takeover``): the takeover is DONE and the taken streams are CLOSED, so any
-   node may open them (the caller, the node's cluster watcher, opens them next on its engine).
+   node may open them (the caller, the node's cluster watcher, opens them next on its engine); the
+   dead node's applied KV offset covers the WAL the taker read.
+
+Steps 3, 5 and 6 report progress (``report_takeover_progress``): an attempt that reports none for
+``s3.wal.failover.progress.leases`` leases is given to another node by the controller.
 
 Idempotent: a taker that dies anywhere leaves a state the next taker finishes. Step 3 re-opens the
 streams for the new taker (fencing the old one's later commits), step 4 skips what was committed,
@@ -114,6 +118,13 @@ async def run_takeover(
     observer = observer or TakeoverObserver()
     started_s = time.monotonic()
     dead = takeover.node_id
+
+    async def progress() -> None:
+        """Tell the controller this attempt moves (its no-progress deadline starts again)."""
+        await metadata.report_takeover_progress(
+            node_id=dead, taker_node_id=node_id, taker_node_epoch=node_epoch
+        )
+
     path = await attach_wal(attach_cmd, node_id=dead, wal_path=takeover.wal_path, timeout_s=attach_timeout_s)
     wal: DeadWal = await asyncio.to_thread(read_dead_wal, path, node_id=dead)
     taken = await metadata.takeover_streams(node_id=dead, taker_node_id=node_id, taker_node_epoch=node_epoch)
@@ -133,6 +144,8 @@ async def run_takeover(
         )  # fmt: skip
     for wal_offset, mutations in plan.kv_records:
         await apply_record(metadata, mutations, node_id=dead, wal_offset=wal_offset)
+    if plan.kv_records:
+        await progress()
     uploader = ObjectUploader(
         storage=storage,
         metadata=metadata,
@@ -152,6 +165,7 @@ async def run_takeover(
         await _upload_group(uploader, metadata, group, config)
         commit_count += 1
         uploaded_bytes += sum(s.payload_bytes for s in group)
+        await progress()
         await observer.after_commit(takeover, commit_count)
     await observer.before_finish(takeover)
     await metadata.finish_takeover(

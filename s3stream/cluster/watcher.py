@@ -13,7 +13,8 @@ One :class:`ClusterWatcher` per node polls the shared metadata every ``s3.cluste
   the open :class:`~s3stream.engine.client.Stream`.
 - **takes over** a dead node when a RUNNING takeover names this session as taker: the
   :data:`TakeoverRunner` runs it (once per attempt at a time; a failed run is retried after
-  :data:`RUNNER_RETRY_S`), and the streams it returns (taken over and closed) are opened here as gains,
+  :data:`RUNNER_RETRY_S`; after ``run_failures_max`` failed runs the attempt is given back to the
+  controller, ``give_back_takeover``), and the streams it returns (taken over and closed) are opened here as gains,
   unless an assignment row sends one elsewhere or another node opened it first.
 - on a **fence** of the node (:meth:`on_fenced`, a heartbeat listener): publishes "lost" for every
   stream open here and ends the subscriptions with the fence's error; it stops polling.
@@ -48,6 +49,8 @@ GAINS_MAX = 8
 """Stream opens of one poll in flight at once (they overlap on a multi-connection store)."""
 RUNNER_RETRY_S = 1.0
 """Wait before a failed takeover run is started again (while the takeover still names this session)."""
+RUN_FAILURES_MAX = 3
+"""Failed runs of one takeover attempt after which this node gives the attempt back."""
 
 
 async def no_takeover(takeover: TakeoverInfo) -> Sequence[StreamId]:
@@ -73,7 +76,11 @@ class ClusterWatcher:
         poll_ms: int,
         takeover_runner: TakeoverRunner = no_takeover,
         clock: Callable[[], float] | None = None,
+        run_failures_max: int = RUN_FAILURES_MAX,
     ) -> None:
+        if run_failures_max <= 0:
+            raise ValueError(f"run_failures_max must be positive, got {run_failures_max}")
+        self.run_failures_max = run_failures_max
         self.engine = engine
         self.metadata = metadata
         self.hub = hub
@@ -86,6 +93,8 @@ class ClusterWatcher:
         self._runs: dict[int, asyncio.Task[None]] = {}
         """Dead node id -> its takeover run in progress here."""
         self._run_failed_at: dict[tuple[int, int], float] = {}
+        self._run_failures: dict[tuple[int, int], int] = {}
+        """(dead node id, attempt) -> failed runs of that attempt here."""
         self._run_done: set[tuple[int, int]] = set()
         """(dead node id, attempt) of the takeover runs that returned here (never run again)."""
         self.hub_closed = False
@@ -173,6 +182,7 @@ class ClusterWatcher:
         moves: dict[int, list[StreamHandle]] = {}
         gains: list[StreamId] = []
         strays: list[StreamId] = []
+        settles: list[StreamId] = []
         for row in rows:
             sid = row.stream_id
             if sid in self._busy:
@@ -189,6 +199,8 @@ class ClusterWatcher:
                     strays.append(sid)
             elif handle is None:
                 gains.append(sid)
+            elif handle.status is Status.OPEN and handle.moved_to is None:
+                settles.append(sid)  # sent back here before this node let it go
         for sid in list(self._adopt):
             if sid not in targeted and sid not in self._busy and sid not in self.engine.streams:
                 gains.append(sid)
@@ -198,6 +210,8 @@ class ClusterWatcher:
             self._spawn(self._close_strays(strays), strays)
         if gains:
             self._spawn(self._gain(gains), gains)
+        if settles:
+            self._spawn(self._settle(settles), settles)
         await self._poll_takeovers()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], stream_ids: Iterable[StreamId]) -> None:
@@ -229,6 +243,13 @@ class ClusterWatcher:
         for handle in gone:
             log.info("stream %d moved to node %d", handle.stream_id, to_node_id)
             self.hub.publish(AssignmentEvent("lost", handle.stream_id))
+
+    async def _settle(self, stream_ids: list[StreamId]) -> None:
+        """Rows sending streams this node holds open (and never started moving) back to it: removed."""
+        for sid in stream_ids:
+            await self.metadata.settle_assignment(
+                stream_id=sid, node_id=self.engine.node_id, node_epoch=self.engine.node_epoch
+            )
 
     async def _close_strays(self, stream_ids: list[StreamId]) -> None:
         """Streams reassigned away that this node still holds OPENED in metadata with no open handle
@@ -312,9 +333,24 @@ class ClusterWatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a task boundary: the takeover stays RUNNING, run again
-            self._run_failed_at[(takeover.node_id, takeover.attempt)] = self._clock()
-            log.warning("takeover of node %d (attempt %d) failed, retrying: %r",
-                        takeover.node_id, takeover.attempt, exc)  # fmt: skip
+            key = (takeover.node_id, takeover.attempt)
+            self._run_failed_at[key] = self._clock()
+            failures = self._run_failures[key] = self._run_failures.get(key, 0) + 1
+            if failures < self.run_failures_max:
+                log.warning("takeover of node %d (attempt %d) failed %d time(s), retrying: %r",
+                            takeover.node_id, takeover.attempt, failures, exc)  # fmt: skip
+                return
+            log.error("takeover of node %d (attempt %d) failed %d times, giving the attempt back: %r",
+                      takeover.node_id, takeover.attempt, failures, exc)  # fmt: skip
+            self._run_done.add(key)
+            try:
+                await self.metadata.give_back_takeover(
+                    node_id=takeover.node_id,
+                    taker_node_id=self.engine.node_id,
+                    taker_node_epoch=self.engine.node_epoch,
+                )
+            except S3StreamError as give_back_error:  # the controller re-assigned it meanwhile
+                log.warning("takeover of node %d: give back refused: %s", takeover.node_id, give_back_error)
             return
         self._run_done.add((takeover.node_id, takeover.attempt))
         self._adopt.update(taken)

@@ -22,8 +22,8 @@ from s3stream.metadata.base import (
     CommittedObject,
     MetadataStore,
     StreamMetadata,
-    StreamState,
 )
+from s3stream.metadata.cluster_ops import held_by
 from s3stream.model import FetchedBatch, RecordBatch
 
 
@@ -179,11 +179,6 @@ DESCRIBES_MAX = 8
 """``reassign`` checks at most this many streams one by one per poll; more: one ``list_streams``."""
 
 
-def _held_by(meta: StreamMetadata, node_id: int) -> bool:
-    """Whether ``node_id`` holds the stream open (it is OPENED and its last range is that node's)."""
-    return meta.state is StreamState.OPENED and bool(meta.ranges) and meta.ranges[-1].node_id == node_id
-
-
 class StreamClient:
     def __init__(self, engine: Engine, metadata: MetadataStore, hub: AssignmentHub | None = None) -> None:
         self._engine = engine
@@ -214,13 +209,14 @@ class StreamClient:
         poll_s = self._engine.config.cluster_poll_ms / 1000
         waiting = list(dict.fromkeys(ids))
         while True:
+            # Held: OPENED on to_node with no row left (a stream sent back to its owner mid-move is
+            # still OPENED there until the move closes it; the owner's reopen removes the row).
+            rows = {row.stream_id for row in await self._metadata.list_assignments()}
             if len(waiting) > DESCRIBES_MAX:  # one listing instead of many describes
-                held = {m.stream_id for m in await self._metadata.list_streams() if _held_by(m, to_node)}
-                waiting = [sid for sid in waiting if sid not in held]
+                held = {m.stream_id for m in await self._metadata.list_streams() if held_by(m, to_node)}
             else:
-                waiting = [
-                    sid for sid in waiting if not _held_by(await self._metadata.describe_stream(sid), to_node)
-                ]
+                held = {sid for sid in waiting if held_by(await self._metadata.describe_stream(sid), to_node)}
+            waiting = [sid for sid in waiting if sid not in held or sid in rows]
             if not waiting:
                 return
             if loop.time() >= deadline:

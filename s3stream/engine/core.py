@@ -25,7 +25,7 @@ from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_record
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
-from s3stream.engine.recovery import plan_replay
+from s3stream.engine.recovery import after_takeover, plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
@@ -536,11 +536,25 @@ class Engine:
     async def _recover(self, opening: list[StreamMetadata]) -> None:
         """Replay untrimmed WAL records of this node's open streams, upload them, close the streams."""
         records = await self.wal.recover()
-        applied_offset = await self.metadata.kv_applied_offset(self.node_id)
-        plan = plan_replay(records, opening, kv_applied_offset=applied_offset)
+        stored_applied = applied_offset = await self.metadata.kv_applied_offset(self.node_id)
+        own = [t for t in await self.metadata.list_takeovers() if t.node_id == self.node_id]
+        adjust = after_takeover(
+            own[0] if own else None,
+            opening,
+            kv_applied_offset=applied_offset,
+            wal_end_offset=max((offset + 1 for offset, _ in records), default=0),
+        )
+        if adjust.kv_applied_offset != applied_offset:
+            log.warning(
+                "WAL records after offset %d were written after this node was fenced and taken over: "
+                "their KV changes were never acknowledged and are not applied",
+                applied_offset,
+            )
+            applied_offset = adjust.kv_applied_offset
+        plan = plan_replay(records, opening, kv_applied_offset=applied_offset, handed_back=adjust.handed_back)
         for wal_offset, mutations in plan.kv_records:
             await apply_record(self.metadata, mutations, node_id=self.node_id, wal_offset=wal_offset)
-        if applied_offset != plan.wal_end_offset - 1 and not plan.kv_records:
+        if stored_applied != plan.wal_end_offset - 1 and not plan.kv_records:
             # Everything this WAL holds is applied (or it is a new WAL: offsets start again at 0, so
             # a mark left by a lost WAL would hide its records).
             await self.metadata.kv_apply([], node_id=self.node_id, wal_offset=plan.wal_end_offset - 1)

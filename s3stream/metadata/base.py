@@ -126,6 +126,9 @@ class TakeoverState(enum.IntEnum):
     RUNNING = 1
     """Assigned to ``taker_node_id`` / ``taker_node_epoch``."""
     DONE = 2
+    FAILED = 3
+    """Given up after ``s3.wal.failover.attempts.max`` attempts: the slot is free, the taken streams
+    were handed back to the dead node, which may register again and replay its own WAL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,7 @@ class TakeoverInfo:
     """Takers assigned so far (1 for the first; 0 while none ever was)."""
     created_at_ms: int
     updated_at_ms: int
+    """The last change or progress report (the controller's no-progress deadline counts from it)."""
     wal_end_offset: int = -1
     """DONE: one past the last WAL record the taker replayed (-1 unknown)."""
 
@@ -545,8 +549,49 @@ class MetadataStore(Protocol):
     async def finish_takeover(
         self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int, wal_end_offset: int
     ) -> TakeoverInfo:
-        """Mark the takeover DONE and close every snapshot stream whose last range is the taker's.
-        ConflictError unless it is RUNNING with this taker."""
+        """Mark the takeover DONE and close every snapshot stream whose last range is the taker's;
+        the dead node's applied KV WAL offset becomes at least ``wal_end_offset - 1`` (what the taker
+        read is applied; a record above it was never acknowledged). ConflictError unless it is
+        RUNNING with this taker."""
+        ...
+
+    # -- assignments that cannot finish (s3stream.metadata.cluster_ops; decision 0046) ---------------
+    async def settle_assignment(self, *, stream_id: StreamId, node_id: NodeId, node_epoch: int) -> bool:
+        """Remove the stream's assignment row if it targets ``node_id`` and that node owns the stream
+        (OPENED): a request sent it back before its owner let it go. Returns whether a row went.
+        FencedError unless the session is valid."""
+        ...
+
+    async def redirect_assignments(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        """Rewrite each named assignment row whose target has no valid session (checked in this
+        transaction) to target ``to_node_id`` (which must have one, else NotFoundError
+        NODE_NOT_ALIVE); returns the rows written."""
+        ...
+
+    # -- takeover attempts that fail (s3stream.metadata.cluster_ops; decision 0045) ------------------
+    async def report_takeover_progress(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """The taker made progress: ``updated_at_ms`` becomes now (the controller re-assigns an
+        attempt with no progress for ``s3.wal.failover.progress.leases`` leases). ConflictError
+        unless the takeover is RUNNING with this taker."""
+        ...
+
+    async def give_back_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """The taker gives its attempt up (it failed ``s3.wal.failover.run.failures.max`` times):
+        PENDING without a taker, attempt kept; the controller assigns the next attempt. ConflictError
+        unless the takeover is RUNNING with this taker."""
+        ...
+
+    async def fail_takeover(self, *, node_id: NodeId) -> TakeoverInfo:
+        """Give the in-flight takeover of ``node_id`` up: FAILED (the one in-flight slot is free).
+        Every snapshot stream a taker took and still holds OPENED is handed back to the dead node
+        (a new range of the dead node at the stream's epoch + 1), so the dead node's next session
+        replays them from its own WAL. ConflictError when no takeover of it is in flight."""
         ...
 
     async def close(self) -> None: ...

@@ -6,7 +6,9 @@ The model (``docs/architecture.md``, "Cluster metadata: ownership, assignments, 
 * The *owner* of a stream is the node of its last range while the stream is OPENED.
 * An *assignment* row ``(stream, to node, from node)`` asks the owner to let the stream go and the
   target to open it; the target's open removes the row in the same transaction. One row per stream:
-  a later request overwrites it.
+  a later request overwrites it (a request back to the owner too: the row then targets the owner).
+  A row whose target has no valid session is redirected by the controller
+  (:func:`redirect_assignments`) to its from node if alive, else the next live node.
 * A *takeover* row (one per dead node) records the fencing of a lapsed node session and the
   snapshot of the streams it held OPENED, and which live node (the taker) replays its WAL. At most one
   takeover cluster-wide is PENDING or RUNNING.
@@ -37,6 +39,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.ids import NodeId, StreamId
+from s3stream.metadata import stream_ops
 from s3stream.metadata.base import (
     Assignment,
     RangeMetadata,
@@ -72,6 +75,11 @@ def owner_of(stream: StreamMetadata) -> int:
     if stream.state != StreamState.OPENED or not stream.ranges:
         return -1
     return int(stream.ranges[-1].node_id)
+
+
+def held_by(stream: StreamMetadata, node_id: int) -> bool:
+    """Whether ``node_id`` holds the stream open (:func:`owner_of` is that node)."""
+    return owner_of(stream) == node_id >= 0
 
 
 def node_alive(view: StateView, node_id: int, now_ms: int) -> bool:
@@ -145,11 +153,56 @@ def request_reassign(
         owner = owner_of(stream)
         if owner == to_node_id:
             if view.assignment(stream_id) is not None:
-                txn.write(RemoveAssignment(stream_id))  # the later request wins: stay where it is
+                # The later request wins: back to the owner. The row stays, rewritten to target the
+                # owner: a move the owner already started ends with the stream CLOSED, and the owner
+                # then opens it again (its gain removes the row); an owner that had not started the
+                # move settles the row (settle_assignment) while it holds the stream open.
+                row = Assignment(stream_id, to_node_id, owner, now_ms)
+                txn.write(PutAssignment(row))
+                written.append(row)
             continue
         row = Assignment(stream_id, to_node_id, owner, now_ms)
         txn.write(PutAssignment(row))
         written.append(row)
+    return written
+
+
+def settle_assignment(
+    txn: Txn, *, stream_id: StreamId, node_id: NodeId, node_epoch: int, now_ms: int
+) -> bool:
+    """Remove the stream's row if it targets ``node_id``, which holds the stream OPENED (a request
+    sent it back to its owner before the owner started moving it). Returns whether a row went."""
+    check_int("stream_id", stream_id, low=0)
+    check_node(node_id, node_epoch)
+    view = txn.view
+    session_check(view, node_id, node_epoch, now_ms)
+    row = view.assignment(stream_id)
+    stream = view.stream(stream_id)
+    if row is None or row.to_node_id != node_id or stream is None or owner_of(stream) != node_id:
+        return False
+    txn.write(RemoveAssignment(stream_id))
+    return True
+
+
+def redirect_assignments(
+    txn: Txn, *, stream_ids: Sequence[StreamId], to_node_id: NodeId, now_ms: int
+) -> list[Assignment]:
+    """Send each named row whose target has no valid session (now, in this transaction) to
+    ``to_node_id``, which must have one: the stream goes there instead of waiting for a node that is
+    gone. A row that is gone or whose target is alive again is left as it is."""
+    check_int("to_node_id", to_node_id, low=0)
+    view = txn.view
+    if not node_alive(view, to_node_id, now_ms):
+        raise NotFoundError(f"node {to_node_id} has no valid session", code=ErrorCode.NODE_NOT_ALIVE)
+    written: list[Assignment] = []
+    for stream_id in sorted(set(stream_ids)):
+        check_int("stream_id", stream_id, low=0)
+        row = view.assignment(stream_id)
+        if row is None or node_alive(view, row.to_node_id, now_ms) or row.to_node_id == to_node_id:
+            continue
+        redirected = dataclasses.replace(row, to_node_id=to_node_id, requested_at_ms=now_ms)
+        txn.write(PutAssignment(redirected))
+        written.append(redirected)
     return written
 
 
@@ -334,8 +387,58 @@ def finish_takeover(
         stream = view.stream(stream_id)
         if stream is not None and owner_of(stream) == taker_node_id:
             put_stream(txn, dataclasses.replace(stream, state=StreamState.CLOSED))
+    if wal_end_offset > 0 and stream_ops.kv_applied_offset(view, node_id=node_id) < wal_end_offset - 1:
+        # What the taker read is applied (or had no KV changes); a record above it was written after
+        # the fence and never acknowledged: the dead node's next session must not apply it.
+        stream_ops.kv_apply(txn, writes=[], node_id=node_id, wal_offset=wal_end_offset - 1)
     done = dataclasses.replace(
         takeover, state=TakeoverState.DONE, wal_end_offset=wal_end_offset, updated_at_ms=now_ms
     )
     txn.write(PutTakeover(done))
     return done
+
+
+# -- takeover attempts that fail (decision 0045) -------------------------------------------------------
+
+
+def report_takeover_progress(
+    txn: Txn, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int, now_ms: int
+) -> TakeoverInfo:
+    takeover = _running_for(txn.view, node_id, taker_node_id, taker_node_epoch, now_ms)
+    updated = dataclasses.replace(takeover, updated_at_ms=now_ms)
+    txn.write(PutTakeover(updated))
+    return updated
+
+
+def give_back_takeover(
+    txn: Txn, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int, now_ms: int
+) -> TakeoverInfo:
+    takeover = _running_for(txn.view, node_id, taker_node_id, taker_node_epoch, now_ms)
+    pending = dataclasses.replace(
+        takeover, state=TakeoverState.PENDING, taker_node_id=-1, taker_node_epoch=-1, updated_at_ms=now_ms
+    )
+    txn.write(PutTakeover(pending))
+    return pending
+
+
+def fail_takeover(txn: Txn, *, node_id: NodeId, now_ms: int) -> TakeoverInfo:
+    """FAILED; each snapshot stream a taker holds OPENED goes back to the dead node (new range at
+    epoch + 1: a taker still running is fenced off it), so the dead node's next session, which
+    ``register_node`` hands its OPENED streams, replays them from its own WAL."""
+    check_int("node_id", node_id, low=0)
+    view = txn.view
+    takeover = in_flight_takeover(view, node_id)
+    if takeover is None:
+        raise ConflictError(f"no takeover of node {node_id} is in flight", code=ErrorCode.STREAM_INNER_ERROR)
+    for stream_id, dead_epoch in sorted(takeover.streams):
+        stream = view.stream(stream_id)
+        if stream is None or stream.state != StreamState.OPENED or owner_of(stream) == node_id:
+            continue  # gone, or never taken: still the dead node's
+        if stream.epoch <= dead_epoch or stream.epoch >= OFFSET_MAX:
+            continue
+        new_range(txn, stream, node_id=node_id, epoch=stream.epoch + 1)
+    failed = dataclasses.replace(
+        takeover, state=TakeoverState.FAILED, taker_node_id=-1, taker_node_epoch=-1, updated_at_ms=now_ms
+    )
+    txn.write(PutTakeover(failed))
+    return failed

@@ -388,6 +388,54 @@ class TransactionalStore(abc.ABC):
             )
         )
 
+    # -- assignments that cannot finish (decision 0046) -------------------------------------------
+    async def settle_assignment(self, *, stream_id: StreamId, node_id: NodeId, node_epoch: int) -> bool:
+        return await self._write_now(
+            partial(
+                cluster_ops.settle_assignment, stream_id=stream_id, node_id=node_id, node_epoch=node_epoch
+            )
+        )
+
+    async def redirect_assignments(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        ids = tuple(stream_ids)
+        return await self._write_now(
+            partial(cluster_ops.redirect_assignments, stream_ids=ids, to_node_id=to_node_id)
+        )
+
+    # -- takeover attempts that fail (decision 0045) -----------------------------------------------
+    async def report_takeover_progress(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.report_takeover_progress,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def give_back_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.give_back_takeover,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def fail_takeover(self, *, node_id: NodeId) -> TakeoverInfo:
+        return await self._write_now(partial(cluster_ops.fail_takeover, node_id=node_id))
+
+    def now_ms(self) -> int:
+        """The store's clock (a PostgreSQL store's is the server's): what leases are judged by."""
+        return self._clock_ms()
+
 
 class LeaseBoundStore(TransactionalStore):
     """A store's view whose write transactions require a session holding a named lease

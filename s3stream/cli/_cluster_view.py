@@ -21,6 +21,7 @@ from s3stream.metadata.base import (
     TakeoverInfo,
     TakeoverState,
 )
+from s3stream.metadata.node_ops import IN_FLIGHT
 
 CLUSTER_COLUMNS = ("wal_pending_bytes", "streams")
 TAKEOVER_COLUMNS = (
@@ -36,7 +37,6 @@ TAKEOVER_COLUMNS = (
 ASSIGNMENT_COLUMNS = ("stream_id", "from_node", "to_node", "age_ms")
 STREAM_IDS_SHOWN_MAX = 8
 """A node's ``streams`` cell lists at most this many ids, then ``+N``."""
-IN_FLIGHT = (TakeoverState.PENDING, TakeoverState.RUNNING)
 
 
 def stream_ids_cell(stream_ids: Sequence[int]) -> str:

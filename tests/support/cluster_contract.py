@@ -139,7 +139,7 @@ class ClusterContract:
         await renew(store, a, b)
         assert await store.list_assignments() == rows, "a heartbeat leaves the rows alone"
 
-    async def test_a_later_request_wins_and_a_request_to_the_owner_drops_the_row(
+    async def test_a_later_request_wins_and_a_request_to_the_owner_targets_the_owner(
         self, store: TransactionalStore, clock: FakeClock
     ) -> None:
         a, b = await session(store, N1), await session(store, N2)
@@ -150,9 +150,16 @@ class ClusterContract:
         (row,) = await store.request_reassign(stream_ids=[stream_id], to_node_id=N3)
         assert await store.list_assignments() == [Assignment(stream_id, N3, N1, clock.now_ms)]
         assert row == Assignment(stream_id, N3, N1, clock.now_ms)
-        assert await store.request_reassign(stream_ids=[stream_id], to_node_id=N1) == []
+        clock.advance(1)
+        # back to the owner: the row now targets the owner (a move it already started ends with its
+        # reopen; one it never started is settled by it)
+        assert await store.request_reassign(stream_ids=[stream_id], to_node_id=N1) == [
+            Assignment(stream_id, N1, N1, clock.now_ms)
+        ]
+        assert await store.list_assignments() == [Assignment(stream_id, N1, N1, clock.now_ms)]
+        assert not await store.settle_assignment(stream_id=stream_id, node_id=N2, node_epoch=b.node_epoch)
+        assert await store.settle_assignment(stream_id=stream_id, node_id=N1, node_epoch=a.node_epoch)
         assert await store.list_assignments() == []
-        assert b.node_id == N2
 
     async def test_a_move_follows_the_assignment_row(
         self, store: TransactionalStore, clock: FakeClock
@@ -391,3 +398,86 @@ class ClusterContract:
             len(await store.takeover_streams(node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch))
             == 1
         )
+
+    # -- assignments that cannot finish, takeover attempts that fail (decisions 0045, 0046) ------------
+    async def test_redirect_sends_rows_of_a_gone_target_elsewhere_in_one_transaction(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a, b = await session(store, N1), await session(store, N2)
+        c = await session(store, N3)
+        moving = await new_stream(store, a)
+        staying = await new_stream(store, a)
+        await store.request_reassign(stream_ids=[moving], to_node_id=N2)
+        await store.request_reassign(stream_ids=[staying], to_node_id=N3)
+        await store.close_stream(node_id=N1, node_epoch=a.node_epoch, stream_id=moving, epoch=0)
+        await store.close_node(node_id=N2, node_epoch=b.node_epoch)  # N2 goes before it gains
+        with raises(NotFoundError, ErrorCode.NODE_NOT_ALIVE):  # the new target must be alive
+            await store.redirect_assignments(stream_ids=[moving], to_node_id=N2)
+        clock.advance(1)
+        written = await store.redirect_assignments(stream_ids=[moving, staying], to_node_id=N1)
+        assert written == [Assignment(moving, N1, N1, clock.now_ms)], "a row to a live target stays"
+        assert [r.to_node_id for r in await store.list_assignments()] == [N1, N3]
+        reopened = await open_as(store, a, moving, 1)  # the open removes the row
+        assert reopened.state == StreamState.OPENED
+        assert [r.stream_id for r in await store.list_assignments()] == [staying]
+        assert c.node_id == N3
+
+    async def test_progress_give_back_and_fail_free_the_slot_and_hand_streams_back(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a = await session(store, N1)
+        stream_id = await new_stream(store, a)
+        await commit(store, a, stream_id, 0, 10)
+        clock.advance(LEASE_MS)
+        b = await session(store, N2)
+        await store.start_takeover(
+            node_id=N1, node_epoch=a.node_epoch, taker_node_id=N2, taker_node_epoch=b.node_epoch
+        )
+        await store.takeover_streams(node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch)
+        clock.advance(5)
+        moved = await store.report_takeover_progress(
+            node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch
+        )
+        assert moved.updated_at_ms == clock.now_ms
+        back = await store.give_back_takeover(node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch)
+        assert (back.state, back.taker_node_id, back.attempt) == (TakeoverState.PENDING, -1, 1)
+        with pytest.raises(ConflictError):  # no longer its attempt
+            await store.report_takeover_progress(node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch)
+        with raises(UnavailableError, ErrorCode.NODE_TAKEOVER_IN_PROGRESS):
+            await session(store, N1)
+        failed = await store.fail_takeover(node_id=N1)
+        assert (failed.state, failed.taker_node_id, failed.attempt) == (TakeoverState.FAILED, -1, 1)
+        with pytest.raises(ConflictError):
+            await store.fail_takeover(node_id=N1)
+        handed = await store.describe_stream(stream_id)
+        assert (handed.state, handed.epoch, handed.ranges[-1].node_id) == (StreamState.OPENED, 2, N1)
+        with pytest.raises(FencedError):  # the taker is off the stream
+            await commit(store, b, stream_id, 10, 20)
+        # the slot is free: another lapsed node can be taken over; the dead node may come back
+        c = await session(store, N3)
+        await new_stream(store, c)
+        clock.advance(LEASE_MS)
+        b = await session(store, N2)
+        started = await store.start_takeover(
+            node_id=N3, node_epoch=c.node_epoch, taker_node_id=N2, taker_node_epoch=b.node_epoch
+        )
+        assert started.state == TakeoverState.RUNNING
+        again = await session(store, N1)
+        opening = await store.register_node(node_id=N1, node_epoch=again.node_epoch)
+        assert [m.stream_id for m in opening] == [stream_id]
+
+    async def test_finish_marks_what_the_taker_read_as_applied_kv(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a = await session(store, N1)
+        await new_stream(store, a)
+        clock.advance(LEASE_MS)
+        b = await session(store, N2)
+        await store.start_takeover(
+            node_id=N1, node_epoch=a.node_epoch, taker_node_id=N2, taker_node_epoch=b.node_epoch
+        )
+        assert await store.kv_applied_offset(N1) == -1
+        await store.finish_takeover(
+            node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch, wal_end_offset=7
+        )
+        assert await store.kv_applied_offset(N1) == 6

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -32,6 +31,7 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
+from s3stream.clock import lease_clock_s
 from s3stream.cluster.controller import CONTROLLER_LEASE, FailoverController
 from s3stream.cluster.events import AssignmentHub
 from s3stream.cluster.takeover import TakeoverObserver, Taker
@@ -367,7 +367,7 @@ async def open_session(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + takeover_wait_ms / 1000
     while True:
-        opened_at_s = time.monotonic()
+        opened_at_s = lease_clock_s()
         try:
             info = await metadata.open_node(node_id=node_id, lease_ms=lease_ms, wal_path=wal_path)
             break

@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
+from s3stream.clock import lease_clock_s
 from s3stream.errors import ErrorCode, FencedError, NotFoundError, S3StreamError
 from s3stream.ids import NodeId
 from s3stream.metadata.base import MetadataStore
@@ -55,7 +55,7 @@ class Heartbeat:
         node_epoch: int,
         lease_ms: int,
         opened_at_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock_s,
     ) -> None:
         """``opened_at_s``: the ``clock`` reading taken just before ``open_node`` was sent (the start of
         the first lease)."""

@@ -31,7 +31,7 @@ from tests.crash.cluster_verify import (
 )
 from tests.support.s3 import S3TestServer
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
 PREPARED_TTL_MS = 10_000
 """Prepared objects of a killed upload expire after this (the final GC waits for it)."""

@@ -28,7 +28,7 @@ from tests.crash.cluster_verify import (
 )
 from tests.support.s3 import S3TestServer
 
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.slow]
 LEASE_MS = 3000
 ACKS_BEFORE_KILL = 200
 

@@ -1,4 +1,4 @@
-"""Node processes of a cluster test (``tests.crash.cluster_node``) and the metadata calls of its driver.
+"""Node processes of a cluster test (``tests.crash.soak_node``) and the metadata calls of its driver.
 
 A :class:`ClusterHarness` starts, kills (SIGKILL), pauses (SIGSTOP / SIGCONT) and stops (SIGTERM) node
 processes on one metadata URL and one bucket URI, each with its own data dir and one ack log per
@@ -29,11 +29,11 @@ from s3stream.metadata.url import open_metadata_store
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 EXIT_FENCED = 3
-"""``cluster_node``'s exit code once it found itself fenced."""
+"""``soak_node``'s exit code once it found itself fenced."""
 
 
 class NodeProcess:
-    """One ``cluster_node`` process (one incarnation of a node id)."""
+    """One ``soak_node`` process (one incarnation of a node id)."""
 
     def __init__(self, harness: ClusterHarness, node_id: int, incarnation: int) -> None:
         self.node_id = node_id
@@ -42,7 +42,7 @@ class NodeProcess:
         logs.mkdir(exist_ok=True)
         self.log_path = logs / f"node-{node_id}-{incarnation}.log"
         self.err_path = logs / f"node-{node_id}-{incarnation}.err"
-        args = [sys.executable, "-m", "tests.crash.cluster_node", str(harness.tmp / f"node-{node_id}"),
+        args = [sys.executable, "-m", "tests.crash.soak_node", str(harness.tmp / f"node-{node_id}"),
                 harness.metadata_url, harness.bucket_uri, str(node_id), str(self.log_path),
                 json.dumps(harness.config_keys)]  # fmt: skip
         with self.err_path.open("w") as err:

@@ -1,6 +1,6 @@
 """The end-of-run checks of the cluster tests: the ack logs against the streams, and the bucket after GC.
 
-Run once every node has stopped. :func:`read_logs` gathers what the producers logged (``cluster_node``
+Run once every node has stopped. :func:`read_logs` gathers what the producers logged (``soak_node``
 log lines); :func:`check_records` reads every stream through ``open_reader`` and returns the violations
 of: every acknowledged record is readable exactly once at the offset it was acknowledged at (an ack
 whose offset holds another record is an ack of a fenced node), every record read was acknowledged or

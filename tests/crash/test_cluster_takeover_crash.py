@@ -1,7 +1,7 @@
 """A takeover whose taker is killed -9 in the middle: the controller gives it to another node, which
 finishes it; every record the dead node acknowledged is then readable where it was acknowledged.
 
-Three ``cluster_node`` processes on the PostgreSQL test server and the Ceph RGW bucket; uploads only
+Three ``soak_node`` processes on the PostgreSQL test server and the Ceph RGW bucket; uploads only
 every 10 minutes, so what node 1 acknowledged is only in its WAL when it is killed. The attach command
 (``s3.wal.failover.attach.cmd``) holds the first taker while a flag file exists: it writes a marker
 naming its node process and sleeps; the test then removes the flag and kills that taker with SIGKILL

@@ -1,6 +1,6 @@
 """One node of the cluster soak: a client that produces to every stream it owns, following assignments().
 
-Usage: python -m tests.crash.cluster_node DATA_DIR METADATA_URL BUCKET_URI NODE_ID LOG_PATH CONFIG_JSON
+Usage: python -m tests.crash.soak_node DATA_DIR METADATA_URL BUCKET_URI NODE_ID LOG_PATH CONFIG_JSON
 
 ``CONFIG_JSON`` maps config key names (``s3.node.lease.ms``, ...) to values. The node opens its client
 (retrying while ``open_node`` refuses with a retriable error: a takeover of this node is in flight),

@@ -32,6 +32,8 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
+from s3stream.cluster.events import AssignmentHub
+from s3stream.cluster.watcher import ClusterWatcher, TakeoverRunner, no_takeover
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
@@ -39,10 +41,10 @@ from s3stream.engine.core import Engine, UploadObserver
 from s3stream.engine.heartbeat import Heartbeat
 from s3stream.engine.reader import ObjectStreamReader
 from s3stream.engine.walport import WriteAheadLog
-from s3stream.errors import InvalidArgumentError
+from s3stream.errors import ErrorCode, InvalidArgumentError, UnavailableError
 from s3stream.facade import SyncClient
 from s3stream.ids import NodeId
-from s3stream.metadata.base import MetadataStore
+from s3stream.metadata.base import MetadataStore, TakeoverState
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import open_metadata_store
 from s3stream.objectformat import ObjectReaderCache
@@ -158,6 +160,7 @@ async def open_client(
         else:
             closers.append(storage.close)
         copied_store, copy = None, None
+        clustered = metadata is not None  # a shared (or given) store: this node follows the cluster
         if metadata is None:
             from s3stream.metadata.sqlite import SqliteMetadataStore
 
@@ -168,8 +171,12 @@ async def open_client(
             closers.append(metadata.close)
         elif not opened_by_url:
             closers.append(metadata.close)
+        wal_file = ""
         if wal is None:
             wal_path = root / WAL_FILE
+            wal_file = str(wal_path.absolute())
+            if clustered:
+                await _wait_for_takeover(metadata, node_id, config)  # the taker reads this WAL meanwhile
             wal_existed = await asyncio.to_thread(wal_path.exists)
             # The WAL takes the data dir's lock before the session is opened. Its header's node epoch
             # only has to be at most the session's: the next epoch as stored now is.
@@ -178,7 +185,14 @@ async def open_client(
             if not wal_existed:
                 created.files.append(wal_path)
         closers.append(wal.close)
-        heartbeat = await open_session(metadata, node_id=node_id, lease_ms=config.node_lease_ms)
+        heartbeat = await open_session(
+            metadata,
+            node_id=node_id,
+            lease_ms=config.node_lease_ms,
+            wal_path=wal_file,
+            takeover_wait_ms=config.close_timeout_ms,
+            retry_ms=config.cluster_poll_ms,
+        )
         closers.append(heartbeat.close)
         epoch = heartbeat.node_epoch
         await binding.bind_storage(
@@ -199,11 +213,27 @@ async def open_client(
             node_epoch=epoch,
             reader=reader,
             upload_observer=upload_observer,
+            lease_check=heartbeat.holds_lease,
         )
         heartbeat.add_listener(engine.fence)
+        heartbeat.wal_pending_bytes = lambda: engine.wal_pending_bytes
         await engine.start()
         engine_closer = len(closers)
         closers.append(engine.close)  # for a failure below; the client closes the engine itself
+        hub = AssignmentHub()
+        watcher, watcher_closer = None, -1
+        if clustered:
+            watcher = ClusterWatcher(
+                engine,
+                metadata,
+                hub,
+                poll_ms=config.cluster_poll_ms,
+                takeover_runner=takeover_runner(config, metadata, storage, node_id=node_id, node_epoch=epoch),
+            )
+            heartbeat.add_listener(watcher.on_fenced)
+            watcher.start()
+            watcher_closer = len(closers)
+            closers.append(watcher.close)  # for a failure below; the client closes it before the engine
         if copied_store is not None and _is_bucket(bucket_uri):
             copy = await _start_metadata_copy(copied_store, storage, config)
             closers.append(copy.close)  # closed after the engine, before the metadata store
@@ -235,21 +265,72 @@ async def open_client(
                 await closer()
         await asyncio.to_thread(created.remove)
         raise
+    pre_closers = []
+    if watcher is not None:
+        del closers[watcher_closer]
+        pre_closers.append(watcher.close)
     del closers[engine_closer]
-    client = Client(engine, metadata, closers=list(reversed(closers)))
+    client = Client(engine, metadata, closers=list(reversed(closers)), hub=hub, pre_closers=pre_closers)
     client.components.update(
         reaper=reaper, compactor=compactor, reader=reader, heartbeat=heartbeat, maintenance=maintenance
     )
+    if watcher is not None:
+        client.components["watcher"] = watcher
     if copy is not None:
         client.components["metadata_copy"] = copy
     return client
 
 
-async def open_session(metadata: MetadataStore, *, node_id: NodeId, lease_ms: int) -> Heartbeat:
+def takeover_runner(
+    config: Config, metadata: MetadataStore, storage: ObjectStorage, *, node_id: NodeId, node_epoch: int
+) -> TakeoverRunner:
+    """What this node runs when the controller assigns it a dead node's takeover."""
+    return no_takeover
+
+
+async def _wait_for_takeover(metadata: MetadataStore, node_id: NodeId, config: Config) -> None:
+    """Wait while a takeover of this node is PENDING or RUNNING (its taker reads this node's WAL, which
+    must not be opened for writing meanwhile): at most ``s3.close.timeout.ms``, then UnavailableError
+    (NODE_TAKEOVER_IN_PROGRESS, retriable)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.close_timeout_ms / 1000
+    while True:
+        takeovers = await metadata.list_takeovers()
+        if not any(t.node_id == node_id and t.state is not TakeoverState.DONE for t in takeovers):
+            return
+        if loop.time() >= deadline:
+            raise UnavailableError(
+                f"node {node_id}: a takeover of this node is still in progress after s3.close.timeout.ms "
+                f"({config.close_timeout_ms} ms); open again once it is done",
+                code=ErrorCode.NODE_TAKEOVER_IN_PROGRESS,
+            )
+        await asyncio.sleep(config.cluster_poll_ms / 1000)
+
+
+async def open_session(
+    metadata: MetadataStore,
+    *,
+    node_id: NodeId,
+    lease_ms: int,
+    wal_path: str = "",
+    takeover_wait_ms: int = 0,
+    retry_ms: int = 100,
+) -> Heartbeat:
     """Open the node's session (a new, database-issued node epoch), fence ``metadata``'s writes to it
-    (``bind_node``, when the store supports it) and start its heartbeat."""
-    opened_at_s = time.monotonic()
-    info = await metadata.open_node(node_id=node_id, lease_ms=lease_ms)
+    (``bind_node``, when the store supports it) and start its heartbeat. ``wal_path`` (absolute) is
+    recorded for a taker. While a takeover of this node is in flight the open is refused
+    (NODE_TAKEOVER_IN_PROGRESS): retried every ``retry_ms`` for up to ``takeover_wait_ms``, then raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + takeover_wait_ms / 1000
+    while True:
+        opened_at_s = time.monotonic()
+        try:
+            info = await metadata.open_node(node_id=node_id, lease_ms=lease_ms, wal_path=wal_path)
+            break
+        except UnavailableError as exc:
+            if exc.code is not ErrorCode.NODE_TAKEOVER_IN_PROGRESS or loop.time() >= deadline:
+                raise
+        await asyncio.sleep(retry_ms / 1000)
     if isinstance(metadata, TransactionalStore):
         metadata.bind_node(node_id, info.node_epoch)
     heartbeat = Heartbeat(

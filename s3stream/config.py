@@ -89,6 +89,9 @@ class Config:
     stream_object_compaction_interval_minutes: int = 60
     stream_object_compaction_max_size_bytes: int = 10 * GiB
     network_baseline_bandwidth_bytes: int = 1 * GiB
+    # -- cluster: reassignment and failover ----------------------------------------------------
+    cluster_poll_ms: int = 100
+    wal_failover_attach_cmd: str = ""
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -239,6 +242,11 @@ KEYS: tuple[Key, ...] = (
         1 * MiB, 1 << 50, "AutoMQ 10 GiB"),
     Key("s3.network.baseline.bandwidth", "network_baseline_bandwidth_bytes", int, 1 * MiB, 1 << 50,
         "AutoMQ 1.7.3 1 GiB/s"),
+    Key("s3.cluster.poll.ms", "cluster_poll_ms", int, 1, 60_000,
+        "how often a node polls stream assignments and takeovers (and the controller scans nodes); ours 100"),
+    Key("s3.wal.failover.attach.cmd", "wal_failover_attach_cmd", str, None, None,
+        "shell command a taker runs before opening a dead node's WAL ({node_id}, {wal_path} substituted); "
+        "the last non-empty stdout line, if any, is the path to open; non-zero exit fails the attempt"),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from s3stream.config import Config
@@ -92,7 +92,10 @@ class Engine:
         reader: ObjectStreamReaderLike | None = None,
         upload_observer: UploadObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease_check: Callable[[], bool] | None = None,
     ) -> None:
+        """``lease_check``: the node lease (``Heartbeat.holds_lease``); appends are acknowledged only
+        while it holds (:mod:`s3stream.engine.append`). None: an embedded engine with no lease."""
         self.config = config
         self.wal = wal
         self.metadata = metadata
@@ -146,6 +149,7 @@ class Engine:
             stats=self.stats,
             clock=clock,
         )
+        self._appends.lease_check = lease_check
         self.append = self._appends.append
         self.append_one = self._appends.append_one
         self.force_upload = self._pipeline.force_upload
@@ -219,6 +223,11 @@ class Engine:
         """True once the node's session is lost (:meth:`fence`, or a commit refused for the node)."""
         failed = self._supervisor.failed
         return isinstance(failed, FencedError) and failed.code in NODE_FENCE_CODES
+
+    @property
+    def wal_pending_bytes(self) -> int:
+        """WAL bytes of records not uploaded yet (what a takeover of this node would replay)."""
+        return self._trim_tracker.live_bytes
 
     def _check_alive(self) -> None:
         self._supervisor.check_alive()
@@ -308,6 +317,10 @@ class Engine:
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
         handle.close_timed_out = False
+        await self._finish_close(handle, was_fenced=was_fenced)
+
+    async def _finish_close(self, handle: StreamHandle, *, was_fenced: bool) -> None:
+        """:meth:`close_stream` of a handle already marked CLOSING (no appends admitted)."""
         drained = wait_drained(handle)
         if drained is not None:
             await asyncio.gather(drained, return_exceptions=True)
@@ -335,6 +348,39 @@ class Engine:
                 handle.status = Status.CLOSED
             if handle.status is not Status.CLOSING and self.streams.get(handle.stream_id) is handle:
                 del self.streams[handle.stream_id]
+
+    async def move_streams(self, handles: Sequence[StreamHandle], to_node_id: int) -> list[StreamHandle]:
+        """Give up streams reassigned to ``to_node_id``: at once every later append of them raises
+        MovedError naming that node; the appends in flight finish (acknowledged or failed as usual);
+        then each is closed as by :meth:`close_stream` (its data forced up, closed in metadata). All
+        of them stop taking appends before the first upload, so one upload carries their data.
+
+        Returns the handles no longer open here (CLOSED, or FENCED: a stream-level refusal). A close
+        that failed or timed out leaves its stream *closing* with ``moved_to`` set; a later call
+        retries it. A node-level fence is raised."""
+        self._check_alive()
+        moving = []
+        for handle in handles:
+            timed_out = handle.status is Status.CLOSING and handle.close_timed_out
+            if handle.status is Status.OPEN or timed_out:
+                handle.moved_to = to_node_id
+                handle.status = Status.CLOSING  # appends refused from here on, with MovedError
+                handle.close_timed_out = False
+                moving.append(handle)
+        gone = []
+        for handle in moving:
+            try:
+                await self._finish_close(handle, was_fenced=False)
+            except FencedError as exc:
+                if exc.code in NODE_FENCE_CODES:
+                    raise
+                log.warning("stream %d: move to node %d refused: %s", handle.stream_id, to_node_id, exc)
+            except S3StreamError as exc:
+                log.warning("stream %d: move to node %d: close failed (retried): %s",
+                            handle.stream_id, to_node_id, exc)  # fmt: skip
+            if handle.status is not Status.CLOSING:
+                gone.append(handle)
+        return gone
 
     async def trim_stream(self, handle: StreamHandle, new_start_offset: int) -> None:
         handle.check_writable()

@@ -72,6 +72,8 @@ class Heartbeat:
         self._listeners: list[FenceListener] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.wal_pending_bytes: Callable[[], int] = lambda: -1
+        """What each renewal reports as the node's un-uploaded WAL bytes (the engine's, once wired)."""
 
     @property
     def lease_deadline_s(self) -> float:
@@ -141,7 +143,10 @@ class Heartbeat:
         try:
             async with asyncio.timeout(max(self._deadline_s - sent_s, 0.0)):
                 await self.metadata.heartbeat(
-                    node_id=self.node_id, node_epoch=self.node_epoch, lease_ms=self.lease_ms
+                    node_id=self.node_id,
+                    node_epoch=self.node_epoch,
+                    lease_ms=self.lease_ms,
+                    wal_pending_bytes=self.wal_pending_bytes(),
                 )
         except FencedError as exc:
             self.fence(exc)

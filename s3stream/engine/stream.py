@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from s3stream.engine.logcache import CachedBatch
-from s3stream.errors import ClosedError, FencedError, S3StreamError
+from s3stream.errors import ClosedError, FencedError, MovedError, S3StreamError
 from s3stream.ids import StreamId
 
 
@@ -101,11 +101,18 @@ class StreamHandle:
     append_failure: S3StreamError | None = None
     """Set once the stream's unacknowledged appends fail: those still in flight fail with it when
     they complete (:func:`s3stream.engine.sequencer.fail_stream`)."""
+    moved_to: int | None = None
+    """The node this stream is being moved to (a reassignment): set before its close starts, so every
+    later append raises MovedError naming that node while the appends in flight finish."""
 
     def check_writable(self) -> None:
         if self.status is Status.FENCED:
             raise self.error or FencedError(f"stream {self.stream_id} is fenced")
         if self.status is not Status.OPEN:
+            if self.moved_to is not None:
+                raise MovedError(
+                    f"stream {self.stream_id} moved to node {self.moved_to}", owner_node_id=self.moved_to
+                )
             raise ClosedError(f"stream {self.stream_id} is {self.status.value}")
 
     def check_readable(self) -> None:

@@ -116,6 +116,68 @@ class LeaseInfo:
     expires_at_ms: int
 
 
+class TakeoverState(enum.IntEnum):
+    """Where the takeover of a dead node stands (``docs/architecture.md``, cluster metadata)."""
+
+    PENDING = 0
+    """Fenced; no live taker assigned (there was no live node to take it)."""
+    RUNNING = 1
+    """Assigned to ``taker_node_id`` / ``taker_node_epoch``."""
+    DONE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverInfo:
+    """The takeover of a dead node's streams and WAL: one row per dead node (the in-flight one, or
+    the last DONE). At most one row cluster-wide is PENDING or RUNNING."""
+
+    node_id: NodeId
+    """The dead node."""
+    node_epoch: int
+    """Its lapsed session's epoch."""
+    fence_epoch: int
+    """The node epoch written to fence it (``node_epoch + 1``)."""
+    wal_path: str
+    """The dead node's WAL as its ``open_node`` recorded it ("" unknown)."""
+    streams: tuple[tuple[StreamId, int], ...]
+    """(stream id, the dead node's stream epoch) of every stream it held OPENED at the fence."""
+    state: TakeoverState
+    taker_node_id: int
+    """-1: none."""
+    taker_node_epoch: int
+    """-1: none."""
+    attempt: int
+    """Takers assigned so far (1 for the first; 0 while none ever was)."""
+    created_at_ms: int
+    updated_at_ms: int
+    wal_end_offset: int = -1
+    """DONE: one past the last WAL record the taker replayed (-1 unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A requested move of a stream to ``to_node_id`` (one row per stream; a later request
+    overwrites it). Removed by the open that completes the move."""
+
+    stream_id: StreamId
+    to_node_id: NodeId
+    from_node_id: int
+    """The owner when requested; -1: the stream was not open anywhere."""
+    requested_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRuntime:
+    """What a node reports of itself besides its session: its WAL's path and un-uploaded bytes."""
+
+    node_id: NodeId
+    wal_path: str
+    """"" unknown."""
+    wal_pending_bytes: int
+    """Un-uploaded WAL bytes at the last heartbeat; -1 unknown."""
+    updated_at_ms: int
+
+
 @dataclass(frozen=True, slots=True)
 class StreamOffsetRange:
     """One stream's ``[start_offset, end_offset)`` inside an object, with its payload bytes."""
@@ -220,15 +282,20 @@ class MetadataStore(Protocol):
         range it owns. A lower epoch than the stored one -> FencedError(NODE_EPOCH_EXPIRED)."""
         ...
 
-    async def open_node(self, *, node_id: NodeId, lease_ms: int) -> NodeInfo:
+    async def open_node(self, *, node_id: NodeId, lease_ms: int, wal_path: str = "") -> NodeInfo:
         """Register or re-register a node: its epoch becomes the stored one + 1 (1 for a new node),
-        which fences every older session of the node; its lease expires ``lease_ms`` from now."""
+        which fences every older session of the node; its lease expires ``lease_ms`` from now.
+        ``wal_path`` is recorded in its node runtime. While a takeover of the node is PENDING or
+        RUNNING -> UnavailableError(NODE_TAKEOVER_IN_PROGRESS), nothing written."""
         ...
 
-    async def heartbeat(self, *, node_id: NodeId, node_epoch: int, lease_ms: int) -> NodeInfo:
-        """Renew the session's lease to ``lease_ms`` from now. A session whose epoch is not the
-        current one, or whose lease has expired, -> FencedError(NODE_FENCED): an expired lease is
-        never revived (open the node again); an unknown node has no session: the same error."""
+    async def heartbeat(
+        self, *, node_id: NodeId, node_epoch: int, lease_ms: int, wal_pending_bytes: int = -1
+    ) -> NodeInfo:
+        """Renew the session's lease to ``lease_ms`` from now (and record ``wal_pending_bytes`` in its
+        node runtime). A session whose epoch is not the current one, or whose lease has expired,
+        -> FencedError(NODE_FENCED): an expired lease is never revived (open the node again); an
+        unknown node has no session: the same error."""
         ...
 
     async def close_node(self, *, node_id: NodeId, node_epoch: int) -> None:
@@ -376,6 +443,62 @@ class MetadataStore(Protocol):
 
     async def kv_applied_offset(self, node_id: NodeId) -> int:
         """The WAL offset of ``node_id``'s last KV record applied through :meth:`kv_apply`; -1 if none."""
+        ...
+
+    # -- cluster: node runtime, assignments, takeovers (s3stream.metadata.cluster_ops) ---------
+    async def list_node_runtime(self) -> list[NodeRuntime]:
+        """Every node's runtime row, by node id."""
+        ...
+
+    async def request_reassign(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        """Request that the streams move to ``to_node_id``, in one transaction: one assignment row
+        per stream (overwriting an earlier one). A stream already OPENED by ``to_node_id`` gets none
+        (and loses an older row); the rows written are returned. Unknown stream ->
+        NotFoundError(STREAM_NOT_EXIST); ``to_node_id`` without a valid session ->
+        NotFoundError(NODE_NOT_ALIVE). Unguarded: any process may request."""
+        ...
+
+    async def list_assignments(self) -> list[Assignment]:
+        """Every assignment row, by stream id."""
+        ...
+
+    async def start_takeover(
+        self, *, node_id: NodeId, node_epoch: int, taker_node_id: int, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """The controller's one transaction: fence the lapsed session ``(node_id, node_epoch)`` (node
+        epoch + 1, lease expired), snapshot its OPENED streams, drop the assignments targeting it,
+        and hand the takeover to the taker (RUNNING; ``taker_node_id`` -1: PENDING). A node owning no
+        OPENED stream gets a DONE row at once. ConflictError unless ``node_epoch`` is the node's
+        current epoch and its lease lapsed, or while another takeover is PENDING/RUNNING;
+        NotFoundError(NODE_NOT_ALIVE) when the taker has no valid session."""
+        ...
+
+    async def reassign_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """Give the in-flight takeover of ``node_id`` a new (valid) taker: attempt + 1, RUNNING."""
+        ...
+
+    async def list_takeovers(self) -> list[TakeoverInfo]:
+        """Every takeover row (in flight, and the last DONE per node), by node id."""
+        ...
+
+    async def takeover_streams(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> list[tuple[StreamMetadata, int]]:
+        """The taker takes every snapshot stream still OPENED: each is opened as the taker at its
+        stored epoch + 1 with a new range at its end offset (unless its last range is already the
+        taker's from this takeover). Returns (stream after, the dead node's stream epoch), by stream
+        id. ConflictError unless the takeover of ``node_id`` is RUNNING with this taker."""
+        ...
+
+    async def finish_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int, wal_end_offset: int
+    ) -> TakeoverInfo:
+        """Mark the takeover DONE and close every snapshot stream whose last range is the taker's.
+        ConflictError unless it is RUNNING with this taker."""
         ...
 
     async def close(self) -> None: ...

@@ -1,0 +1,304 @@
+"""The node's side of stream ownership: it follows the cluster's assignments and takeovers and acts on them.
+
+One :class:`ClusterWatcher` per node polls the shared metadata every ``s3.cluster.poll.ms``
+(:meth:`ClusterWatcher.poll_once`) and:
+
+- **loses** a stream it holds open that an assignment row sends to another node: every later append
+  raises MovedError naming the target, the appends in flight finish, the stream's data is forced up and
+  it is closed in metadata (:meth:`~s3stream.engine.core.Engine.move_streams`, all streams of one target
+  in one batch), then a "lost" event is published. A stream this node still holds OPENED in metadata
+  without an open handle (a close that failed after its upload) is closed in metadata the same way.
+- **gains** a stream an assignment row sends to this node once it is CLOSED: it is opened at its
+  stored epoch + 1 (the open removes the row in the same transaction) and a "gained" event carries
+  the open :class:`~s3stream.engine.client.Stream`.
+- **takes over** a dead node when a RUNNING takeover names this session as taker: the
+  :data:`TakeoverRunner` runs it (once per attempt at a time; a failed run is retried after
+  :data:`RUNNER_RETRY_S`), and the streams it returns (taken over and closed) are opened here as gains,
+  unless an assignment row sends one elsewhere or another node opened it first.
+- on a **fence** of the node (:meth:`on_fenced`, a heartbeat listener): publishes "lost" for every
+  stream open here and ends the subscriptions with the fence's error; it stops polling.
+
+Every action runs in a task of its own, so a slow upload or takeover never delays the polls; a stream
+is in at most one action at a time. Correctness rests on polling alone; the poll interval bounds the
+time a row waits to be seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any
+
+from s3stream.cluster.events import AssignmentEvent, AssignmentHub
+from s3stream.engine.client import Stream
+from s3stream.engine.core import NODE_FENCE_CODES, Engine, Status, StreamHandle
+from s3stream.errors import FencedError, NotFoundError, S3StreamError
+from s3stream.ids import StreamId
+from s3stream.metadata.base import Assignment, MetadataStore, StreamState, TakeoverInfo, TakeoverState
+
+log = logging.getLogger(__name__)
+
+TakeoverRunner = Callable[[TakeoverInfo], Awaitable[Sequence[StreamId]]]
+"""Runs the takeover of a dead node assigned to this node's session (the taker's work, see
+``s3stream.cluster.takeover``); returns the streams it took over and closed (this node opens them next)."""
+
+RUNNER_RETRY_S = 1.0
+"""Wait before a failed takeover run is started again (while the takeover still names this session)."""
+
+
+async def no_takeover(takeover: TakeoverInfo) -> Sequence[StreamId]:
+    """The default runner: takes nothing over (a node that is never a taker)."""
+    log.warning(
+        "takeover of node %d assigned to this node, but no takeover runner is wired", takeover.node_id
+    )
+    return ()
+
+
+class ClusterWatcher:
+    """Polls assignments and takeovers for one node session and carries out its losses and gains.
+
+    Invariant: a stream id is in ``_busy`` while exactly one action (move, gain, close) on it runs;
+    no second action starts on it meanwhile."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        metadata: MetadataStore,
+        hub: AssignmentHub,
+        *,
+        poll_ms: int,
+        takeover_runner: TakeoverRunner = no_takeover,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metadata = metadata
+        self.hub = hub
+        self.poll_ms = poll_ms
+        self.takeover_runner = takeover_runner
+        self._clock = clock or asyncio.get_running_loop().time
+        self._busy: set[StreamId] = set()
+        self._adopt: set[StreamId] = set()
+        """Streams a takeover run here closed: opened here next unless a row sends them elsewhere."""
+        self._runs: dict[int, asyncio.Task[None]] = {}
+        """Dead node id -> its takeover run in progress here."""
+        self._run_failed_at: dict[tuple[int, int], float] = {}
+        self._run_done: set[tuple[int, int]] = set()
+        """(dead node id, attempt) of the takeover runs that returned here (never run again)."""
+        self.hub_closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+        self._stopped = False
+        self.poll_count = 0
+        self.poll_error: BaseException | None = None
+        """The last poll's failure (None after a successful poll)."""
+
+    @property
+    def node_id(self) -> int:
+        return self.engine.node_id
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None and not self._stopped:
+            self._task = asyncio.create_task(self._loop(), name="s3stream-cluster-watcher")
+
+    def wake(self) -> None:
+        """Poll now instead of at the next interval (a notification arrived)."""
+        self._wakeup.set()
+
+    async def close(self) -> None:
+        """Stop polling and cancel the actions in flight (a move cut short stays *closing*; the
+        engine's close closes it)."""
+        self._stopped = True
+        tasks = [t for t in (self._task, *self._tasks, *self._runs.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._task = None
+
+    def on_fenced(self, error: FencedError) -> None:
+        """The node's session is lost: every stream open here is lost; subscriptions end with ``error``."""
+        if self.hub_closed:
+            return
+        self._stopped = True
+        for handle in list(self.engine.streams.values()):
+            if handle.status is not Status.CLOSED:
+                self.hub.publish(AssignmentEvent("lost", handle.stream_id))
+        self.hub.close(error)
+        self.hub_closed = True
+        for task in (self._task, *self._tasks, *self._runs.values()):
+            if task is not None:
+                task.cancel()
+
+    async def _loop(self) -> None:
+        interval_s = self.poll_ms / 1000
+        while not self._stopped:
+            try:
+                await self.poll_once()
+                self.poll_error = None
+            except FencedError as exc:
+                if exc.code in NODE_FENCE_CODES:
+                    self.on_fenced(exc)
+                    return
+                self.poll_error = exc
+                log.warning("cluster poll failed (retrying): %s", exc)
+            except (S3StreamError, OSError) as exc:
+                self.poll_error = exc
+                log.warning("cluster poll failed (retrying): %s", exc)
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), interval_s)
+
+    # -- one poll --------------------------------------------------------------------------------
+    async def poll_once(self) -> None:
+        """Read the assignments and takeovers once and start the actions they call for."""
+        self.poll_count += 1
+        if self.engine.fenced:
+            return
+        rows = await self.metadata.list_assignments()
+        targeted: dict[StreamId, Assignment] = {row.stream_id: row for row in rows}
+        moves: dict[int, list[StreamHandle]] = {}
+        gains: list[StreamId] = []
+        strays: list[StreamId] = []
+        for row in rows:
+            sid = row.stream_id
+            if sid in self._busy:
+                continue
+            handle = self.engine.streams.get(sid)
+            if row.to_node_id != self.node_id:
+                self._adopt.discard(sid)
+                if handle is not None and (
+                    handle.status is Status.OPEN
+                    or (handle.status is Status.CLOSING and handle.close_timed_out)
+                ):
+                    moves.setdefault(row.to_node_id, []).append(handle)
+                elif handle is None and row.from_node_id == self.node_id:
+                    strays.append(sid)
+            elif handle is None:
+                gains.append(sid)
+        for sid in list(self._adopt):
+            if sid not in targeted and sid not in self._busy and sid not in self.engine.streams:
+                gains.append(sid)
+        for to_node_id, handles in moves.items():
+            self._spawn(self._move(handles, to_node_id), [h.stream_id for h in handles])
+        if strays:
+            self._spawn(self._close_strays(strays), strays)
+        if gains:
+            self._spawn(self._gain(gains), gains)
+        await self._poll_takeovers()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], stream_ids: Iterable[StreamId]) -> None:
+        ids = list(stream_ids)
+        self._busy.update(ids)
+
+        async def run() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except FencedError as exc:
+                if exc.code in NODE_FENCE_CODES:
+                    self.on_fenced(exc)
+                else:
+                    log.warning("cluster action on streams %s refused: %s", ids, exc)
+            except (S3StreamError, OSError) as exc:
+                log.warning("cluster action on streams %s failed (retried on a later poll): %s", ids, exc)
+            finally:
+                self._busy.difference_update(ids)
+
+        task = asyncio.create_task(run(), name="s3stream-cluster-action")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- actions ---------------------------------------------------------------------------------
+    async def _move(self, handles: list[StreamHandle], to_node_id: int) -> None:
+        gone = await self.engine.move_streams(handles, to_node_id)
+        for handle in gone:
+            log.info("stream %d moved to node %d", handle.stream_id, to_node_id)
+            self.hub.publish(AssignmentEvent("lost", handle.stream_id))
+
+    async def _close_strays(self, stream_ids: list[StreamId]) -> None:
+        """Streams reassigned away that this node still holds OPENED in metadata with no open handle
+        (a close whose upload went through but whose metadata close failed): close them now."""
+        for sid in stream_ids:
+            try:
+                meta = await self.metadata.describe_stream(sid)
+            except NotFoundError:
+                continue
+            last = meta.ranges[-1] if meta.ranges else None
+            if meta.state is not StreamState.OPENED or last is None or last.node_id != self.node_id:
+                continue
+            if sid in self.engine.streams:
+                continue
+            await self.engine.force_upload(sid)
+            await self.metadata.close_stream(
+                node_id=self.engine.node_id,
+                node_epoch=self.engine.node_epoch,
+                stream_id=sid,
+                epoch=meta.epoch,
+            )
+            self.hub.publish(AssignmentEvent("lost", sid))
+
+    async def _gain(self, stream_ids: list[StreamId]) -> None:
+        """Open each stream that is CLOSED now at its stored epoch + 1 (the others wait for a later poll)."""
+        for sid in stream_ids:
+            try:
+                meta = await self.metadata.describe_stream(sid)
+            except NotFoundError:
+                self._adopt.discard(sid)
+                continue
+            if meta.state is not StreamState.CLOSED:
+                if sid in self._adopt and meta.ranges and meta.ranges[-1].node_id != self.node_id:
+                    self._adopt.discard(sid)  # another node opened it first
+                continue
+            if sid in self.engine.streams:
+                continue
+            try:
+                handle = await self.engine.open_stream(sid, meta.epoch + 1)
+            except FencedError as exc:
+                if exc.code in NODE_FENCE_CODES:
+                    raise
+                log.info("stream %d: gain deferred: %s", sid, exc)
+                continue
+            except S3StreamError as exc:  # NotOwnerError, a race with another open: a later poll decides
+                log.info("stream %d: gain deferred: %s", sid, exc)
+                continue
+            self._adopt.discard(sid)
+            log.info("stream %d gained at epoch %d", sid, handle.epoch)
+            self.hub.publish(AssignmentEvent("gained", sid, Stream(self.engine, handle)))
+
+    async def _poll_takeovers(self) -> None:
+        for takeover in await self.metadata.list_takeovers():
+            if (
+                takeover.state is not TakeoverState.RUNNING
+                or takeover.taker_node_id != self.node_id
+                or takeover.taker_node_epoch != self.engine.node_epoch
+            ):
+                continue
+            run = self._runs.get(takeover.node_id)
+            if (run is not None and not run.done()) or (takeover.node_id, takeover.attempt) in self._run_done:
+                continue
+            failed_at = self._run_failed_at.get((takeover.node_id, takeover.attempt))
+            if failed_at is not None and self._clock() - failed_at < RUNNER_RETRY_S:
+                continue
+            task = asyncio.create_task(self._run_takeover(takeover), name="s3stream-cluster-takeover")
+            self._runs[takeover.node_id] = task
+
+    async def _run_takeover(self, takeover: TakeoverInfo) -> None:
+        try:
+            taken = await self.takeover_runner(takeover)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a task boundary: the takeover stays RUNNING, run again
+            self._run_failed_at[(takeover.node_id, takeover.attempt)] = self._clock()
+            log.warning("takeover of node %d (attempt %d) failed, retrying: %r",
+                        takeover.node_id, takeover.attempt, exc)  # fmt: skip
+            return
+        self._run_done.add((takeover.node_id, takeover.attempt))
+        self._adopt.update(taken)
+        if taken:
+            self.wake()

@@ -32,8 +32,10 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
+from s3stream.cluster.controller import CONTROLLER_LEASE, FailoverController
 from s3stream.cluster.events import AssignmentHub
-from s3stream.cluster.watcher import ClusterWatcher, TakeoverRunner, no_takeover
+from s3stream.cluster.takeover import TakeoverObserver, Taker
+from s3stream.cluster.watcher import ClusterWatcher, TakeoverRunner
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
@@ -113,6 +115,7 @@ async def open_client(
     bucket_uri: str | None = None,
     config: Config | None = None,
     upload_observer: UploadObserver | None = None,
+    takeover_observer: TakeoverObserver | None = None,
     wal: WriteAheadLog | None = None,
     metadata: MetadataStore | None = None,
     storage: ObjectStorage | None = None,
@@ -223,12 +226,11 @@ async def open_client(
         hub = AssignmentHub()
         watcher, watcher_closer = None, -1
         if clustered:
+            taker = takeover_runner(
+                config, metadata, storage, node_id=node_id, node_epoch=epoch, observer=takeover_observer
+            )
             watcher = ClusterWatcher(
-                engine,
-                metadata,
-                hub,
-                poll_ms=config.cluster_poll_ms,
-                takeover_runner=takeover_runner(config, metadata, storage, node_id=node_id, node_epoch=epoch),
+                engine, metadata, hub, poll_ms=config.cluster_poll_ms, takeover_runner=taker
             )
             heartbeat.add_listener(watcher.on_fenced)
             watcher.start()
@@ -259,6 +261,22 @@ async def open_client(
         heartbeat.add_listener(maintenance.on_fenced)
         await maintenance.start()
         closers.append(maintenance.close)
+        controller, controller_election = None, None
+        if clustered:  # failover: the node holding the "controller" lease fences dead nodes
+            controller = FailoverController(
+                _lease_bound(metadata, CONTROLLER_LEASE), node_id=node_id, poll_ms=config.cluster_poll_ms
+            )
+            controller_election = MaintenanceElection(
+                metadata,
+                node_id=node_id,
+                node_epoch=epoch,
+                lease_ms=config.node_lease_ms,
+                jobs=[controller],
+                lease_name=CONTROLLER_LEASE,
+            )
+            heartbeat.add_listener(controller_election.on_fenced)
+            await controller_election.start()
+            closers.append(controller_election.close)
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):
@@ -276,16 +294,33 @@ async def open_client(
     )
     if watcher is not None:
         client.components["watcher"] = watcher
+    if controller is not None:
+        client.components.update(controller=controller, controller_election=controller_election, taker=taker)
     if copy is not None:
         client.components["metadata_copy"] = copy
     return client
 
 
 def takeover_runner(
-    config: Config, metadata: MetadataStore, storage: ObjectStorage, *, node_id: NodeId, node_epoch: int
+    config: Config,
+    metadata: MetadataStore,
+    storage: ObjectStorage,
+    *,
+    node_id: NodeId,
+    node_epoch: int,
+    observer: TakeoverObserver | None = None,
 ) -> TakeoverRunner:
-    """What this node runs when the controller assigns it a dead node's takeover."""
-    return no_takeover
+    """What this node runs when the controller assigns it a dead node's takeover: the WAL replay of
+    :mod:`s3stream.cluster.takeover` as this node's session."""
+    return Taker(
+        metadata=metadata,
+        storage=storage,
+        config=config,
+        node_id=node_id,
+        node_epoch=node_epoch,
+        attach_cmd=config.wal_failover_attach_cmd,
+        observer=observer,
+    )
 
 
 async def _wait_for_takeover(metadata: MetadataStore, node_id: NodeId, config: Config) -> None:

@@ -180,7 +180,7 @@ class ClusterHarness:
     @property
     def store(self) -> MetadataStore:
         if self._store is None:
-            self._store = self.run(open_metadata_store(self.metadata_url))  # type: ignore[arg-type]
+            self._store = self.run(open_metadata_store(self.metadata_url))
         assert self._store is not None
         return self._store
 

@@ -167,7 +167,7 @@ async def _collect_and_check(metadata_url: str, bucket_uri: str, timeout_s: floa
     store = await open_metadata_store(metadata_url)
     storage = open_storage(bucket_uri)
     try:
-        gc = GarbageCollector(store, storage, namespace=namespace, retention_ms=0, orphan_ttl_ms=0)  # type: ignore[arg-type]
+        gc = GarbageCollector(store, storage, namespace=namespace, retention_ms=0, orphan_ttl_ms=0)
         deadline = time.monotonic() + timeout_s
         while True:
             await gc.collect(scan_orphans=True)
@@ -196,7 +196,7 @@ async def _collect_and_check(metadata_url: str, bucket_uri: str, timeout_s: floa
         return violations
     finally:
         await storage.close()
-        await store.close()  # type: ignore[attr-defined]
+        await store.close()
 
 
 def collect_and_check_bucket(metadata_url: str, bucket_uri: str, timeout_s: float = 60.0) -> list[str]:

@@ -41,6 +41,8 @@ def soak_config(lease_ms: int) -> dict[str, object]:
     return {
         "s3.node.lease.ms": lease_ms,
         "s3.wal.capacity": 16 << 20,
+        "s3.wal.record.size.max": 1 << 20,
+        "s3.record.size.max": 1 << 20,
         "s3.wal.upload.interval.ms": 1000,
         "s3.object.prepared.ttl.ms": PREPARED_TTL_MS,
         "s3.object.delete.retention.minutes": 0,

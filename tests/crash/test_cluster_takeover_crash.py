@@ -55,6 +55,8 @@ def test_a_takeover_whose_taker_is_killed_is_finished_by_another_node(
     config = {
         "s3.node.lease.ms": LEASE_MS,
         "s3.wal.capacity": 16 << 20,
+        "s3.wal.record.size.max": 1 << 20,
+        "s3.record.size.max": 1 << 20,
         "s3.wal.upload.interval.ms": 600_000,
         "s3.object.prepared.ttl.ms": 10_000,
         "s3.object.delete.retention.minutes": 0,

@@ -52,6 +52,8 @@ class NodeProcess:
         self.stopped = False
         """SIGSTOP sent and no SIGCONT yet."""
         self.killed = False
+        self.paused_past_lease = False
+        """Set by a driver that paused it past its lease: a fence is then expected."""
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:

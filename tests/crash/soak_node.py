@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -157,7 +158,16 @@ async def open_with_retry(data_dir: str, bucket_uri: str, config: Config) -> Cli
             await asyncio.sleep(0.2)
 
 
+def setup_logging() -> None:
+    """Warnings of every component, and what the cluster layer does, to stderr (the driver keeps it)."""
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("s3stream.cluster").setLevel(logging.INFO)
+
+
 async def main(argv: list[str]) -> int:
+    setup_logging()
     data_dir, metadata_url, bucket_uri, node_id, log_path, keys = argv
     config = build_config(int(node_id), metadata_url, json.loads(keys))
     try:

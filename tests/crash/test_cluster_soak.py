@@ -86,8 +86,10 @@ class Driver:
                 code = node.proc.poll()
                 if code is None or node.killed or self._pending(node_id):
                     continue
-                if code == EXIT_FENCED:
+                if code == EXIT_FENCED and node.paused_past_lease:
                     self.h.note(f"node {node_id} (pid {node.pid}) exited: fenced")
+                elif code == EXIT_FENCED:
+                    self.h.anomaly(f"node {node_id} (pid {node.pid}) fenced without a pause past its lease")
                 else:
                     self.h.anomaly(f"node {node_id} (pid {node.pid}) exited {code}: {node.stderr_tail(1500)}")
                 node.killed = True
@@ -133,6 +135,7 @@ class Driver:
     def zombie(self, live: list[int]) -> None:
         node_id = self.rng.choice(live)
         self.h.pause(node_id)
+        self.h.nodes[node_id].paused_past_lease = True
         self.due.append((time.monotonic() + self.rng.uniform(1.5, 3.0) * self.lease_s, "resume", node_id))
 
     def short_pause(self, live: list[int]) -> None:
@@ -229,7 +232,7 @@ def test_cluster_soak_with_reassignments_kills_and_zombies(
         raise
     finally:
         harness.close()
-    if violations:
+    if violations or harness.anomalies:
         _report(harness, rng_seed, violations)
     assert not violations, f"seed={rng_seed}: {len(violations)} violations:\n{summary(violations)}"
 

@@ -44,6 +44,8 @@ TakeoverRunner = Callable[[TakeoverInfo], Awaitable[Sequence[StreamId]]]
 """Runs the takeover of a dead node assigned to this node's session (the taker's work, see
 ``s3stream.cluster.takeover``); returns the streams it took over and closed (this node opens them next)."""
 
+GAINS_MAX = 8
+"""Stream opens of one poll in flight at once (they overlap on a multi-connection store)."""
 RUNNER_RETRY_S = 1.0
 """Wait before a failed takeover run is started again (while the takeover still names this session)."""
 
@@ -244,32 +246,41 @@ class ClusterWatcher:
             self.hub.publish(AssignmentEvent("lost", sid))
 
     async def _gain(self, stream_ids: list[StreamId]) -> None:
-        """Open each stream that is CLOSED now at its stored epoch + 1 (the others wait for a later poll)."""
-        for sid in stream_ids:
-            try:
-                meta = await self.metadata.describe_stream(sid)
-            except NotFoundError:
-                self._adopt.discard(sid)
-                continue
-            if meta.state is not StreamState.CLOSED:
-                if sid in self._adopt and meta.ranges and meta.ranges[-1].node_id != self.node_id:
-                    self._adopt.discard(sid)  # another node opened it first
-                continue
-            if sid in self.engine.streams:
-                continue
-            try:
-                handle = await self.engine.open_stream(sid, meta.epoch + 1)
-            except FencedError as exc:
-                if exc.code in NODE_FENCE_CODES:
-                    raise
-                log.info("stream %d: gain deferred: %s", sid, exc)
-                continue
-            except S3StreamError as exc:  # NotOwnerError, a race with another open: a later poll decides
-                log.info("stream %d: gain deferred: %s", sid, exc)
-                continue
+        """Open each stream that is CLOSED now at its stored epoch + 1 (the others wait for a later
+        poll); up to :data:`GAINS_MAX` at once."""
+        slots = asyncio.Semaphore(GAINS_MAX)
+
+        async def gain(sid: StreamId) -> None:
+            async with slots:
+                await self._gain_one(sid)
+
+        await asyncio.gather(*(gain(sid) for sid in stream_ids))
+
+    async def _gain_one(self, sid: StreamId) -> None:
+        try:
+            meta = await self.metadata.describe_stream(sid)
+        except NotFoundError:
             self._adopt.discard(sid)
-            log.info("stream %d gained at epoch %d", sid, handle.epoch)
-            self.hub.publish(AssignmentEvent("gained", sid, Stream(self.engine, handle)))
+            return
+        if meta.state is not StreamState.CLOSED:
+            if sid in self._adopt and meta.ranges and meta.ranges[-1].node_id != self.node_id:
+                self._adopt.discard(sid)  # another node opened it first
+            return
+        if sid in self.engine.streams:
+            return
+        try:
+            handle = await self.engine.open_stream(sid, meta.epoch + 1)
+        except FencedError as exc:
+            if exc.code in NODE_FENCE_CODES:
+                raise
+            log.info("stream %d: gain deferred: %s", sid, exc)
+            return
+        except S3StreamError as exc:  # NotOwnerError, a race with another open: a later poll decides
+            log.info("stream %d: gain deferred: %s", sid, exc)
+            return
+        self._adopt.discard(sid)
+        log.info("stream %d gained at epoch %d", sid, handle.epoch)
+        self.hub.publish(AssignmentEvent("gained", sid, Stream(self.engine, handle)))
 
     async def _poll_takeovers(self) -> None:
         for takeover in await self.metadata.list_takeovers():

@@ -169,6 +169,10 @@ class Stream:
         )
 
 
+DESCRIBES_MAX = 8
+"""``reassign`` checks at most this many streams one by one per poll; more: one ``list_streams``."""
+
+
 def _held_by(meta: StreamMetadata, node_id: int) -> bool:
     """Whether ``node_id`` holds the stream open (it is OPENED and its last range is that node's)."""
     return meta.state is StreamState.OPENED and bool(meta.ranges) and meta.ranges[-1].node_id == node_id
@@ -204,12 +208,13 @@ class StreamClient:
         poll_s = self._engine.config.cluster_poll_ms / 1000
         waiting = list(dict.fromkeys(ids))
         while True:
-            still = []
-            for sid in waiting:
-                meta = await self._metadata.describe_stream(sid)
-                if not _held_by(meta, to_node):
-                    still.append(sid)
-            waiting = still
+            if len(waiting) > DESCRIBES_MAX:  # one listing instead of many describes
+                held = {m.stream_id for m in await self._metadata.list_streams() if _held_by(m, to_node)}
+                waiting = [sid for sid in waiting if sid not in held]
+            else:
+                waiting = [
+                    sid for sid in waiting if not _held_by(await self._metadata.describe_stream(sid), to_node)
+                ]
             if not waiting:
                 return
             if loop.time() >= deadline:

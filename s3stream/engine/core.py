@@ -58,6 +58,8 @@ NODE_FENCE_CODES = frozenset(
 )
 """Codes of a FencedError that fences the whole node (its session), not one stream."""
 
+MOVE_CLOSES_MAX = 8
+"""Stream closes of one move in flight at once (the metadata closes overlap on a multi-connection store)."""
 TICK_S = 0.05
 """Period of the background ticker (time-triggered uploads, the WAL append watchdog)."""
 
@@ -367,20 +369,22 @@ class Engine:
                 handle.status = Status.CLOSING  # appends refused from here on, with MovedError
                 handle.close_timed_out = False
                 moving.append(handle)
-        gone = []
-        for handle in moving:
-            try:
-                await self._finish_close(handle, was_fenced=False)
-            except FencedError as exc:
-                if exc.code in NODE_FENCE_CODES:
-                    raise
-                log.warning("stream %d: move to node %d refused: %s", handle.stream_id, to_node_id, exc)
-            except S3StreamError as exc:
-                log.warning("stream %d: move to node %d: close failed (retried): %s",
-                            handle.stream_id, to_node_id, exc)  # fmt: skip
-            if handle.status is not Status.CLOSING:
-                gone.append(handle)
-        return gone
+        slots = asyncio.Semaphore(MOVE_CLOSES_MAX)
+
+        async def close(handle: StreamHandle) -> None:
+            async with slots:
+                try:
+                    await self._finish_close(handle, was_fenced=False)
+                except FencedError as exc:
+                    if exc.code in NODE_FENCE_CODES:
+                        raise
+                    log.warning("stream %d: move to node %d refused: %s", handle.stream_id, to_node_id, exc)
+                except S3StreamError as exc:
+                    log.warning("stream %d: move to node %d: close failed (retried): %s",
+                                handle.stream_id, to_node_id, exc)  # fmt: skip
+
+        await asyncio.gather(*(close(h) for h in moving))
+        return [h for h in moving if h.status is not Status.CLOSING]
 
     async def trim_stream(self, handle: StreamHandle, new_start_offset: int) -> None:
         handle.check_writable()

@@ -62,7 +62,7 @@ async def test_two_controllers_starting_takeovers_at_once_one_wins(
                     node_epoch=t.node_epoch,
                     taker_node_id=taker.node_id,
                     taker_node_epoch=taker.node_epoch,
-                )  # fmt: skip
+                )
                 for c, t in zip((c1, c2), targets, strict=True)
             ),
             return_exceptions=True,

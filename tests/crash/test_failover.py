@@ -10,21 +10,26 @@ everything the checks find again came through the taker's replay of the dead nod
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from s3stream.metadata.base import TakeoverInfo, TakeoverState
+from compaction.gc import GarbageCollector
+from s3stream.errors import InvalidArgumentError
+from s3stream.ids import StreamId
+from s3stream.metadata.base import ObjectState, TakeoverInfo, TakeoverState
 from s3stream.metadata.url import open_metadata_store
+from s3stream.objectformat import parse_object_key
+from s3stream.storage.uri import open_storage
 
 pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +39,7 @@ REPLY_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 60.0
 """Longest wait for a takeover to end (lease + controller election + replay, on a loaded machine)."""
 RECORD_BYTES = 200
+NAMESPACE = "s3stream"
 
 
 @dataclass(frozen=True)
@@ -126,12 +132,13 @@ class Node:
 
 
 @pytest.fixture
-def nodes() -> list[Node]:
+def nodes() -> Iterator[list[Node]]:
     """Every node a test starts (append it); killed after the test whatever happened."""
     started: list[Node] = []
-    yield started  # type: ignore[misc]
+    yield started
     for node in started:
-        node.proc.send_signal(signal.SIGCONT) if node.proc.poll() is None else None
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGCONT)
         node.stop()
 
 
@@ -164,6 +171,65 @@ def takeovers(cluster: Cluster) -> list[TakeoverInfo]:
         store = await open_metadata_store(cluster.metadata_url)
         try:
             return await store.list_takeovers()
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def object_ids(cluster: Cluster) -> set[int]:
+    """The ids of the object keys in the bucket (the metadata copy and other keys aside)."""
+
+    async def read() -> set[int]:
+        storage = open_storage(cluster.bucket_uri)
+        try:
+            ids = set()
+            async for info in storage.list(""):
+                with contextlib.suppress(InvalidArgumentError):
+                    ids.add(parse_object_key(info.key)[0])
+            return ids
+        finally:
+            await storage.close()
+
+    return asyncio.run(read())
+
+
+def object_states(cluster: Cluster) -> dict[int, ObjectState]:
+    async def read() -> dict[int, ObjectState]:
+        store = await open_metadata_store(cluster.metadata_url)
+        try:
+            return {int(o.object_id): o.state for o in await store.list_objects()}
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def collect_garbage(cluster: Cluster, *, clock_ahead_ms: int) -> None:
+    """One GC pass with an orphan scan, its clock ``clock_ahead_ms`` ahead (prepared objects older
+    than that expire), deleting at once what it marks."""
+
+    async def run() -> None:
+        store = await open_metadata_store(cluster.metadata_url)
+        storage = open_storage(cluster.bucket_uri)
+        try:
+            gc = GarbageCollector(
+                store, storage, namespace=NAMESPACE, retention_ms=0, orphan_ttl_ms=0,
+                clock_ms=lambda: int(time.time() * 1000) + clock_ahead_ms,
+            )  # fmt: skip
+            await gc.collect(scan_orphans=True)
+        finally:
+            await storage.close()
+            await store.close()
+
+    asyncio.run(run())
+
+
+def end_offsets(cluster: Cluster, stream_ids: list[int]) -> list[int]:
+    async def read() -> list[int]:
+        store = await open_metadata_store(cluster.metadata_url)
+        try:
+            return [(await store.describe_stream(StreamId(sid))).end_offset for sid in stream_ids]
         finally:
             await store.close()
 
@@ -229,11 +295,14 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     sid = int(zombie.ok("create"))
     zombie.ok(f"open {sid} 0")
     fill(zombie, sid, 30)
+    before = object_ids(cluster)
     assert zombie.proc.stdin is not None
     zombie.proc.stdin.write("upload\n")  # its objects are written, then the commit waits 4 s
     zombie.proc.stdin.flush()
     wait_for(lambda: zombie.notes, "the zombie's upload to reach its commit", 30)
     zombie.proc.send_signal(signal.SIGSTOP)
+    written = object_ids(cluster) - before
+    assert written, "the zombie wrote its objects before its commit"
     wait_for(
         lambda: any(t.node_id == 1 and t.state == TakeoverState.DONE for t in takeovers(cluster)),
         "the takeover of the stopped node",
@@ -242,7 +311,8 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     zombie.proc.send_signal(signal.SIGCONT)
     assert zombie._reply().startswith("ERR FencedError")  # the held upload's commit was refused
     for i in range(3):
-        assert zombie.cmd(f"append {sid} zombie{i}").startswith("ERR FencedError")
+        answer = zombie.cmd(f"append {sid} zombie{i}")
+        assert answer.startswith("ERR FencedError"), answer + zombie._stderr()
     assert zombie.cmd("upload").startswith("ERR FencedError")
     assert zombie.status()["fenced"] == 1
     assert taker.read(sid) == payloads(sid, 30)
@@ -250,4 +320,57 @@ def test_a_resumed_zombie_is_fenced_and_nothing_it_uploads_becomes_visible(
     taker.ok("upload")
     assert taker.read(sid) == [*payloads(sid, 30), "after"]
     zombie.close()
+    states = object_states(cluster)
+    assert all(states.get(oid) != ObjectState.COMMITTED for oid in written), "a fenced upload was committed"
+    # Past the prepared TTL (1 h) GC removes what the zombie wrote; everything committed stays.
+    collect_garbage(cluster, clock_ahead_ms=2 * 3600 * 1000)
+    assert not written & object_ids(cluster)
+    assert taker.read(sid) == [*payloads(sid, 30), "after"]
     taker.close()
+
+
+ATTACH_SCRIPT = """#!/bin/sh
+# The attach command of the test: "attach" node $1's WAL $2 by copying it to a directory of this node.
+set -e
+mkdir -p "$3/node-$1"
+cp "$2" "$3/node-$1/wal"
+echo "attached node $1"
+echo "$3/node-$1/wal"
+"""
+
+
+def test_a_taker_killed_mid_way_leaves_a_takeover_that_another_taker_finishes(
+    pg_ceph: Cluster, nodes: list[Node]
+) -> None:
+    cluster = pg_ceph
+    victim = Node(cluster, "n1", 1)
+    nodes.append(victim)
+    first_taker = Node(cluster, "n2", 2, "--kill-at", "after_commit", "--threshold", str(64 * 1024))
+    nodes.append(first_taker)
+    streams = [int(victim.ok("create")) for _ in range(3)]
+    for sid in streams:
+        victim.ok(f"open {sid} 0")
+    for sid in streams:
+        fill(victim, sid, 300)  # 180 KB in all: several upload groups of 64 KiB
+    victim.kill()
+    wait_for(lambda: first_taker.proc.poll() is not None, "the first taker to die after its first commit")
+    assert first_taker.notes == ["KILLING at after_commit"]
+    [running] = [t for t in takeovers(cluster) if t.node_id == 1]
+    assert (running.state, running.taker_node_id, running.attempt) == (TakeoverState.RUNNING, 2, 1)
+    committed = sum(end_offsets(cluster, streams))
+    assert 0 < committed < 900, f"the first taker committed part of the WAL ({committed} of 900 records)"
+
+    script = cluster.tmp / "attach.sh"
+    script.write_text(ATTACH_SCRIPT)
+    script.chmod(0o755)
+    attach = f"{script} {{node_id}} {{wal_path}} {cluster.tmp / 'attached'}"
+    second_taker = Node(cluster, "n3", 3, "--attach", attach)
+    nodes.append(second_taker)
+    wait_for(lambda: second_taker.gained() >= set(streams), "the second taker to open the streams")
+    [done] = [t for t in takeovers(cluster) if t.node_id == 1]
+    assert (done.state, done.taker_node_id, done.attempt) == (TakeoverState.DONE, 3, 2)
+    assert (cluster.tmp / "attached" / "node-1" / "wal").exists(), "the attach command ran"
+    for sid in streams:
+        assert second_taker.read(sid) == payloads(sid, 300)  # each record once, none lost
+        assert second_taker.ok(f"append {sid} next") == "300"
+    second_taker.close()

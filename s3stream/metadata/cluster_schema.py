@@ -34,16 +34,28 @@ MIGRATION: tuple[str, ...] = (
 )
 """Schema version 5: the cluster's session state (never in the metadata copy's change log)."""
 
+
+class _Conn(Protocol):
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+
+
+CLUSTER_TABLES = ("node_runtime", "assignments", "takeovers")
+
+
+def forget_cluster_state(conn: _Conn) -> None:
+    """Empty the cluster tables of a restored database: they are never in the copy's change log, so
+    a snapshot's rows describe the moment of the snapshot, not the restored state; the restored
+    node starts a new session and the cluster's nodes report and request afresh."""
+    for table in CLUSTER_TABLES:
+        conn.execute(f"DELETE FROM {table}")
+
+
 _RUNTIME_COLUMNS = "node_id, wal_path, wal_pending_bytes, updated_at_ms"
 _ASSIGNMENT_COLUMNS = "stream_id, to_node_id, from_node_id, requested_at_ms"
 _TAKEOVER_COLUMNS = (
     "node_id, node_epoch, fence_epoch, wal_path, streams, state, taker_node_id, taker_node_epoch, "
     "attempt, created_at_ms, updated_at_ms, wal_end_offset"
 )
-
-
-class _Conn(Protocol):
-    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
 
 
 def _int(value: object, where: str) -> int:

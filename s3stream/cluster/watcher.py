@@ -85,9 +85,11 @@ class ClusterWatcher:
         """Streams a takeover run here closed: opened here next unless a row sends them elsewhere."""
         self._runs: dict[int, asyncio.Task[None]] = {}
         """Dead node id -> its takeover run in progress here."""
-        self._run_failed_at: dict[tuple[int, int], float] = {}
-        self._run_done: set[tuple[int, int]] = set()
-        """(dead node id, attempt) of the takeover runs that returned here (never run again)."""
+        self._run_failed_at: dict[tuple[int, int, int], float] = {}
+        self._run_done: set[tuple[int, int, int]] = set()
+        """(dead node id, its session's node epoch, attempt) of the takeover runs that returned here
+        (never run again). The epoch is part of the key: a later session of the same node that dies
+        gets a takeover of its own, whose attempt counts from 1 again."""
         self.hub_closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -291,9 +293,10 @@ class ClusterWatcher:
             ):
                 continue
             run = self._runs.get(takeover.node_id)
-            if (run is not None and not run.done()) or (takeover.node_id, takeover.attempt) in self._run_done:
+            key = _run_key(takeover)
+            if (run is not None and not run.done()) or key in self._run_done:
                 continue
-            failed_at = self._run_failed_at.get((takeover.node_id, takeover.attempt))
+            failed_at = self._run_failed_at.get(key)
             if failed_at is not None and self._clock() - failed_at < RUNNER_RETRY_S:
                 continue
             task = asyncio.create_task(self._run_takeover(takeover), name="s3stream-cluster-takeover")
@@ -305,11 +308,16 @@ class ClusterWatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a task boundary: the takeover stays RUNNING, run again
-            self._run_failed_at[(takeover.node_id, takeover.attempt)] = self._clock()
+            self._run_failed_at[_run_key(takeover)] = self._clock()
             log.warning("takeover of node %d (attempt %d) failed, retrying: %r",
                         takeover.node_id, takeover.attempt, exc)  # fmt: skip
             return
-        self._run_done.add((takeover.node_id, takeover.attempt))
+        self._run_done.add(_run_key(takeover))
         self._adopt.update(taken)
         if taken:
             self.wake()
+
+
+def _run_key(takeover: TakeoverInfo) -> tuple[int, int, int]:
+    """One takeover attempt: the dead session (node id, node epoch) and the attempt number."""
+    return (int(takeover.node_id), takeover.node_epoch, takeover.attempt)

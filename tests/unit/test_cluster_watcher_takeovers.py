@@ -66,9 +66,11 @@ async def test_a_second_takeover_of_the_same_node_with_the_same_attempt_number_i
     async def runner(takeover: TakeoverInfo) -> Sequence[StreamId]:
         """The taker's metadata steps without a WAL: take the streams over, finish."""
         runs.append((int(takeover.node_id), takeover.node_epoch, takeover.attempt))
-        kwargs = {"node_id": takeover.node_id, "taker_node_id": TAKER, "taker_node_epoch": taker.node_epoch}
-        taken = await metadata.takeover_streams(**kwargs)
-        await metadata.finish_takeover(**kwargs, wal_end_offset=0)
+        dead, epoch = takeover.node_id, taker.node_epoch
+        taken = await metadata.takeover_streams(node_id=dead, taker_node_id=TAKER, taker_node_epoch=epoch)
+        await metadata.finish_takeover(
+            node_id=dead, taker_node_id=TAKER, taker_node_epoch=epoch, wal_end_offset=0
+        )
         return [meta.stream_id for meta, _ in taken]
 
     watcher = ClusterWatcher(engine, metadata, AssignmentHub(), poll_ms=10, takeover_runner=runner)

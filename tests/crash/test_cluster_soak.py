@@ -240,6 +240,7 @@ def test_cluster_soak_with_reassignments_kills_and_zombies(
 def _report(harness: ClusterHarness, seed: int, violations: list[str]) -> None:
     print(f"cluster soak seed={seed} (replay the driver's choices with S3STREAM_SEED={seed})")
     print("event log:\n" + "\n".join(harness.events))
+    print(f"node logs (acks, stderr): {harness.tmp / 'logs'}")
     if harness.anomalies:
         print("anomalies:\n" + "\n".join(harness.anomalies))
     if violations:

@@ -4,7 +4,8 @@ Run once every node has stopped. :func:`read_logs` gathers what the producers lo
 log lines); :func:`check_records` reads every stream through ``open_reader`` and returns the violations
 of: every acknowledged record is readable exactly once at the offset it was acknowledged at (an ack
 whose offset holds another record is an ack of a fenced node), every record read was acknowledged or
-is unknown (logged ``U``, or ``T`` with no outcome: the process died), offsets are contiguous from
+is unknown (logged ``U``, or ``T`` with no outcome: the process died) and none was refused as not
+owned (``MovedError``, ``NotOwnerError``: never written), offsets are contiguous from
 the stream's start to its end. :func:`collect_and_check_bucket` runs GC with an orphan scan (TTLs 0)
 until no PREPARED or MARK_DESTROYED object is left, then returns the keys in the bucket that are not
 COMMITTED objects and the committed objects that are missing.
@@ -28,6 +29,8 @@ from s3stream.objectformat import object_key, parse_object_key
 from s3stream.storage.uri import open_storage
 
 VIOLATIONS_SHOWN_MAX = 40
+REFUSED_ERRORS = ("MovedError", "NotOwnerError")
+"""Append errors that mean the record never reached the WAL (the stream was not, or no longer, held)."""
 
 
 @dataclass
@@ -44,6 +47,8 @@ class Logs:
     acks: dict[str, Ack] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)
     """Ids whose append failed or whose outcome was never logged."""
+    refused: set[str] = field(default_factory=set)
+    """Ids whose append was refused as not owned here (MovedError, NotOwnerError): never written."""
     tried: dict[str, int] = field(default_factory=dict)
     """Id -> the stream it was appended to."""
     problems: list[str] = field(default_factory=list)
@@ -71,6 +76,8 @@ def read_logs(paths: Iterable[Path]) -> Logs:
                 logs.acks[ack.record_id] = ack
             elif kind == "U" and len(words) >= 3:
                 logs.unknown.add(words[2])
+                if len(words) >= 4 and words[3] in REFUSED_ERRORS:
+                    logs.refused.add(words[2])
             else:
                 logs.problems.append(f"{path.name}:{number + 1}: unreadable line {line!r}")
     for record_id in logs.tried:
@@ -140,6 +147,10 @@ def check_records(logs: Logs, reads: list[StreamRead]) -> list[str]:
             at[(read.stream_id, base)] = record_id
             if record_id not in logs.acks and record_id not in logs.unknown:
                 violations.append(f"stream {read.stream_id}@{base}: record {record_id} was never appended")
+            if record_id in logs.refused:
+                violations.append(
+                    f"stream {read.stream_id}@{base}: record {record_id} was refused, yet it is there"
+                )
         if expected != read.end_offset:
             violations.append(
                 f"stream {read.stream_id}: read up to {expected}, metadata end {read.end_offset}"

@@ -62,3 +62,10 @@ def test_a_torn_last_line_is_ignored_and_a_stream_left_open_is_reported(tmp_path
     reads = _read((0, "1.1.1"), (1, "1.1.2"), (2, "2.1.1"))
     reads[0].state = StreamState.OPENED
     assert any("still OPENED" in v for v in check_records(logs, reads))
+
+
+def test_a_record_whose_append_was_refused_as_moved_is_reported_when_read(tmp_path: Path) -> None:
+    logs = read_logs([_logs(tmp_path)])
+    assert logs.refused == {"1.1.3"}
+    violations = check_records(logs, _read((0, "1.1.1"), (1, "1.1.2"), (2, "2.1.1"), (3, "1.1.3")))
+    assert any("refused, yet it is there" in v for v in violations)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from s3stream.metadata.base import TakeoverState
 from tests.crash.cluster_harness import EXIT_FENCED, ClusterHarness, env_int, wait_until
 from tests.crash.cluster_verify import (
     check_records,
@@ -105,7 +106,11 @@ class Driver:
             ("race", 1.5, self.race),
         ]
         if len(live) >= 3:
-            choices += [("kill", 1.5, self.kill), ("zombie", 1.5, self.zombie)]
+            choices += [
+                ("kill", 1.5, self.kill),
+                ("zombie", 1.5, self.zombie),
+                ("kill-taker", 1, self.kill_taker),
+            ]
         if len(live) >= 2:
             choices.append(("pause", 1.5, self.short_pause))
         names, weights, actions = zip(*choices, strict=True)
@@ -128,9 +133,36 @@ class Driver:
         self.h.request_reassign([stream], second)
 
     def kill(self, live: list[int]) -> None:
-        node_id = self.rng.choice(live)
+        self._kill(self.rng.choice(live))
+
+    def _kill(self, node_id: int) -> None:
+        """SIGKILL now, started again 0.5-2.5 leases later."""
         self.h.kill(node_id)
         self.due.append((time.monotonic() + self.rng.uniform(0.5, 2.5) * self.lease_s, "restart", node_id))
+
+    def kill_taker(self, live: list[int]) -> None:
+        """Kill a node, wait for its takeover to start, then kill the taker within 0-300 ms."""
+        dead = self.rng.choice(live)
+        delay_s = self.rng.uniform(0.0, 0.3)
+        epoch = self.h.nodes[dead].epoch
+        self._kill(dead)
+        deadline = time.monotonic() + 4 * self.lease_s
+        while time.monotonic() < deadline:
+            rows = [t for t in self.h.takeovers() if int(t.node_id) == dead and t.node_epoch == epoch]
+            if rows and rows[-1].state is TakeoverState.DONE:
+                self.h.note(f"node {dead}'s takeover was done before its taker could be killed")
+                return
+            running = [t for t in rows if t.state is TakeoverState.RUNNING]
+            if running:
+                taker = running[0].taker_node_id
+                self.pump(delay_s)
+                node = self.h.nodes.get(taker)
+                if node is not None and node.alive() and not self._pending(taker):
+                    self.h.note(f"killing the taker of node {dead}'s takeover (attempt {running[0].attempt})")
+                    self._kill(taker)
+                return
+            self.pump(0.02)
+        self.h.note(f"no takeover of node {dead} started within {4 * self.lease_s:.1f} s")
 
     def zombie(self, live: list[int]) -> None:
         node_id = self.rng.choice(live)

@@ -113,13 +113,20 @@ class ClusterWatcher:
         self._wakeup.set()
 
     async def close(self) -> None:
-        """Stop polling and cancel the actions in flight (a move cut short stays *closing*; the
-        engine's close closes it)."""
+        """Stop polling and taking over; let the moves and gains in flight finish (a move is the close
+        the engine's own close would do; a gained stream is then closed by it), for at most
+        ``s3.close.timeout.ms``, then cancel them."""
         self._stopped = True
-        tasks = [t for t in (self._task, *self._tasks, *self._runs.values()) if t is not None]
-        for task in tasks:
+        stopping = [t for t in (self._task, *self._runs.values()) if t is not None]
+        for task in stopping:
             task.cancel()
-        for task in tasks:
+        actions = list(self._tasks)
+        if actions:
+            _, late = await asyncio.wait(actions, timeout=self.engine.config.close_timeout_ms / 1000)
+            for task in late:
+                task.cancel()
+            stopping += late
+        for task in stopping:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._task = None
@@ -150,9 +157,9 @@ class ClusterWatcher:
                     return
                 self.poll_error = exc
                 log.warning("cluster poll failed (retrying): %s", exc)
-            except (S3StreamError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the task boundary: a poll that fails is retried
                 self.poll_error = exc
-                log.warning("cluster poll failed (retrying): %s", exc)
+                log.warning("cluster poll failed (retrying): %r", exc)
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), interval_s)

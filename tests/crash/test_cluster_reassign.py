@@ -1,6 +1,6 @@
 """Stream reassignment and zombie safety across real node processes on PostgreSQL and Ceph RGW.
 
-Every node is a ``tests.crash.cluster_node`` process with its own data dir, all on one fresh PostgreSQL
+Every node is a ``tests.crash.reassign_node`` process with its own data dir, all on one fresh PostgreSQL
 schema and one key prefix of the Ceph RGW test bucket. Each node fsyncs every acknowledgement it gives
 to its own file before answering; afterwards the streams are read back with ``s3stream.open_reader``
 (metadata and objects only) and must hold every acknowledged record exactly once, at its offset.
@@ -48,7 +48,7 @@ class Node:
     def __init__(self, cluster: Cluster, node_id: int, *, env: dict[str, str] | None = None) -> None:
         self.node_id = node_id
         self.acks_path = cluster.tmp / f"acks-{node_id}"
-        args = [sys.executable, "-m", "tests.crash.cluster_node", str(cluster.tmp / f"node{node_id}"),
+        args = [sys.executable, "-m", "tests.crash.reassign_node", str(cluster.tmp / f"node{node_id}"),
                 cluster.metadata_url, cluster.bucket_uri, str(node_id), str(LEASE_MS), str(self.acks_path)]  # fmt: skip
         self.proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})  # fmt: skip

@@ -216,3 +216,26 @@ async def test_reassign_to_a_node_without_a_session_is_refused(cluster: Cluster)
     assert refused.value.code == ErrorCode.NODE_NOT_ALIVE
     await stream.append(RecordBatch(b"still mine"))
     await one.client.close()
+
+
+async def test_a_client_closed_during_a_move_finishes_it_and_the_target_gains_the_stream(
+    cluster: Cluster,
+) -> None:
+    one, two = await cluster.join(1), await cluster.join(2)
+    stream = await one.client.streams.create_and_open_stream()
+    in_flight = await one.wal.held_appends(stream, b"a", b"b")
+    events_two = two.client.streams.assignments()
+    await cluster.metadata.request_reassign(stream_ids=[stream.stream_id], to_node_id=NodeId(2))
+    while stream.handle.moved_to is None:
+        await asyncio.sleep(0.005)
+    closing = asyncio.create_task(one.client.close())
+    await asyncio.sleep(0.05)
+    one.wal.hold = False
+    for release in one.wal.held:
+        release.set_result(None)
+    assert await asyncio.gather(*in_flight) == [0, 1]
+    await closing
+    gained = await next_event(events_two)
+    assert gained.stream is not None
+    assert await read_all(gained.stream) == [b"a", b"b"]
+    await two.client.close()

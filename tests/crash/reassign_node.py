@@ -1,6 +1,6 @@
 """One node of the cluster tests: a client on its own data dir, shared metadata (by URL) and bucket.
 
-Usage: python -m tests.crash.cluster_node DATA_DIR METADATA_URL BUCKET_URI NODE_ID LEASE_MS ACKS_FILE
+Usage: python -m tests.crash.reassign_node DATA_DIR METADATA_URL BUCKET_URI NODE_ID LEASE_MS ACKS_FILE
 
 Every acknowledged append is written to ACKS_FILE as ``<stream id> <offset> <payload>`` and fsynced
 before anything else happens, so the test sees each acknowledgement the moment it is given. Commands,

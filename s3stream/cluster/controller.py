@@ -215,6 +215,7 @@ class FailoverController:
         takeovers = await self.metadata.list_takeovers()
         now_ms = self.clock_ms()
         owner_ids: set[int] | None = None
+        self._idle &= {(n.node_id, n.node_epoch) for n in nodes}  # forget sessions that were replaced
         if not any(t.state in IN_FLIGHT for t in takeovers):
             suspects = [
                 n for n in nodes if session_lapsed(n, now_ms) and (n.node_id, n.node_epoch) not in self._idle
@@ -230,7 +231,10 @@ class FailoverController:
         try:
             info = await self._carry_out(decision)
         except S3StreamError as exc:
-            log.warning("failover controller: decision=%s refused: %s", decision, exc)
+            log.warning(
+                "failover controller: decision=%s node_id=%d taker=%d refused=%s: %s",
+                type(decision).__name__, decision.node_id, decision.taker_node_id, type(exc).__name__, exc,
+            )  # fmt: skip
             return None
         if decision.taker_node_id != NO_NODE:
             self._last_taker = decision.taker_node_id

@@ -10,7 +10,9 @@ STREAM_NOT_EXIST, OBJECT_NOT_EXIST, NODE_EPOCH_NOT_EXIST, KEY_NOT_EXIST -> NotFo
 STREAM_FENCED, NODE_EPOCH_EXPIRED, NODE_FENCED -> FencedError;
 STREAM_NOT_CLOSED, STREAM_NOT_OPENED, OFFSET_NOT_MATCHED, COMPACTED_OBJECTS_NOT_FOUND,
 OBJECT_NOT_COMMITTED, KEY_EXIST, STREAM_INNER_ERROR -> ConflictError;
-bad arguments -> InvalidArgumentError.
+bad arguments -> InvalidArgumentError. The cluster's (``cluster_ops``): NOT_OWNER -> NotOwnerError
+(naming the owner); NODE_NOT_ALIVE -> NotFoundError; NODE_TAKEOVER_IN_PROGRESS -> UnavailableError
+(``open_node``, ``open_stream``: retry) or ConflictError (``start_takeover``: one at a time).
 
 Where we differ from (or pin down) AutoMQ: no failover mode, fast close or historical WAL
 responsibility; the current range's end follows its owner's commits (AutoMQ lets it lag);
@@ -334,7 +336,11 @@ class MetadataStore(Protocol):
     ) -> StreamMetadata:
         """Lower epoch -> FencedError(STREAM_FENCED); same epoch: a retry (reopens a CLOSED stream,
         owner must match); higher epoch while OPENED -> ConflictError(STREAM_NOT_CLOSED), else a new
-        range ``[end, end)`` owned by ``node_id`` and the previous range sealed at the end offset."""
+        range ``[end, end)`` owned by ``node_id`` and the previous range sealed at the end offset.
+        Cluster rules: OPENED by another node -> NotOwnerError(owner) while its session is valid,
+        UnavailableError(NODE_TAKEOVER_IN_PROGRESS) once it lapsed; an open that makes a CLOSED stream
+        OPENED is refused with NotOwnerError(target) when its assignment row names another node with a
+        valid session, and otherwise removes the row."""
         ...
 
     async def close_stream(

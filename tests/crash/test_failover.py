@@ -374,3 +374,32 @@ def test_a_taker_killed_mid_way_leaves_a_takeover_that_another_taker_finishes(
         assert second_taker.read(sid) == payloads(sid, 300)  # each record once, none lost
         assert second_taker.ok(f"append {sid} next") == "300"
     second_taker.close()
+
+
+def test_a_dead_node_restarted_during_its_takeover_waits_for_it_and_replays_nothing(
+    pg_ceph: Cluster, nodes: list[Node]
+) -> None:
+    cluster = pg_ceph
+    victim = Node(cluster, "n1", 1)
+    nodes.append(victim)
+    # The hold outlasts the restarted process's start-up (a few seconds here), so its open_node comes
+    # while the takeover is RUNNING.
+    taker = Node(cluster, "n2", 2, "--hold-at", "after_streams_taken", "--hold-s", "12")
+    nodes.append(taker)
+    sid = int(victim.ok("create"))
+    victim.ok(f"open {sid} 0")
+    fill(victim, sid, 50)
+    victim.kill()
+    wait_for(lambda: taker.notes == ["HOLDING at after_streams_taken"], "the taker to hold its takeover")
+    victim = Node(cluster, "n1", 1)  # its open waits while the takeover is in flight
+    ready_ms = time.time() * 1000
+    nodes.append(victim)
+    [done] = [t for t in takeovers(cluster) if t.node_id == 1]
+    assert done.state == TakeoverState.DONE, "the dead node opened while its WAL was being taken over"
+    assert done.updated_at_ms <= ready_ms + 100, "the restarted node was ready before the takeover ended"
+    assert victim.status()["recovered"] == 0
+    assert victim.ok("held") == ""
+    wait_for(lambda: sid in taker.gained(), "the taker to open the stream")
+    assert taker.read(sid) == payloads(sid, 50)
+    victim.close()
+    taker.close()

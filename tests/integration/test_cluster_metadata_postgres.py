@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
 
 from s3stream.errors import ConflictError, ErrorCode, FencedError, NotOwnerError, S3StreamError
 from s3stream.ids import NodeId, StreamId
+from s3stream.metadata import postgres_schema
 from s3stream.metadata.base import StreamState, TakeoverState
 from s3stream.metadata.postgres import PostgresMetadataStore
 from s3stream.metadata.url import open_metadata_store
@@ -216,6 +218,21 @@ async def test_the_read_only_url_serves_the_cluster_listings(pg_url: str, clock:
                 await reader.request_reassign(stream_ids=[stream_id], to_node_id=b.node_id)
         finally:
             await reader.close()
+    finally:
+        await store.close()
+
+
+async def test_a_version_4_schema_gets_the_cluster_tables(pg_url: str, clock: FakeClock) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert postgres_schema.migrate(conn, target_version=4) == 0
+        conn.execute("INSERT INTO nodes VALUES (1, 3, -1, -1, -1)")
+    store = await PostgresMetadataStore.open(pg_url, clock_ms=clock)
+    try:
+        assert await store.schema_version() == 5
+        assert await store.list_takeovers() == []
+        info = await store.open_node(node_id=NodeId(1), lease_ms=LEASE_MS, wal_path="/w")
+        assert info.node_epoch == 4
+        assert [r.wal_path for r in await store.list_node_runtime()] == ["/w"]
     finally:
         await store.close()
 

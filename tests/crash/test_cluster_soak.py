@@ -135,17 +135,19 @@ class Driver:
     def kill(self, live: list[int]) -> None:
         self._kill(self.rng.choice(live))
 
-    def _kill(self, node_id: int) -> None:
-        """SIGKILL now, started again 0.5-2.5 leases later."""
+    def _kill(self, node_id: int, restart_leases: tuple[float, float] = (0.5, 2.5)) -> None:
+        """SIGKILL now, started again ``restart_leases`` (a range of lease periods) later."""
         self.h.kill(node_id)
-        self.due.append((time.monotonic() + self.rng.uniform(0.5, 2.5) * self.lease_s, "restart", node_id))
+        self.due.append(
+            (time.monotonic() + self.rng.uniform(*restart_leases) * self.lease_s, "restart", node_id)
+        )
 
     def kill_taker(self, live: list[int]) -> None:
         """Kill a node, wait for its takeover to start, then kill the taker within 0-300 ms."""
         dead = self.rng.choice(live)
         delay_s = self.rng.uniform(0.0, 0.3)
         epoch = self.h.nodes[dead].epoch
-        self._kill(dead)
+        self._kill(dead, restart_leases=(3.0, 5.0))  # not back before its lease lapses: a takeover
         deadline = time.monotonic() + 4 * self.lease_s
         while time.monotonic() < deadline:
             rows = [t for t in self.h.takeovers() if int(t.node_id) == dead and t.node_epoch == epoch]

@@ -1,5 +1,6 @@
 """The cluster soak: node processes on one PostgreSQL metadata store and one Ceph RGW bucket, producers
-that follow ``assignments()``, and a driver that reassigns streams, kills nodes with SIGKILL and pauses
+that follow ``assignments()``, and a driver that reassigns streams (sometimes two requests racing for
+one), kills nodes with SIGKILL (sometimes a dead node's taker in the middle of its takeover) and pauses
 them with SIGSTOP (past the lease: a zombie that resumes fenced; within it: nothing happens).
 
 Afterwards (every node stopped cleanly, GC and the orphan scan run, TTLs 0): every acknowledged record
@@ -8,8 +9,9 @@ unknown, offsets are contiguous, no object is left in the bucket that is not com
 logged by a fenced node (its offset would hold another record). ``tests/crash/cluster_verify.py`` holds
 the checks. Knobs: ``S3STREAM_SOAK_EVENTS`` (default 30), ``S3STREAM_SOAK_SECONDS`` (run events until
 this much time passed; unset: by count), ``S3STREAM_SOAK_NODES`` (4), ``S3STREAM_SOAK_STREAMS`` (8),
-``S3STREAM_SOAK_LEASE_MS`` (3000). A failure prints the seed (``S3STREAM_SEED`` replays the driver's
-choices; the timing of the processes is not replayable) and the event log.
+``S3STREAM_SOAK_LEASE_MS`` (3000); runs longer than pytest's 600 s timeout need ``--timeout=0``. A
+failure prints the seed (``S3STREAM_SEED`` replays the driver's choices; the timing of the processes is
+not replayable), the event log and where the node logs are.
 """
 
 from __future__ import annotations

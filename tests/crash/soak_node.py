@@ -18,7 +18,8 @@ on) says what happened to each id:
 
 An id with a ``T`` line and no outcome (the process was killed) is unknown too. Exit codes: 0 after
 SIGTERM (producers stopped, client closed cleanly), 3 once the node finds itself fenced (its session
-is over; the driver starts a new process), 4 when the client could not be opened.
+is over; the driver starts a new process), 4 when the client could not be opened, 5 when the
+engine failed otherwise (``assignments()`` ended without SIGTERM).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ APPEND_PAUSE_S = 0.01
 FENCE_POLL_S = 0.1
 EXIT_FENCED = 3
 EXIT_OPEN_FAILED = 4
+EXIT_FAILED = 5
 ENDS_HOLD = (NotOwnerError, FencedError, ClosedError, NotFoundError)
 """Append errors after which this node no longer holds the stream (MovedError is a NotOwnerError)."""
 
@@ -197,8 +199,14 @@ async def main(argv: list[str]) -> int:
         if not fenced:
             raise
     log.close()
-    print("EXIT fenced" if fenced else "EXIT clean", flush=True)
-    return EXIT_FENCED if fenced else 0
+    if fenced:
+        print("EXIT fenced", flush=True)
+        return EXIT_FENCED
+    if not terminate.is_set():
+        print("EXIT failed: assignments() ended without SIGTERM (the engine failed)", flush=True)
+        return EXIT_FAILED
+    print("EXIT clean", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

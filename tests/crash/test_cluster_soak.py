@@ -257,6 +257,7 @@ def test_cluster_soak_with_reassignments_kills_and_zombies(
             time.sleep(1.0)
         logs = read_logs(p.log_path for p in harness.incarnations)
         harness.note(f"acks {len(logs.acks)} unknown {len(logs.unknown)}")
+        _note_idle_incarnations(harness)
         assert len(logs.acks) > 100 * stream_count // 8, "the producers acknowledged almost nothing"
         violations += check_records(logs, read_streams(pg_url, harness.bucket_uri))
         violations += collect_and_check_bucket(
@@ -271,6 +272,26 @@ def test_cluster_soak_with_reassignments_kills_and_zombies(
     if violations or harness.anomalies:
         _report(harness, rng_seed, violations)
     assert not violations, f"seed={rng_seed}: {len(violations)} violations:\n{summary(violations)}"
+
+
+def _note_idle_incarnations(harness: ClusterHarness) -> None:
+    """An anomaly for each node process that tried appends and had none acknowledged (liveness, not
+    safety: nothing is lost, but that node served nothing)."""
+    for node in harness.incarnations:
+        text = node.log_path.read_text() if node.log_path.exists() else ""
+        tried = sum(1 for line in text.splitlines() if line.startswith("T "))
+        acked = sum(1 for line in text.splitlines() if line.startswith("A "))
+        if tried >= 5 and acked == 0:
+            errors = sorted(
+                {
+                    line.split()[3]
+                    for line in text.splitlines()
+                    if line.startswith("U ") and len(line.split()) > 3
+                }
+            )
+            harness.anomaly(
+                f"node {node.node_id} incarnation {node.incarnation}: {tried} appends, none acknowledged ({errors})"
+            )
 
 
 def _report(harness: ClusterHarness, seed: int, violations: list[str]) -> None:

@@ -92,11 +92,13 @@ class ClusterWatcher:
         """Streams a takeover run here closed: opened here next unless a row sends them elsewhere."""
         self._runs: dict[int, asyncio.Task[None]] = {}
         """Dead node id -> its takeover run in progress here."""
-        self._run_failed_at: dict[tuple[int, int], float] = {}
-        self._run_failures: dict[tuple[int, int], int] = {}
-        """(dead node id, attempt) -> failed runs of that attempt here."""
-        self._run_done: set[tuple[int, int]] = set()
-        """(dead node id, attempt) of the takeover runs that returned here (never run again)."""
+        self._run_failed_at: dict[tuple[int, int, int], float] = {}
+        self._run_failures: dict[tuple[int, int, int], int] = {}
+        """(dead node id, its session's node epoch, attempt) -> failed runs of that attempt here."""
+        self._run_done: set[tuple[int, int, int]] = set()
+        """(dead node id, its session's node epoch, attempt) of the takeover runs that returned here
+        (never run again). The epoch is part of the key: a later session of the same node that dies
+        gets a takeover of its own, whose attempt counts from 1 again."""
         self.hub_closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -319,9 +321,10 @@ class ClusterWatcher:
             ):
                 continue
             run = self._runs.get(takeover.node_id)
-            if (run is not None and not run.done()) or (takeover.node_id, takeover.attempt) in self._run_done:
+            key = _run_key(takeover)
+            if (run is not None and not run.done()) or key in self._run_done:
                 continue
-            failed_at = self._run_failed_at.get((takeover.node_id, takeover.attempt))
+            failed_at = self._run_failed_at.get(key)
             if failed_at is not None and self._clock() - failed_at < RUNNER_RETRY_S:
                 continue
             task = asyncio.create_task(self._run_takeover(takeover), name="s3stream-cluster-takeover")
@@ -333,7 +336,7 @@ class ClusterWatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a task boundary: the takeover stays RUNNING, run again
-            key = (takeover.node_id, takeover.attempt)
+            key = _run_key(takeover)
             self._run_failed_at[key] = self._clock()
             failures = self._run_failures[key] = self._run_failures.get(key, 0) + 1
             if failures < self.run_failures_max:
@@ -352,7 +355,12 @@ class ClusterWatcher:
             except S3StreamError as give_back_error:  # the controller re-assigned it meanwhile
                 log.warning("takeover of node %d: give back refused: %s", takeover.node_id, give_back_error)
             return
-        self._run_done.add((takeover.node_id, takeover.attempt))
+        self._run_done.add(_run_key(takeover))
         self._adopt.update(taken)
         if taken:
             self.wake()
+
+
+def _run_key(takeover: TakeoverInfo) -> tuple[int, int, int]:
+    """One takeover attempt: the dead session (node id, node epoch) and the attempt number."""
+    return (int(takeover.node_id), takeover.node_epoch, takeover.attempt)

@@ -53,14 +53,20 @@ KiB = 1 << 10
 MiB = 1 << 20
 EVENT_TIMEOUT_S = 60.0
 NODE_READY_TIMEOUT_S = 300.0
-MOVE_CONFIG: dict[str, Any] = {
-    "wal_capacity_bytes": 1024 * MiB,
-    "wal_cache_size_bytes": 512 * MiB,
-    "wal_upload_threshold_bytes": 256 * MiB,
-    "wal_upload_interval_ms": 600_000,
-}
-"""The moving nodes hold up to 256 MiB un-uploaded: each move's pending bytes are all still pending
-when it is requested."""
+
+
+def move_config(pending_bytes_max: int) -> dict[str, Any]:
+    """The moving nodes' WAL settings: the upload threshold is 4x the largest move's pending bytes (at
+    least 16 MiB) and the interval 10 minutes, so each move's pending bytes are all still un-uploaded
+    when it is requested; the WAL and its cache are sized to hold that (a 1 GiB WAL for 64 MiB moves; a
+    smaller one for smaller moves: creating a big WAL file costs seconds at every start)."""
+    threshold = max(16 * MiB, 4 * pending_bytes_max)
+    return {
+        "wal_capacity_bytes": 4 * threshold,
+        "wal_cache_size_bytes": 2 * threshold,
+        "wal_upload_threshold_bytes": threshold,
+        "wal_upload_interval_ms": 600_000,
+    }
 
 
 class NodeProcess:
@@ -277,7 +283,7 @@ async def _move_rows(ctx: Context) -> list[Result]:
                     node_id=node_id,
                     mode="move",
                     cpu=_cpu(ctx, node_id - 1),
-                    config=MOVE_CONFIG,
+                    config=move_config(max(pending for _, pending, _, _ in cases)),
                 ),
                 f"moves-{node_id}",
             )
@@ -376,24 +382,40 @@ async def _failover_rows(ctx: Context) -> list[Result]:
     samples = []
     async with _fresh(ctx, "failover") as url:
         bucket = _bucket_uri(ctx, "failover")
-        survivor = await open_client(
-            ctx.scratch("failover-node1"), bucket_uri=bucket, config=_config(url, 1, node_lease_ms=lease_ms)
-        )
+
+        def victim_spec(index: int) -> NodeSpec:
+            return NodeSpec(
+                metadata_url=url,
+                bucket_uri=bucket,
+                data_dir=str(ctx.scratch(f"failover-victim-{index}")),
+                node_id=10 + index,
+                mode="hold",
+                streams=count,
+                cpu=_cpu(ctx, 1),
+                config={"node_lease_ms": lease_ms},
+            )
+
+        ctx.status("reassign: failover, opening the surviving node and the first victim")
+        first_victim = asyncio.create_task(_spawn(ctx, victim_spec(0), "victim-0"))
+        try:
+            survivor = await open_client(
+                ctx.scratch("failover-node1"),
+                bucket_uri=bucket,
+                config=_config(url, 1, node_lease_ms=lease_ms),
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await (await first_victim).stop()
+            raise
         watch = GainWatch(survivor)
+        victims: list[NodeProcess] = []
         try:
             for index in range(rounds):
                 ctx.status(f"reassign: failover {index + 1}/{rounds} (lease {lease_ms} ms)")
-                spec = NodeSpec(
-                    metadata_url=url,
-                    bucket_uri=bucket,
-                    data_dir=str(ctx.scratch(f"failover-victim-{index}")),
-                    node_id=10 + index,
-                    mode="hold",
-                    streams=count,
-                    cpu=_cpu(ctx, 1),
-                    config={"node_lease_ms": lease_ms},
+                victim = await (
+                    first_victim if index == 0 else _spawn(ctx, victim_spec(index), f"victim-{index}")
                 )
-                victim = await _spawn(ctx, spec, f"victim-{index}")
+                victims.append(victim)
                 await asyncio.sleep(ctx.scale(quick=0.5, full=1.0))  # appends in its WAL, not uploaded
                 gained = watch.arm([StreamId(s) for s in victim.ready])
                 started = time.perf_counter()
@@ -403,10 +425,15 @@ async def _failover_rows(ctx: Context) -> list[Result]:
                 took_s = time.perf_counter() - started
                 latency.record(took_s)
                 samples.append(took_s)
-                await victim.stop()
                 for stream in streams:  # back to CLOSED so the next round's streams stand alone
                     await stream.close()
         finally:
+            for victim in victims:  # killed already unless a round failed before its kill
+                with contextlib.suppress(ProcessLookupError):
+                    victim.process.kill()
+                await victim.stop()
+            if not first_victim.done():
+                first_victim.cancel()
             await watch.close()
             await survivor.close()
     mine = latency.summary_ms()
@@ -435,51 +462,60 @@ async def _failover_rows(ctx: Context) -> list[Result]:
     ]
 
 
-async def _cluster_run(
-    ctx: Context, url: str, nodes: int, spec: dict[str, Any], duration_s: float
-) -> dict[str, Any]:
-    """``nodes`` append node processes started at once, one ``GO`` for all, their rates summed."""
-    bucket = _bucket_uri(ctx, f"append-{nodes}")
+async def _cluster_runs(
+    ctx: Context, url: str, counts: list[int], spec: dict[str, Any], duration_s: float
+) -> dict[int, dict[str, Any]]:
+    """``max(counts)`` append node processes started at once; for each count, one ``GO`` to that many
+    of them at once and their rates summed (the others idle meanwhile)."""
+    bucket = _bucket_uri(ctx, f"append-{max(counts)}")
     specs = [
         (
             NodeSpec(
                 metadata_url=url,
                 bucket_uri=bucket,
-                data_dir=str(ctx.scratch(f"append-{nodes}-node{node_id}")),
+                data_dir=str(ctx.scratch(f"append-{max(counts)}-node{node_id}")),
                 node_id=node_id,
                 mode="append",
                 cpu=_cpu(ctx, node_id - 1),
                 **spec,
             ),
-            f"append-{nodes}-{node_id}",
+            f"append-{max(counts)}-{node_id}",
         )
-        for node_id in range(1, nodes + 1)
+        for node_id in range(1, max(counts) + 1)
     ]
     processes = await _spawn_all(ctx, specs)
+    runs = {}
     try:
-        replies = await asyncio.gather(
-            *(p.command(f"GO {duration_s}", duration_s + EVENT_TIMEOUT_S) for p in processes)
-        )
+        for nodes in counts:
+            ctx.status(f"reassign: cluster appends/s, {nodes} node process(es)")
+            replies = await asyncio.gather(
+                *(p.command(f"GO {duration_s}", duration_s + EVENT_TIMEOUT_S) for p in processes[:nodes])
+            )
+            reports = [json.loads(line) for line in replies]
+            runs[nodes] = {
+                "appends_per_s": sum(r["appends"] / r["elapsed_s"] for r in reports),
+                "by_node": [round(r["appends"] / r["elapsed_s"]) for r in reports],
+                "cpu_s": [round(r["cpu_s"], 2) for r in reports],
+                "idle_node_processes": len(processes) - nodes,
+            }
     finally:
         for process in processes:
             await process.stop()
-    reports = [json.loads(line) for line in replies]
-    return {
-        "appends_per_s": sum(r["appends"] / r["elapsed_s"] for r in reports),
-        "by_node": [round(r["appends"] / r["elapsed_s"]) for r in reports],
-        "cpu_s": [round(r["cpu_s"], 2) for r in reports],
-    }
+    return runs
 
 
 async def _cluster_rows(ctx: Context) -> list[Result]:
+    """Full runs start fresh processes (and a fresh schema) for each count; ``--quick`` (or
+    ``--param append_fresh=0``) starts the largest count once and reuses its processes."""
     counts = [int(n) for n in ctx.param("node_counts", "1,2,3").split(",")]
     spec = {"streams": ctx.param("node_streams", 8), "producers": ctx.param("producers", 64)}
     duration_s = ctx.param("append_s", ctx.scale(quick=1.0, full=10.0))
+    fresh = ctx.param("append_fresh", ctx.scale(quick=0, full=1))
+    groups = [[n] for n in counts] if fresh else [counts]
     runs: dict[int, dict[str, Any]] = {}
-    for nodes in counts:
-        ctx.status(f"reassign: cluster appends/s, {nodes} node process(es)")
+    for group in groups:
         async with _fresh(ctx, "append") as url:
-            runs[nodes] = await _cluster_run(ctx, url, nodes, spec, duration_s)
+            runs.update(await _cluster_runs(ctx, url, group, spec, duration_s))
     base = runs[counts[0]]["appends_per_s"]
     return [
         Result(
@@ -493,6 +529,7 @@ async def _cluster_rows(ctx: Context) -> list[Result]:
             {
                 "appends_per_s_by_node": run["by_node"],
                 "cpu_s_by_node": run["cpu_s"],
+                "idle_node_processes": run["idle_node_processes"],
                 "cpus": os.cpu_count(),
                 "duration_s": duration_s,
                 "pinned": ctx.pin,

@@ -11,8 +11,10 @@ its own, prints ``READY <stream ids>`` and then, by ``mode``:
   (the failover measurement kill -9s it); the appends keep un-uploaded data in its WAL;
 * ``move``: one of the two nodes streams are reassigned between. It follows
   ``client.streams.assignments()``: on each "gained" event it appends one record to the stream at once
-  and prints ``GAINED <stream id> <time.monotonic() at the acknowledgement>`` (CLOCK_MONOTONIC is
-  system-wide, so the driver compares it with its own request time). Commands on stdin, each answered
+  and prints ``GAINED <stream id> <event time> <acknowledgement time>``; on each "lost" event (the
+  stream closed here after its upload) ``LOST <stream id> <event time>``. Times are
+  ``time.monotonic()``: CLOCK_MONOTONIC is system-wide, so the driver compares them with its own
+  request time. Commands on stdin, each answered
   by one line: ``CREATE <n>`` -> ``CREATED <ids>`` (n new streams open here); ``FILL <bytes> <ids>``
   -> ``FILLED`` (that many bytes in 1 MiB records spread over those streams, which must be open here);
   ``EXIT`` (or the end of stdin) closes.
@@ -103,16 +105,17 @@ async def _move(client: Any) -> None:
         async for event in client.streams.assignments():
             if event.kind == "lost":
                 owned.pop(event.stream_id, None)
+                await say(f"LOST {event.stream_id} {time.monotonic()!r}")
             elif event.stream is not None:
                 owned[event.stream_id] = event.stream
-                task = asyncio.create_task(first_append(event.stream))
+                task = asyncio.create_task(first_append(event.stream, time.monotonic()))
                 appending.add(task)
                 task.add_done_callback(appending.discard)
 
-    async def first_append(stream: Any) -> None:
+    async def first_append(stream: Any, gained: float) -> None:
         await stream.append(RecordBatch(b"first append on the new owner"))
         acked = time.monotonic()
-        await say(f"GAINED {stream.stream_id} {acked!r}")
+        await say(f"GAINED {stream.stream_id} {gained!r} {acked!r}")
 
     follower = asyncio.create_task(follow())
     print("READY", flush=True)

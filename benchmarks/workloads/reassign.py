@@ -78,17 +78,19 @@ class NodeProcess:
         self.log_path = log_path
         self.ready: list[int] = []
         self._replies: asyncio.Queue[str] = asyncio.Queue()
-        self._gains: dict[int, asyncio.Future[float]] = {}
+        self._gains: dict[int, asyncio.Future[tuple[float, ...]]] = {}
+        self._losses: dict[int, asyncio.Future[tuple[float, ...]]] = {}
         self._reader = asyncio.create_task(self._read(), name="bench-node-stdout")
 
     async def _read(self) -> None:
         assert self.process.stdout is not None
         while line := (await self.process.stdout.readline()).decode():
-            if line.startswith("GAINED "):
-                _, sid, acked = line.split()
-                future = self._gains.pop(int(sid), None)
+            if line.startswith(("GAINED ", "LOST ")):
+                kind, sid, *times = line.split()
+                waiting = self._gains if kind == "GAINED" else self._losses
+                future = waiting.pop(int(sid), None)
                 if future is not None and not future.done():
-                    future.set_result(float(acked))
+                    future.set_result(tuple(float(t) for t in times))
             else:
                 await self._replies.put(line.strip())
         await self._replies.put("")  # the process closed its stdout (exited)
@@ -105,13 +107,15 @@ class NodeProcess:
         await self.process.stdin.drain()
         return await self.reply(timeout_s)
 
-    def arm(self, stream_ids: list[int]) -> list[asyncio.Future[float]]:
-        """Futures of the ``time.monotonic()`` at which each stream's first append here was acknowledged."""
+    def arm(self, stream_ids: list[int], kind: str = "GAINED") -> list[asyncio.Future[tuple[float, ...]]]:
+        """Futures of the ``time.monotonic()`` values of each stream's next ``GAINED`` line here (the
+        gained event, the first append's acknowledgement) or ``LOST`` line (the lost event)."""
+        waiting = self._gains if kind == "GAINED" else self._losses
         loop = asyncio.get_running_loop()
         futures = []
         for sid in stream_ids:
-            future: asyncio.Future[float] = loop.create_future()
-            self._gains[sid] = future
+            future: asyncio.Future[tuple[float, ...]] = loop.create_future()
+            waiting[sid] = future
             futures.append(future)
         return futures
 
@@ -202,29 +206,50 @@ async def _moves(
     streams: int,
     pending_bytes: int,
     moves: int,
-) -> tuple[LatencyRecorder, list[float]]:
+) -> tuple[LatencyRecorder, list[float], dict[str, list[float]]]:
     """``moves`` reassignments of ``streams`` new streams between the two node processes; the times in
     seconds, from just before the request to the last of the streams' first appends acknowledged on
-    the new owner (both sides read CLOCK_MONOTONIC)."""
+    the new owner (both sides read CLOCK_MONOTONIC), and the same time in three phases (the last
+    stream's of each): ``owner_closed`` (request to the old owner's last "lost" event: its poll, the
+    drain, the upload, the metadata closes), ``target_opened`` (from there to the new owner's last
+    "gained" event: its poll, describe and open) and ``first_append`` (from there to the last first
+    append acknowledged)."""
     reply = await nodes[0].command(f"CREATE {streams}")
     ids = [int(s) for s in reply.split()[1:]]
     latency = LatencyRecorder()
     samples: list[float] = []
+    phases: dict[str, list[float]] = {"owner_closed": [], "target_opened": [], "first_append": []}
     owner = 0
     for index in range(moves):
         ctx.status(f"reassign: {label}, move {index + 1}/{moves}")
         if pending_bytes > 0:
             await nodes[owner].command(f"FILL {pending_bytes} " + " ".join(map(str, ids)))
         target = 1 - owner
+        lost = nodes[owner].arm(ids, "LOST")
         gained = nodes[target].arm(ids)
         started = time.monotonic()
         await requester.request_reassign(stream_ids=[StreamId(s) for s in ids], to_node_id=NodeId(target + 1))
-        acked = await asyncio.wait_for(asyncio.gather(*gained), EVENT_TIMEOUT_S)
-        took_s = max(acked) - started
+        gains = await asyncio.wait_for(asyncio.gather(*gained), EVENT_TIMEOUT_S)
+        losses = await asyncio.wait_for(asyncio.gather(*lost), EVENT_TIMEOUT_S)
+        closed_at = max(t[0] for t in losses)
+        opened_at = max(t[0] for t in gains)
+        acked_at = max(t[1] for t in gains)
+        took_s = acked_at - started
         latency.record(took_s)
         samples.append(took_s)
+        phases["owner_closed"].append(closed_at - started)
+        phases["target_opened"].append(opened_at - closed_at)
+        phases["first_append"].append(acked_at - opened_at)
         owner = target
-    return latency, samples
+    return latency, samples, phases
+
+
+def _percentiles_ms(values: list[float]) -> dict[str, float]:
+    recorder = LatencyRecorder()
+    for value in values:
+        recorder.record(value)
+    summary = recorder.summary_ms()
+    return {"p50": summary["p50"], "p99": summary["p99"], "max": summary["max"]}
 
 
 async def _raw_puts(ctx: Context, name: str, size_bytes: int, count: int) -> LatencyRecorder:
@@ -293,16 +318,16 @@ async def _move_rows(ctx: Context) -> list[Result]:
         requester: MetadataStore = await open_metadata_store(url)
         try:
             for streams, pending, label, goal_s in cases:
-                latency, samples = await _moves(
+                latency, samples, phases = await _moves(
                     ctx, nodes, requester, label=label, streams=streams, pending_bytes=pending, moves=moves
                 )
-                measured.append((streams, pending, label, goal_s, latency, samples))
+                measured.append((streams, pending, label, goal_s, latency, samples, phases))
         finally:
             await requester.close()
             for node in nodes:
                 await node.stop()
     results = []
-    for streams, pending, label, goal_s, latency, samples in measured:
+    for streams, pending, label, goal_s, latency, samples, phases in measured:
         ctx.status(f"reassign: raw PUT baseline, {pending} bytes")
         base = await _raw_puts(ctx, f"{streams}x{pending}", pending, puts)
         mine, raw = latency.summary_ms(), base.summary_ms()
@@ -321,6 +346,7 @@ async def _move_rows(ctx: Context) -> list[Result]:
                     "p50_ms": mine["p50"],
                     "baseline_p50_ms": raw["p50"],
                     "samples_ms": [round(s * 1000, 1) for s in samples],
+                    "phases_ms": {name: _percentiles_ms(values) for name, values in phases.items()},
                     "moves": moves,
                     "streams": streams,
                     "pending_bytes": pending,

@@ -56,6 +56,10 @@ def _check_moves(rows: list[Result], *, moves: int) -> None:
         assert row.value == extra["latency_ms"]["p99"] >= extra["p50_ms"] > 0
         assert row.baseline_value == extra["baseline_latency_ms"]["p99"] >= extra["baseline_p50_ms"] > 0
         assert extra["goal_met"] == (row.value < goal_ms)
+        phases = extra["phases_ms"]
+        assert set(phases) == {"owner_closed", "target_opened", "first_append"}
+        assert 0 < phases["owner_closed"]["p50"] <= row.value
+        assert 0 < phases["first_append"]["p50"] <= row.value
 
 
 def _check_failover(row: Result) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from s3stream.errors import ConflictError, InvalidArgumentError
 from s3stream.facade import SyncClient, SyncStream
 from s3stream.ids import ObjectId, StreamId
-from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, StreamOffsetRange
+from s3stream.metadata.base import CommittedObject, StreamOffsetRange
 from spark_sink.direct_protocol import (
     DirectProgress,
     ObjectDescription,
@@ -182,9 +182,8 @@ class DirectWriter:
             self.observer(f"after_upload:{batch_id}")
             t2 = time.perf_counter()
             winners = check_tiling(plan, slots, described)
-            request = self._request(snap, plan, slots, winners, query_id=query_id, batch_id=batch_id)
             self.observer(f"before_commit:{batch_id}")
-            self._commit(request)
+            self._commit(snap, plan, slots, winners, query_id=query_id, batch_id=batch_id)
             self.observer(f"after_batch:{batch_id}")
             t3 = time.perf_counter()
         finally:
@@ -212,9 +211,7 @@ class DirectWriter:
 
     def _prepare(self, plan: OffsetPlan) -> SlotTable:
         tasks = plan.tasks
-        probe = SlotTable(0, tasks)
-        metadata = self.client.client.engine.metadata
-        first = _run(self.client, metadata.prepare_objects(count=probe.id_count, ttl_ms=self.prepared_ttl_ms))
+        first = self.client.prepare_objects(SlotTable(0, tasks).id_count, ttl_ms=self.prepared_ttl_ms)
         return SlotTable(int(first), tasks)
 
     def _write_objects(
@@ -224,7 +221,7 @@ class DirectWriter:
             encode=encode,
             bucket_uri=self.bucket_uri,
             namespace=self.namespace,
-            stream_ids=tuple(int(s.stream.stream_id) for s in self.streams),
+            stream_ids=tuple(int(s.stream_id) for s in self.streams),
             stream_epochs=tuple(s.stream.epoch for s in self.streams),
             bases=dict(plan.bases),
             counts=dict(plan.counts),
@@ -250,7 +247,7 @@ class DirectWriter:
             )
         return out
 
-    def _request(
+    def _commit(
         self,
         snap: _Snapshot,
         plan: OffsetPlan,
@@ -259,9 +256,11 @@ class DirectWriter:
         *,
         query_id: str,
         batch_id: int,
-    ) -> CommitObjectsRequest:
-        stream_ids = [StreamId(int(s.stream.stream_id)) for s in self.streams]
-        objects = tuple(
+    ) -> None:
+        """ONE ``commit_objects``: the winners in task order, the stream ends, the progress and
+        committed records (conditional on what :meth:`snapshot` read), the other slots' ids released."""
+        stream_ids = [StreamId(int(s.stream_id)) for s in self.streams]
+        objects = [
             CommittedObject(
                 ObjectId(w.object_id),
                 w.size_bytes,
@@ -279,29 +278,22 @@ class DirectWriter:
                 w.stream_object,
             )
             for w in winners
-        )
+        ]
         used = {w.object_id for w in winners}
         progress_key = direct_progress_key(query_id, self.topic)
         new_committed = committed_after_direct(snap.committed, plan, query_id=query_id, batch_id=batch_id)
-        engine = self.client.client.engine
-        return CommitObjectsRequest(
-            node_id=engine.node_id,
-            node_epoch=engine.node_epoch,
-            objects=objects,
-            stream_epochs={stream_ids[p]: s.stream.epoch for p, s in enumerate(self.streams)},
+        self.client.commit_objects(
+            self.streams,
+            objects,
             kv_puts={
                 progress_key: DirectProgress(batch_id).encode(),
                 direct_committed_key(self.topic): new_committed.encode(),
             },
-            # the driver path's record (a WAL key) is not among them: an abandon moving it also moves
-            # the stream ends, which the commit's continuity check refuses
+            # not the driver path's record (a WAL key): it moves only by an abandon, which needs
+            # records past the committed ends, and the continuity check refuses any such record
             kv_expect={k: v for k, v in snap.raw.items() if k != committed_key(self.topic)},
-            release_ids=tuple(ObjectId(i) for i in slots.all_ids() if i not in used),
+            release_ids=[ObjectId(i) for i in slots.all_ids() if i not in used],
         )
-
-    def _commit(self, request: CommitObjectsRequest) -> None:
-        handles = [s.stream.handle for s in self.streams]
-        _run(self.client, self.client.client.engine.commit_external(handles, request))
 
 
 def kv_get(client: SyncClient, key: str) -> bytes | None:

@@ -25,14 +25,15 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from s3stream.engine.kvlog import DIRECT_KV_PREFIX
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
 from spark_sink.protocol import Committed, committed_key
 
 DIRECT_PROGRESS_VERSION = 3
 """Version 3: the direct path's progress record (versions 1-2 are the driver path's chunk records)."""
-DIRECT_KV_NAMESPACE = "\x01direct/spark_sink/"
-"""Prefix of every key the direct path writes. The engine's KV path (the WAL) never writes keys under
-its direct-commit prefix; these keys are committed only by ``commit_objects``."""
+DIRECT_KV_NAMESPACE = f"{DIRECT_KV_PREFIX}spark_sink/"
+"""Prefix of every key the direct path writes: under the engine's direct-commit prefix, which its KV
+path (the WAL) refuses, so these keys are written only by ``commit_objects``."""
 SLOTS_PER_TASK = 16
 """Object ids prepared per task. A task attempt writes under the first slot from its attempt number
 (``TaskContext.attemptNumber``: retries and speculative copies count up) whose create-only upload

@@ -10,6 +10,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -90,10 +91,10 @@ def _decoded(root: Path, object_id: int, size: int) -> dict[int, list[tuple[int,
     return asyncio.run(read())
 
 
-def _write(
-    options: DirectOptions, task: int, attempt: int, batches: list[pa.RecordBatch]
-) -> dict[str, object]:
-    rows = [r for rb in write_partition(options, task, attempt, iter(batches)) for r in rb.to_pylist()]
+def _write(options: DirectOptions, task: int, attempt: int, batches: list[pa.RecordBatch]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = [
+        r for rb in write_partition(options, task, attempt, iter(batches)) for r in rb.to_pylist()
+    ]
     assert len(rows) == 1
     return rows[0]
 
@@ -116,7 +117,7 @@ def test_a_task_writes_one_streamset_object_at_its_planned_offsets(tmp_path: Pat
     assert row["stream_object"] is False
     ranges = json.loads(str(row["ranges"]))
     assert [r[:3] for r in ranges] == [[0, 57, 57 + 160], [1, 63, 63 + 160]]
-    got = _decoded(tmp_path, int(row["object_id"]), int(row["size_bytes"]))  # type: ignore[call-overload]
+    got = _decoded(tmp_path, int(row["object_id"]), int(row["size_bytes"]))
     # partition 0 is stream 11, partition 1 is stream 10: the object holds stream 10 first
     assert got[11] == [(57 + j, str(i).encode()) for j, i in enumerate(range(0, 320, 2))]
     assert got[10] == [(63 + j, str(i).encode()) for j, i in enumerate(range(1, 320, 2))]
@@ -127,7 +128,7 @@ def test_a_task_of_one_partition_writes_a_stream_object(tmp_path: Path) -> None:
     options = _options(tmp_path, _counts(0, batches, 1), 1, [0])
     row = _write(options, 0, 0, batches)
     assert row["stream_object"] is True
-    got = _decoded(tmp_path, int(row["object_id"]), int(row["size_bytes"]))  # type: ignore[call-overload]
+    got = _decoded(tmp_path, int(row["object_id"]), int(row["size_bytes"]))
     assert [o for o, _ in got[10]] == list(range(50))
 
 
@@ -137,7 +138,7 @@ def test_attempts_write_distinct_objects(tmp_path: Path) -> None:
     first = _write(options, 0, 0, batches)
     retry = _write(options, 0, 1, batches)
     assert first["object_id"] != retry["object_id"]
-    assert (tmp_path / object_key(int(first["object_id"]), NS)).exists()  # type: ignore[call-overload]
+    assert (tmp_path / object_key(int(first["object_id"]), NS)).exists()
 
 
 def test_an_attempt_past_the_last_slot_fails_the_batch(tmp_path: Path) -> None:

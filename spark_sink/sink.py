@@ -322,11 +322,12 @@ class S3StreamSink:
 
     # -- direct path -----------------------------------------------------------------------------
     def _direct(self) -> DirectWriter | None:
-        """The direct-path writer when this sink uses the direct path (decided once, on first use)."""
+        """The direct-path writer when this call uses the direct path (:attr:`direct`, read per call;
+        where the executors write is decided on first use)."""
+        if self.direct is False:
+            return None
         if not self._direct_resolved:
-            target = (
-                None if self.direct is False else direct_target(self.client, self._bucket_uri, self.direct)
-            )
+            target = direct_target(self.client, self._bucket_uri, self.direct)
             if target is not None:
                 self._direct_writer = DirectWriter(
                     client=self.client,

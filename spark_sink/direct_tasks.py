@@ -15,7 +15,7 @@ that does not replay the same rows) and uploads ONE object create-only under the
 slot: a stream object when the task holds one partition, else a StreamSet object.
 
 ``task_observer`` (a picklable callable in :class:`DirectOptions`, a no-op by default) is called on the
-executor with ``(step, task, task attempt)`` at ``after_encode`` and ``after_upload``:
+executor with ``(step, batch id, task, task attempt)`` at ``after_encode`` and ``after_upload``:
 the tests use it to fail, slow down or kill a task attempt at those points.
 """
 
@@ -68,12 +68,12 @@ _SPOOL_ENTRY = struct.Struct(
     "i"  # payload bytes that follow
 )
 
-TaskObserver = Callable[[str, int, int], None]
-"""``(step, task, task attempt)``, called on the executor at ``after_encode`` and
+TaskObserver = Callable[[str, int, int, int], None]
+"""``(step, batch id, task, task attempt)``, called on the executor at ``after_encode`` and
 ``after_upload``."""
 
 
-def no_task_observer(step: str, task: int, task_attempt: int) -> None:
+def no_task_observer(step: str, batch_id: int, task: int, task_attempt: int) -> None:
     """The default :data:`TaskObserver`: does nothing."""
 
 
@@ -255,7 +255,7 @@ def write_partition(
             return
         if not planned:
             return
-        options.task_observer("after_encode", task, task_attempt)
+        options.task_observer("after_encode", options.encode.batch_id, task, task_attempt)
         order = sorted(planned, key=lambda p: options.stream_ids[p])
 
         def records() -> Iterator[RecordFields]:
@@ -285,7 +285,7 @@ def write_partition(
             )
             return
         slot, object_id, size = written
-        options.task_observer("after_upload", task, task_attempt)
+        options.task_observer("after_upload", options.encode.batch_id, task, task_attempt)
         ranges = [
             [p, options.bases[(task, p)], options.bases[(task, p)] + want[p], encoder.spools[p].bytes]
             for p in planned

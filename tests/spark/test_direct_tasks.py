@@ -159,10 +159,10 @@ def test_rows_that_changed_since_the_count_pass_fail_the_batch_without_an_object
 
 @pytest.mark.parametrize("step", ["after_encode", "after_upload"])
 def test_the_task_observer_sees_each_step(tmp_path: Path, step: str) -> None:
-    seen: list[tuple[str, int, int]] = []
+    seen: list[tuple[str, int, int, int]] = []
 
-    def observe(name: str, task: int, attempt: int) -> None:
-        seen.append((name, task, attempt))
+    def observe(name: str, batch_id: int, task: int, attempt: int) -> None:
+        seen.append((name, batch_id, task, attempt))
         if name == step:
             raise RuntimeError("injected")
 
@@ -174,4 +174,4 @@ def test_the_task_observer_sees_each_step(tmp_path: Path, step: str) -> None:
     gen: Iterator[pa.RecordBatch] = write_partition(options, 2, 1, iter(batches))
     with pytest.raises(RuntimeError, match="injected"):
         list(gen)
-    assert seen[-1] == (step, 2, 1)
+    assert seen[-1] == (step, 4, 2, 1)

@@ -31,9 +31,10 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from s3stream.direct.writer import write_object
 from s3stream.errors import ConflictError
+from s3stream.objectformat.writer import RecordFields
 from spark_sink.direct_protocol import SlotTable, attempt_slots
-from spark_sink.direct_upload import RecordFields, upload_object
 from spark_sink.encode import PARTITION_COLUMN, EncodeOptions, _Encoder, _Pending, check_rows
 from spark_sink.kafka_codec import encode_batch
 
@@ -90,7 +91,6 @@ class DirectOptions:
     bases: Mapping[tuple[int, int], int]
     counts: Mapping[tuple[int, int], int]
     slots: SlotTable
-    part_size_bytes: int = 16 << 20
     task_observer: TaskObserver = field(default=no_task_observer)
 
 
@@ -266,13 +266,7 @@ def write_partition(
         for slot in attempt_slots(task_attempt, options.slots.slots_per_task):
             object_id = options.slots.object_id(task, slot)
             try:
-                size = upload_object(
-                    options.bucket_uri,
-                    options.namespace,
-                    object_id,
-                    records(),
-                    part_size_bytes=options.part_size_bytes,
-                )
+                size = write_object(options.bucket_uri, options.namespace, object_id, records()).size_bytes
             except ConflictError:  # another attempt created this slot's object: take the next slot
                 continue
             written = (slot, object_id, size)

@@ -8,7 +8,8 @@ engine's own upload would later be refused and its acknowledged records dropped.
 
 1. reserve: new appends fail with ConflictError naming the reservation (appends in flight finish);
 2. drain: wait until every append submitted before is acknowledged or failed;
-3. upload: force the streams' LogCache data up and wait for its commit;
+3. upload: force the streams' LogCache data up and wait for its commit (steps 2 and 3 give up after
+   ``s3.close.timeout.ms`` with UnavailableError, nothing committed);
 4. check: each stream's next offset == confirm offset == the metadata's end offset (or, for a retry
    of a commit that went through, its end is already the request's end);
 5. commit: ``commit_objects``, one transaction;
@@ -39,6 +40,7 @@ from s3stream.errors import (
     FencedError,
     InvalidArgumentError,
     NotFoundError,
+    UnavailableError,
 )
 from s3stream.ids import StreamId
 from s3stream.metadata.base import CommitObjectsRequest
@@ -134,7 +136,14 @@ async def commit_external(
     reserve(handles, EXTERNAL_COMMIT)
     settled = True  # False only while the commit's outcome is unknown
     try:
-        await _drain_and_upload(engine, handles)
+        try:
+            async with asyncio.timeout(engine.config.close_timeout_ms / 1000):
+                await _drain_and_upload(engine, handles)
+        except TimeoutError:
+            raise UnavailableError(
+                f"external commit gave up after s3.close.timeout.ms ({engine.config.close_timeout_ms} ms) "
+                "waiting for its streams' data to upload: nothing was committed"
+            ) from None
         for handle in handles:
             meta = await engine.metadata.describe_stream(handle.stream_id)
             retried = meta.end_offset == new_ends.get(handle.stream_id)

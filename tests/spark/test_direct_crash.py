@@ -67,7 +67,7 @@ def _run(data_dir: Path, uri: str, ckpt: Path, until: int, *extra: str) -> tuple
         *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900, check=False)
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode not in (0, -signal.SIGKILL):
         pytest.fail(
@@ -136,6 +136,7 @@ def _gc_leaves_only_committed(data_dir: Path, uri: str) -> tuple[int, int]:
     return asyncio.run(run())
 
 
+@pytest.mark.timeout(2400)
 def test_sigkill_of_the_driver_at_every_step_of_a_direct_batch(
     tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
 ) -> None:

@@ -175,3 +175,16 @@ def test_the_task_observer_sees_each_step(tmp_path: Path, step: str) -> None:
     with pytest.raises(RuntimeError, match="injected"):
         list(gen)
     assert seen[-1] == (step, 4, 2, 1)
+
+
+def test_an_attempt_whose_slot_is_taken_moves_to_the_next_slot(tmp_path: Path) -> None:
+    # a stage re-attempt starts again at attempt number 0: the earlier attempt's object stays
+    batches = [_rows(range(0, 20), 1)]
+    options = _options(tmp_path, _counts(0, batches, 1), 1, [0])
+    first = _write(options, 0, 0, batches)
+    first_key = tmp_path / object_key(int(first["object_id"]), NS)
+    before = first_key.read_bytes()
+    again = _write(options, 0, 0, batches)
+    assert again["slot"] == 1
+    assert again["object_id"] == options.slots.object_id(0, 1)
+    assert first_key.read_bytes() == before, "create-only: the first attempt's object is never replaced"

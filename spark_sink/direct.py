@@ -301,6 +301,13 @@ def kv_get(client: SyncClient, key: str) -> bytes | None:
     return _run(client, client.client.engine.metadata.kv_get(key))
 
 
+def direct_batch_committed(client: SyncClient, query_id: str, topic: str, batch_id: int) -> bool:
+    """Whether the direct path committed micro-batch ``batch_id`` (or a later one) of ``query_id``."""
+    key = direct_progress_key(query_id, topic)
+    raw = kv_get(client, key)
+    return raw is not None and DirectProgress.decode(raw, key=key).batch_id >= batch_id
+
+
 def read_committed_record(client: SyncClient, topic: str, partition_count: int) -> Committed:
     """The topic's committed record, whichever path wrote it last (:func:`load_committed`)."""
     return load_committed(lambda key: kv_get(client, key), topic, partition_count)

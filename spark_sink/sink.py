@@ -45,7 +45,13 @@ from s3stream.facade import SyncClient, SyncStream
 from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
 from spark_sink.columns import ColumnCache, normalize
-from spark_sink.direct import DirectStats, DirectWriter, direct_target, read_committed_record
+from spark_sink.direct import (
+    DirectStats,
+    DirectWriter,
+    direct_batch_committed,
+    direct_target,
+    read_committed_record,
+)
 from spark_sink.direct_tasks import TaskObserver
 from spark_sink.encode import (
     OUTPUT_DDL,
@@ -313,6 +319,10 @@ class S3StreamSink:
         writer = self._direct()
         if writer is not None:
             return self._write_direct(writer, df, batch_id, query_id)
+        if direct_batch_committed(self.client, query_id, self.topic_name, batch_id):
+            # committed on the direct path (the sink was switched): a replay writes nothing
+            self._progress_observer(f"after_batch:{batch_id}")
+            return BatchStats(batch_id, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
         spill_dir = self._spill_dir_for(df, batch_id)
         try:
             return self._write_encoded(df, batch_id, query_id, spill_dir, t0)

@@ -102,6 +102,10 @@ def test_driver_path_data_in_the_wal_is_uploaded_before_a_direct_commit(
         sink(_rows(spark, ROWS), 1)
         assert sink.direct_history[-1].objects == 2
         _check_exact(sink, 2 * ROWS)
+        sink.direct = False
+        sink(_rows(spark, ROWS), 1)  # a replay on the driver path of a batch the direct path committed
+        assert sink.history[-1].rows == 0
+        _check_exact(sink, 2 * ROWS)
     with _sink(tmp_path / "engine", uri) as reopened:  # nothing was dropped as "lost"
         _check_exact(reopened, 2 * ROWS)
         reopened(_rows(spark, 2 * ROWS), 2)

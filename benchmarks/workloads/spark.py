@@ -12,6 +12,16 @@ objects + SQLite under the work dir).
 - **fixed cost per micro-batch**: mean ``triggerExecution`` of micro-batches of 10 rows, same two
   sinks (lower is better).
 
+With an S3 target two more rows (the direct path needs objects the executors reach):
+
+- **direct rows/s**: the same micro-batches through the sink's direct path (executors upload,
+  the driver commits) vs the parquet sink; the extras give the driver path on the same bucket
+  (``driver_path_s3_rows_per_s``) and on the embedded local store (``driver_path_local_rows_per_s``).
+- **driver peak RSS of a big micro-batch** (``--param big_mib=N``; 2 GiB, 512 MiB with ``--quick``)
+  on the direct path with ``spark.driver.memory=1g``, in its own driver process
+  (``_spark_big_batch``): its ``VmHWM`` after the big batch vs after a 1,000-row batch (goal: below
+  1.5x). In local mode the executors run in the driver's JVM, so the JVM's peak is given apart.
+
 The extras break the sink's time down into executor encoding + collection (``encode_ms``) and the
 engine appends (``append_ms``) per micro-batch.
 """

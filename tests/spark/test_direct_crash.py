@@ -27,8 +27,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -36,7 +37,6 @@ from compaction.gc import GarbageCollector
 from s3stream.assembly import open_sync
 from s3stream.metadata.base import ObjectState
 from s3stream.objectformat import object_key
-from s3stream.storage.uri import open_storage
 from spark_sink.reader import read_records
 from tests.support.s3 import S3TestServer
 
@@ -46,6 +46,7 @@ JOB = Path(__file__).with_name("direct_job.py")
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 300
 PARTITIONS = 3
+T = TypeVar("T")
 
 
 def _run(data_dir: Path, uri: str, ckpt: Path, until: int, *extra: str) -> tuple[int, list[dict[str, Any]]]:
@@ -98,42 +99,33 @@ def _batches(events: list[dict[str, Any]]) -> list[tuple[int, bool]]:
 
 def _gc_leaves_only_committed(data_dir: Path, uri: str) -> tuple[int, int]:
     """Run GC past every TTL; returns (keys before, keys after) and checks keys after == committed."""
+    with open_sync(data_dir, bucket_uri=uri) as client:
 
-    async def run() -> tuple[int, int]:
-        storage = open_storage(uri)
-        try:
-            before = [o.key async for o in storage.list("")]
-            with open_sync(data_dir, bucket_uri=uri) as client:
-                metadata = client.client.engine.metadata
-                namespace = client.client.config.namespace
-                future_ms = 10**13  # far past the prepared TTL, the retention and the orphan TTL
+        def run(coro: Coroutine[Any, Any, T]) -> T:
+            return asyncio.run_coroutine_threadsafe(coro, client.loop).result()
 
-                def collect() -> None:
-                    gc = GarbageCollector(
-                        metadata,
-                        storage,
-                        namespace=namespace,
-                        retention_ms=0,
-                        orphan_ttl_ms=0,
-                        clock_ms=lambda: future_ms,
-                    )
-                    for _ in range(3):
-                        asyncio.run_coroutine_threadsafe(gc.collect(scan_orphans=True), client.loop).result()
+        engine = client.client.engine
+        namespace = client.client.config.namespace
 
-                await asyncio.to_thread(collect)
-                committed = asyncio.run_coroutine_threadsafe(
-                    metadata.list_objects([ObjectState.COMMITTED]), client.loop
-                ).result()
-                want = {object_key(o.object_id, namespace) for o in committed}
-            after = {o.key async for o in storage.list("") if f"/{namespace}/" in o.key}
-            assert after == want, (
-                f"uncommitted keys left: {sorted(after - want)}; missing: {sorted(want - after)}"
-            )
-            return len(before), len(after)
-        finally:
-            await storage.close()
+        async def keys() -> set[str]:
+            return {o.key async for o in engine.storage.list("") if f"/{namespace}/" in o.key}
 
-    return asyncio.run(run())
+        before = run(keys())
+        gc = GarbageCollector(
+            engine.metadata,
+            engine.storage,
+            namespace=namespace,
+            retention_ms=0,
+            orphan_ttl_ms=0,
+            clock_ms=lambda: 10**13,  # far past the prepared TTL, the retention and the orphan TTL
+        )
+        for _ in range(3):
+            run(gc.collect(scan_orphans=True))
+        committed = run(engine.metadata.list_objects([ObjectState.COMMITTED]))
+        want = {object_key(o.object_id, namespace) for o in committed}
+        after = run(keys())
+    assert after == want, f"uncommitted keys left: {sorted(after - want)}; missing: {sorted(want - after)}"
+    return len(before), len(after)
 
 
 @pytest.mark.timeout(2400)

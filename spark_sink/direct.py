@@ -63,6 +63,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 T = TypeVar("T")
+PERSIST_LEVEL_DEFAULT = "MEMORY_AND_DISK"
+"""How the micro-batch is kept between the count pass and the write pass (a ``StorageLevel`` name)."""
+PERSIST_LEVELS = ("MEMORY_AND_DISK", "MEMORY_AND_DISK_SER", "DISK_ONLY", "MEMORY_ONLY")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,7 @@ class DirectWriter:
         prepared_ttl_ms: int,
         observer: Callable[[str], None],
         task_observer: TaskObserver | None = None,
+        persist_level: str = PERSIST_LEVEL_DEFAULT,
     ) -> None:
         self.client = client
         self.topic = topic
@@ -117,6 +121,7 @@ class DirectWriter:
         self.prepared_ttl_ms = prepared_ttl_ms
         self.observer = observer
         self.task_observer = task_observer
+        self.persist_level = persist_level
 
     def _kv_get(self, key: str) -> bytes | None:
         return kv_get(self.client, key)
@@ -167,7 +172,7 @@ class DirectWriter:
         self.check_ends(committed, batch_id)
         from pyspark import StorageLevel
 
-        persisted = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted = rows.persist(getattr(StorageLevel, self.persist_level))
         try:
             counts = self._count(persisted, encode)
             plan = plan_bases(counts, committed.ends)

@@ -46,6 +46,8 @@ from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
 from spark_sink.columns import ColumnCache, normalize
 from spark_sink.direct import (
+    PERSIST_LEVEL_DEFAULT,
+    PERSIST_LEVELS,
     DirectStats,
     DirectWriter,
     direct_batch_committed,
@@ -143,6 +145,7 @@ class S3StreamSink:
         progress_observer: ProgressObserver = _no_progress_observer,
         direct: bool | None = None,
         task_observer: TaskObserver | None = None,
+        persist_level: str = PERSIST_LEVEL_DEFAULT,
     ) -> None:
         if (data_dir is None) == (client is None):
             raise InvalidArgumentError("give exactly one of data_dir and client")
@@ -185,6 +188,13 @@ class S3StreamSink:
         """True: executors write objects, the driver commits them (:mod:`spark_sink.direct`); False:
         the driver appends through its WAL; None: direct when the topic's objects are on S3."""
         self._task_observer = task_observer
+        if persist_level not in PERSIST_LEVELS:
+            raise InvalidArgumentError(
+                f"persist_level must be one of {PERSIST_LEVELS}, got {persist_level!r}"
+            )
+        self.persist_level = persist_level
+        """The ``StorageLevel`` the direct path keeps a micro-batch in between its two passes
+        (``DISK_ONLY`` keeps executor heap free, e.g. in local mode where executors share the driver's JVM)."""
         self._direct_writer: DirectWriter | None = None
         self._direct_resolved = False
         self.direct_history: deque[DirectStats] = deque(maxlen=HISTORY_MAX)
@@ -348,6 +358,7 @@ class S3StreamSink:
                     prepared_ttl_ms=self._config.object_prepared_ttl_ms,
                     observer=self._progress_observer,
                     task_observer=self._task_observer,
+                    persist_level=self.persist_level,
                 )
             self._direct_resolved = True
         return self._direct_writer

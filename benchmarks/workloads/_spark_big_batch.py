@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--direct", choices=("true", "false"), default="true")
+    parser.add_argument(
+        "--persist-level", default="DISK_ONLY", help="local mode: executors share the driver's heap"
+    )
     args = parser.parse_args(argv)
 
     from spark_sink.session import local_session
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         stream_column="p",
         query_id="big",
         direct=args.direct == "true",
+        persist_level=args.persist_level,
     )
     try:
         t0 = time.perf_counter()

@@ -8,7 +8,8 @@ below 1.5x its peak after the small one (no payload byte enters it).
 ``spark.driver.memory=1g`` (``S3STREAM_SPARK_BIG_DRIVER_MEMORY``). CI size: a batch of 1x the driver
 memory (1 GiB); ``S3STREAM_SPARK_BIG_FACTOR=4`` runs the 4 GiB batch. In local mode the executors run
 inside the driver's JVM: with ``512m`` that JVM itself ran out of memory (Spark's reserved 300 MiB
-leave too little for the tasks), whatever the sink does.
+leave too little for the tasks), and with ``1g`` the executors' in-memory cache of the persisted
+micro-batch did, so the job persists it ``DISK_ONLY`` (the sink's ``persist_level``).
 """
 
 from __future__ import annotations

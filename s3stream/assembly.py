@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -32,6 +31,11 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
+from s3stream.clock import lease_clock_s
+from s3stream.cluster.controller import CONTROLLER_LEASE, FailoverController
+from s3stream.cluster.events import AssignmentHub
+from s3stream.cluster.takeover import TakeoverObserver, Taker
+from s3stream.cluster.watcher import ClusterWatcher, TakeoverRunner
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.client import Client
@@ -39,10 +43,10 @@ from s3stream.engine.core import Engine, UploadObserver
 from s3stream.engine.heartbeat import Heartbeat
 from s3stream.engine.reader import ObjectStreamReader
 from s3stream.engine.walport import WriteAheadLog
-from s3stream.errors import InvalidArgumentError
+from s3stream.errors import ErrorCode, InvalidArgumentError, UnavailableError
 from s3stream.facade import SyncClient
 from s3stream.ids import NodeId
-from s3stream.metadata.base import MetadataStore
+from s3stream.metadata.base import MetadataStore, TakeoverState
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import open_metadata_store
 from s3stream.objectformat import ObjectReaderCache
@@ -111,6 +115,7 @@ async def open_client(
     bucket_uri: str | None = None,
     config: Config | None = None,
     upload_observer: UploadObserver | None = None,
+    takeover_observer: TakeoverObserver | None = None,
     wal: WriteAheadLog | None = None,
     metadata: MetadataStore | None = None,
     storage: ObjectStorage | None = None,
@@ -158,6 +163,7 @@ async def open_client(
         else:
             closers.append(storage.close)
         copied_store, copy = None, None
+        clustered = metadata is not None  # a shared (or given) store: this node follows the cluster
         if metadata is None:
             from s3stream.metadata.sqlite import SqliteMetadataStore
 
@@ -168,8 +174,12 @@ async def open_client(
             closers.append(metadata.close)
         elif not opened_by_url:
             closers.append(metadata.close)
+        wal_file = ""
         if wal is None:
             wal_path = root / WAL_FILE
+            wal_file = str(wal_path.absolute())
+            if clustered:
+                await _wait_for_takeover(metadata, node_id, config)  # the taker reads this WAL meanwhile
             wal_existed = await asyncio.to_thread(wal_path.exists)
             # The WAL takes the data dir's lock before the session is opened. Its header's node epoch
             # only has to be at most the session's: the next epoch as stored now is.
@@ -178,7 +188,14 @@ async def open_client(
             if not wal_existed:
                 created.files.append(wal_path)
         closers.append(wal.close)
-        heartbeat = await open_session(metadata, node_id=node_id, lease_ms=config.node_lease_ms)
+        heartbeat = await open_session(
+            metadata,
+            node_id=node_id,
+            lease_ms=config.node_lease_ms,
+            wal_path=wal_file,
+            takeover_wait_ms=config.close_timeout_ms,
+            retry_ms=config.cluster_poll_ms,
+        )
         closers.append(heartbeat.close)
         epoch = heartbeat.node_epoch
         await binding.bind_storage(
@@ -199,11 +216,31 @@ async def open_client(
             node_epoch=epoch,
             reader=reader,
             upload_observer=upload_observer,
+            lease_check=heartbeat.holds_lease,
         )
         heartbeat.add_listener(engine.fence)
+        heartbeat.wal_pending_bytes = lambda: engine.wal_pending_bytes
         await engine.start()
         engine_closer = len(closers)
         closers.append(engine.close)  # for a failure below; the client closes the engine itself
+        hub = AssignmentHub()
+        watcher, watcher_closer = None, -1
+        if clustered:
+            taker = takeover_runner(
+                config, metadata, storage, node_id=node_id, node_epoch=epoch, observer=takeover_observer
+            )
+            watcher = ClusterWatcher(
+                engine,
+                metadata,
+                hub,
+                poll_ms=config.cluster_poll_ms,
+                takeover_runner=taker,
+                run_failures_max=config.wal_failover_run_failures_max,
+            )
+            heartbeat.add_listener(watcher.on_fenced)
+            watcher.start()
+            watcher_closer = len(closers)
+            closers.append(watcher.close)  # for a failure below; the client closes it before the engine
         if copied_store is not None and _is_bucket(bucket_uri):
             copy = await _start_metadata_copy(copied_store, storage, config)
             closers.append(copy.close)  # closed after the engine, before the metadata store
@@ -229,27 +266,115 @@ async def open_client(
         heartbeat.add_listener(maintenance.on_fenced)
         await maintenance.start()
         closers.append(maintenance.close)
+        controller, controller_election = None, None
+        if clustered:  # failover: the node holding the "controller" lease fences dead nodes
+            controller = FailoverController(
+                _lease_bound(metadata, CONTROLLER_LEASE),
+                node_id=node_id,
+                poll_ms=config.cluster_poll_ms,
+                stall_ms=config.wal_failover_progress_leases * config.node_lease_ms,
+                attempts_max=config.wal_failover_attempts_max,
+            )
+            controller_election = MaintenanceElection(
+                metadata,
+                node_id=node_id,
+                node_epoch=epoch,
+                lease_ms=config.node_lease_ms,
+                jobs=[controller],
+                lease_name=CONTROLLER_LEASE,
+            )
+            heartbeat.add_listener(controller_election.on_fenced)
+            await controller_election.start()
+            closers.append(controller_election.close)
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):
                 await closer()
         await asyncio.to_thread(created.remove)
         raise
+    pre_closers = []
+    if watcher is not None:
+        del closers[watcher_closer]
+        pre_closers.append(watcher.close)
     del closers[engine_closer]
-    client = Client(engine, metadata, closers=list(reversed(closers)))
+    client = Client(engine, metadata, closers=list(reversed(closers)), hub=hub, pre_closers=pre_closers)
     client.components.update(
         reaper=reaper, compactor=compactor, reader=reader, heartbeat=heartbeat, maintenance=maintenance
     )
+    if watcher is not None:
+        client.components["watcher"] = watcher
+    if controller is not None:
+        client.components.update(controller=controller, controller_election=controller_election, taker=taker)
     if copy is not None:
         client.components["metadata_copy"] = copy
     return client
 
 
-async def open_session(metadata: MetadataStore, *, node_id: NodeId, lease_ms: int) -> Heartbeat:
+def takeover_runner(
+    config: Config,
+    metadata: MetadataStore,
+    storage: ObjectStorage,
+    *,
+    node_id: NodeId,
+    node_epoch: int,
+    observer: TakeoverObserver | None = None,
+) -> TakeoverRunner:
+    """What this node runs when the controller assigns it a dead node's takeover: the WAL replay of
+    :mod:`s3stream.cluster.takeover` as this node's session."""
+    return Taker(
+        metadata=metadata,
+        storage=storage,
+        config=config,
+        node_id=node_id,
+        node_epoch=node_epoch,
+        attach_cmd=config.wal_failover_attach_cmd,
+        observer=observer,
+    )
+
+
+async def _wait_for_takeover(metadata: MetadataStore, node_id: NodeId, config: Config) -> None:
+    """Wait while a takeover of this node is PENDING or RUNNING (its taker reads this node's WAL, which
+    must not be opened for writing meanwhile): at most ``s3.close.timeout.ms``, then UnavailableError
+    (NODE_TAKEOVER_IN_PROGRESS, retriable)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.close_timeout_ms / 1000
+    while True:
+        takeovers = await metadata.list_takeovers()
+        if not any(t.node_id == node_id and t.state is not TakeoverState.DONE for t in takeovers):
+            return
+        if loop.time() >= deadline:
+            raise UnavailableError(
+                f"node {node_id}: a takeover of this node is still in progress after s3.close.timeout.ms "
+                f"({config.close_timeout_ms} ms); open again once it is done",
+                code=ErrorCode.NODE_TAKEOVER_IN_PROGRESS,
+            )
+        await asyncio.sleep(config.cluster_poll_ms / 1000)
+
+
+async def open_session(
+    metadata: MetadataStore,
+    *,
+    node_id: NodeId,
+    lease_ms: int,
+    wal_path: str = "",
+    takeover_wait_ms: int = 0,
+    retry_ms: int = 100,
+) -> Heartbeat:
     """Open the node's session (a new, database-issued node epoch), fence ``metadata``'s writes to it
-    (``bind_node``, when the store supports it) and start its heartbeat."""
-    opened_at_s = time.monotonic()
-    info = await metadata.open_node(node_id=node_id, lease_ms=lease_ms)
+    (``bind_node``, when the store supports it) and start its heartbeat. ``wal_path`` (absolute) is
+    recorded for a taker. While a takeover of this node is in flight the open is refused
+    (NODE_TAKEOVER_IN_PROGRESS): retried every ``retry_ms`` for up to ``takeover_wait_ms``, then raised."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + takeover_wait_ms / 1000
+    while True:
+        opened_at_s = lease_clock_s()
+        try:
+            info = await metadata.open_node(node_id=node_id, lease_ms=lease_ms, wal_path=wal_path)
+            break
+        except UnavailableError as exc:
+            if exc.code is not ErrorCode.NODE_TAKEOVER_IN_PROGRESS or loop.time() >= deadline:
+                raise
+        await asyncio.sleep(retry_ms / 1000)
     if isinstance(metadata, TransactionalStore):
         metadata.bind_node(node_id, info.node_epoch)
     heartbeat = Heartbeat(

@@ -16,3 +16,15 @@ Clock = Callable[[], int]
 def wall_clock_ms() -> int:
     """Milliseconds since the Unix epoch."""
     return time.time_ns() // 1_000_000
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def lease_clock_s() -> float:
+    """Seconds on the clock a node's local lease deadline is kept on: CLOCK_BOOTTIME on Linux, which
+    keeps counting while the host is suspended (CLOCK_MONOTONIC stops, so a node resumed after a
+    suspend longer than its lease would think its lease still runs); ``time.monotonic`` elsewhere."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()

@@ -89,6 +89,12 @@ class Config:
     stream_object_compaction_interval_minutes: int = 60
     stream_object_compaction_max_size_bytes: int = 10 * GiB
     network_baseline_bandwidth_bytes: int = 1 * GiB
+    # -- cluster: reassignment and failover ----------------------------------------------------
+    cluster_poll_ms: int = 100
+    wal_failover_attach_cmd: str = ""
+    wal_failover_progress_leases: int = 6
+    wal_failover_run_failures_max: int = 3
+    wal_failover_attempts_max: int = 5
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -239,6 +245,19 @@ KEYS: tuple[Key, ...] = (
         1 * MiB, 1 << 50, "AutoMQ 10 GiB"),
     Key("s3.network.baseline.bandwidth", "network_baseline_bandwidth_bytes", int, 1 * MiB, 1 << 50,
         "AutoMQ 1.7.3 1 GiB/s"),
+    Key("s3.cluster.poll.ms", "cluster_poll_ms", int, 1, 60_000,
+        "how often a node polls stream assignments and takeovers (and the controller scans nodes); ours 100"),
+    Key("s3.wal.failover.attach.cmd", "wal_failover_attach_cmd", str, None, None,
+        "shell command a taker runs before opening a dead node's WAL ({node_id}, {wal_path} substituted); "
+        "the last non-empty stdout line, if any, is the path to open; non-zero exit fails the attempt"),
+    Key("s3.wal.failover.progress.leases", "wal_failover_progress_leases", int, 1, 1_000,
+        "node leases a takeover attempt may go without reporting progress before the controller gives "
+        "it to another node; ours 6"),
+    Key("s3.wal.failover.run.failures.max", "wal_failover_run_failures_max", int, 1, 1_000,
+        "failed runs of one takeover attempt after which the taker gives the attempt back; ours 3"),
+    Key("s3.wal.failover.attempts.max", "wal_failover_attempts_max", int, 1, 1_000,
+        "takeover attempts (across nodes) after which the takeover is FAILED: the slot is freed and the "
+        "dead node may register again and replay its own WAL; ours 5"),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}

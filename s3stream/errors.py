@@ -14,6 +14,8 @@ SQLite, the WAL) translate their own exceptions at the boundary with ``raise ...
 | UnavailableError        | storage unreachable or timing out (``retriable``)            |
 | CorruptionError         | persisted bytes failed validation; carries source + position |
 | ConflictError           | a precondition on stored state failed (object exists, ...)   |
+| NotOwnerError           | another node owns the stream: go to ``owner_node_id``        |
+| MovedError              | the stream moved away while open here: go to the new owner   |
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class ErrorCode(enum.IntEnum):
     NODE_FENCED = 514
     NODE_LOCKED = 515
     OBJECT_NOT_COMMITTED = 516
+    # -- cluster ownership (ours; AutoMQ's Kafka layer answers NOT_LEADER_OR_FOLLOWER) --
+    NOT_OWNER = 517
+    STREAM_MOVED = 518
+    NODE_NOT_ALIVE = 519
+    NODE_TAKEOVER_IN_PROGRESS = 520
     KV_CONDITION_FAILED = 530
     """Ours: a conditional KV write (``kv_expect`` of an external commit) found another value."""
     STREAM_INNER_ERROR = 599
@@ -104,3 +111,21 @@ class CorruptionError(S3StreamError):
         super().__init__(f"{message} ({where})")
         self.source = source
         self.position = position
+
+
+class NotOwnerError(S3StreamError):
+    """Another node owns the stream (Kafka's NOT_LEADER): send the request to ``owner_node_id``.
+
+    Not retriable on this node; ``owner_node_id`` is -1 when the owner is unknown."""
+
+    def __init__(self, message: str, *, owner_node_id: int, code: ErrorCode = ErrorCode.NOT_OWNER) -> None:
+        super().__init__(message, code=code)
+        self.owner_node_id = owner_node_id
+
+
+class MovedError(NotOwnerError):
+    """The stream was reassigned away from this node while it was open here; ``owner_node_id`` names
+    the new owner."""
+
+    def __init__(self, message: str, *, owner_node_id: int, code: ErrorCode = ErrorCode.STREAM_MOVED) -> None:
+        super().__init__(message, owner_node_id=owner_node_id, code=code)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from s3stream._loop import new_event_loop
+from s3stream.cluster.events import Subscription
 from s3stream.engine.client import Client, KVClient, Stream, StreamClient
 from s3stream.errors import ClosedError, InvalidArgumentError
 from s3stream.ids import ObjectId, StreamId
@@ -168,6 +170,44 @@ class SyncStreamClient:
 
     def list_streams(self) -> list[StreamMetadata]:
         return self._run.run(self._streams.list_streams())
+
+    def reassign(self, stream_ids: Iterable[StreamId], to_node: int, *, timeout_s: float = 30.0) -> None:
+        self._run.run(self._streams.reassign(stream_ids, to_node, timeout_s=timeout_s))
+
+    def assignments(self) -> SyncAssignments:
+        """A blocking iterator of this node's assignment events from now on (``stream``: a SyncStream)."""
+        return SyncAssignments(self._run.call(self._streams.assignments), self._run)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncAssignmentEvent:
+    """:class:`~s3stream.cluster.events.AssignmentEvent` with a :class:`SyncStream`."""
+
+    kind: Literal["gained", "lost"]
+    stream_id: StreamId
+    stream: SyncStream | None = None
+
+
+class SyncAssignments:
+    """Blocking twin of :class:`~s3stream.cluster.events.Subscription`: ``for event in ...`` blocks for
+    the next event; ``close()`` unsubscribes."""
+
+    def __init__(self, subscription: Subscription, runner: _LoopThread) -> None:
+        self.subscription = subscription
+        self._run = runner
+
+    def __iter__(self) -> Iterator[SyncAssignmentEvent]:
+        return self
+
+    def __next__(self) -> SyncAssignmentEvent:
+        event = self._run.run(self.subscription.next_event())
+        if event is None:
+            raise StopIteration
+        stream = None if event.stream is None else SyncStream(event.stream, self._run)
+        return SyncAssignmentEvent(event.kind, event.stream_id, stream)
+
+    def close(self) -> None:
+        self._run.call(self.subscription.close)
 
 
 class SyncClient:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -29,7 +30,7 @@ from s3stream.binding import LOCAL_OBJECTS_DIR, recorded_storage_of, storage_to_
 from s3stream.cli._readonly import ReadOnlyView
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.config import Config
-from s3stream.errors import NotFoundError
+from s3stream.errors import InvalidArgumentError, NotFoundError
 from s3stream.metadata.base import MetadataStore
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import MetadataURL, open_metadata_store, parse_metadata_url
@@ -71,12 +72,26 @@ def check_metadata_url(args: argparse.Namespace) -> None:
 
 
 def command_config(args: argparse.Namespace) -> Config:
-    """The command's configuration: ``--config``, the environment, then ``--metadata-url`` (checked:
-    a bad URL is an InvalidArgumentError naming what is wrong, without its password)."""
+    """The command's configuration: ``--config``, the environment, ``-c KEY=VALUE`` settings, then
+    ``--metadata-url`` (checked: a bad URL is an InvalidArgumentError naming what is wrong, without
+    its password)."""
+    overrides: dict[str, str] = dict(parse_settings(getattr(args, "settings", None) or ()))
     url = getattr(args, "metadata_url", None)
-    if url is None:
-        return Config.from_sources(args.config)
-    return Config.from_sources(args.config, metadata_url=url)
+    if url is not None:
+        overrides["metadata_url"] = url
+    return Config.from_sources(args.config, env=None, **overrides)
+
+
+def parse_settings(settings: Sequence[str]) -> list[tuple[str, str]]:
+    """``-c KEY=VALUE`` settings as (key, value) pairs, in order (a later one of a key wins); the key is
+    an AutoMQ key name (``s3.node.id``), checked by the Config. InvalidArgumentError without ``=``."""
+    pairs = []
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError(f"-c takes KEY=VALUE (e.g. -c s3.node.id=1), got {setting!r}")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
 
 
 async def open_metadata_read_only(url: MetadataURL) -> MetadataStore:

@@ -10,6 +10,13 @@ when it never sent one; ``-`` when neither is known) and ``streams_owned`` (OPEN
 range is the node's). A node that owns a stream but is not registered (metadata written before nodes
 were registered) is listed with lease ``unregistered``. Times are the store's clock: for PostgreSQL
 the database server's, for SQLite this machine's.
+
+The cluster's state follows the node table (:mod:`s3stream.cli._cluster_view`): per node
+``wal_pending_bytes`` (un-uploaded WAL bytes at its last heartbeat, ``-`` unknown) and ``streams``
+(the ids it owns); then the takeovers (each one in flight, with its taker and attempt, and the last
+finished one per node) and the reassignments requested and not yet done. ``--json`` prints the node
+rows only, each with these as ``wal_pending_bytes``, ``streams``, ``takeover`` (the node's takeover
+row or null) and ``assignments_to`` (stream ids being moved to it).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from s3stream._loop import run
+from s3stream.cli._cluster_view import CLUSTER_COLUMNS, ClusterState, stream_ids_cell
 from s3stream.cli._metadata import open_read_view, store_clock
 from s3stream.cli.streams import add_engine_args, owner_of, print_rows
 from s3stream.metadata.base import NodeInfo, StreamMetadata, StreamState
@@ -81,16 +89,25 @@ async def _nodes(args: argparse.Namespace) -> int:
     try:
         nodes = await view.metadata.list_nodes()
         streams = await view.metadata.list_streams()
+        cluster = await ClusterState.read(view.metadata)
         now_ms = store_clock(view.metadata)()
     finally:
         await view.close()
-    print_rows(node_rows(nodes, streams, now_ms=now_ms), NODE_COLUMNS, as_json=args.json)
+    rows = cluster.add_to_node_rows(node_rows(nodes, streams, now_ms=now_ms), streams)
+    if args.json:
+        print_rows(rows, NODE_COLUMNS + CLUSTER_COLUMNS, as_json=True)
+        return 0
+    cells = [{**row, "streams": stream_ids_cell(row["streams"])} for row in rows]
+    print_rows(cells, NODE_COLUMNS + CLUSTER_COLUMNS, as_json=False)
+    cluster.print_sections(now_ms=now_ms)
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "nodes", help="list nodes with their epochs, leases and the streams they own (reads only)"
+        "nodes",
+        help="list nodes (epochs, leases, owned streams, WAL not uploaded), takeovers and pending "
+        "reassignments (reads only)",
     )
     add_engine_args(parser)
     parser.set_defaults(func=lambda args: run(_nodes(args)))

@@ -48,6 +48,16 @@ def add_engine_args(parser: argparse.ArgumentParser, *, tabular: bool = True) ->
     parser.add_argument(
         "--config", default=None, metavar="FILE.toml", help="configuration file (AutoMQ key names)"
     )
+    parser.add_argument(
+        "-c",
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration key (AutoMQ name, e.g. -c s3.node.id=1); repeatable; wins over --config "
+        "and the environment",
+    )
     add_metadata_url_arg(parser)
     if tabular:
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -159,3 +169,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_engine_args(parser)
     parser.set_defaults(func=lambda args: run(_streams(args)))
+    from s3stream.cli._streams_create import add_create, create_streams  # it imports this module
+
+    actions = parser.add_subparsers(dest="streams_action", required=False, metavar="{create}")
+    create = actions.add_parser(
+        "create", help="create streams in the metadata (no node starts); --to-node opens them there"
+    )
+    add_engine_args(create)
+    add_create(create)
+    create.set_defaults(func=lambda args: run(create_streams(args)))

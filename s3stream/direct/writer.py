@@ -98,7 +98,8 @@ class _Worker:
         async def close_all() -> None:
             stores, self.stores = list(self.stores.values()), {}
             for store in stores:
-                await store.close()
+                with contextlib.suppress(Exception):  # one store's failure must not keep the others open
+                    await store.close()
 
         if self.pid == os.getpid() and self.thread.is_alive():
             with contextlib.suppress(Exception):

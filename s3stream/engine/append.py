@@ -10,6 +10,13 @@ assigned; the plain single append (``append_one``) has no such check. KV changes
 too; :mod:`s3stream.engine.kvlog` applies (and acknowledges) them in WAL order, the order recovery
 replays them in. When the LogCache or the WAL has no room, appends wait up to
 ``append_backpressure_wait_ms`` for a commit to free some, then fail with CapacityError: never loss.
+
+Under a node lease (``lease_check``, the node's :meth:`~s3stream.engine.heartbeat.Heartbeat.holds_lease`)
+an append is acknowledged only while the lease holds: it is refused before it reaches the WAL once the
+lease deadline has passed, and one whose WAL write returns after the deadline fails with
+FencedError(NODE_FENCED) like a failed write (the engine fences itself). The local deadline is never
+later than the store's lease expiry, which a takeover waits for before reading this node's WAL: so every
+acknowledged record was durable before anyone else read the WAL.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import (
     CapacityError,
     ConflictError,
+    ErrorCode,
     FencedError,
     InvalidArgumentError,
     S3StreamError,
@@ -105,6 +113,21 @@ class AppendPath:
         self._seq = 0
         self._watched: tuple[int, float] | None = None
         """(seq, time first seen) of the oldest WAL append in flight at the last watchdog pass."""
+        self.lease_check: Callable[[], bool] | None = None
+        """The node lease: False once its deadline has passed (None: no lease, an embedded engine)."""
+
+    def lease_lost(self) -> FencedError:
+        """The lease check failed: the engine is fenced (once); returns the error appends fail with."""
+        supervisor = self.supervisor
+        if supervisor.failed is None:
+            supervisor.fail(FencedError("the node's lease has ended: appends are no longer acknowledged",
+                                        code=ErrorCode.NODE_FENCED))  # fmt: skip
+        failed = supervisor.failed
+        return (
+            failed
+            if isinstance(failed, FencedError)
+            else FencedError(str(failed), code=ErrorCode.NODE_FENCED)
+        )
 
     def next_seq(self) -> int:
         """The next WAL record's submission sequence number (seqs grow with WAL offsets)."""
@@ -132,6 +155,9 @@ class AppendPath:
         supervisor = self.supervisor
         if supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
+        lease = self.lease_check
+        if lease is not None and not lease():
+            raise self.lease_lost()
         size = 0
         record_max = self.config.record_max_bytes
         for handle, payload, _ in appends:
@@ -208,6 +234,9 @@ class AppendPath:
         if handle.status is not _OPEN or supervisor.failed is not None or supervisor.closed:
             supervisor.check_alive()
             handle.check_writable()
+        lease = self.lease_check
+        if lease is not None and not lease():
+            raise self.lease_lost()
         size = len(payload)
         if size > self.record_max_bytes:
             raise InvalidArgumentError(
@@ -235,6 +264,8 @@ class AppendPath:
             # joined when small, as (header, payload) parts otherwise (see PARTS_MIN_BYTES).
             header = _pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size)
             offset = await self._wal_append(header + payload if size < PARTS_MIN_BYTES else (header, payload))
+            if lease is not None and not lease():  # durable after the deadline: never acknowledged
+                raise self.lease_lost()
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
             if self._translate_wal_error is not None:
                 exc = self._translate_wal_error(exc)
@@ -265,6 +296,9 @@ class AppendPath:
     async def append_kv(self, mutation: KvMutation) -> bytes | None:
         """One KV change as its own WAL record; returns once it (and every earlier one) is in metadata."""
         self.supervisor.check_alive()
+        lease = self.lease_check
+        if lease is not None and not lease():
+            raise self.lease_lost()
         check_wal_key(mutation.key)
         size = len(mutation.key) + len(mutation.value)
         if not self._has_room(size):
@@ -345,8 +379,12 @@ class AppendPath:
         trim_tracker = self.trim_tracker
         trim_tracker.write_started(pending.seq)  # its floor; the watchdog's view
         offset = -1
+        lease = self.lease_check
         try:
             offset = await self.wal.append(body)
+            if lease is not None and not lease():  # durable after the deadline: never acknowledged
+                offset = -1
+                raise self.lease_lost()
         except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
             offset = await self._after_failed_write(exc, body, pending, handles, kv_entry)
         finally:

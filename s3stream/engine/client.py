@@ -7,15 +7,23 @@ builds the components and hands them to a :class:`Client`; nothing in the engine
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
+from s3stream.cluster.events import AssignmentHub, Subscription
 from s3stream.engine.core import Engine, StreamHandle
 from s3stream.engine.walbody import KV_KEY_MAX_BYTES
-from s3stream.errors import ClosedError, InvalidArgumentError
-from s3stream.ids import ObjectId, StreamId
-from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, MetadataStore, StreamMetadata
+from s3stream.errors import ClosedError, InvalidArgumentError, UnavailableError
+from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.metadata.base import (
+    CommitObjectsRequest,
+    CommittedObject,
+    MetadataStore,
+    StreamMetadata,
+)
+from s3stream.metadata.cluster_ops import held_by
 from s3stream.model import FetchedBatch, RecordBatch
 
 
@@ -25,6 +33,12 @@ def _check_batch(batch: RecordBatch) -> RecordBatch:
     if len(batch.payload) == 0:
         raise InvalidArgumentError("record batch payload is empty")
     return batch
+
+
+def _check_stream_id(stream_id: object) -> StreamId:
+    if isinstance(stream_id, bool) or not isinstance(stream_id, int) or stream_id < 0:
+        raise InvalidArgumentError(f"stream id must be a non-negative int, got {stream_id!r}")
+    return StreamId(stream_id)
 
 
 def _check_expected_offset(offset: object) -> int | None:
@@ -161,10 +175,63 @@ class Stream:
         )
 
 
+DESCRIBES_MAX = 8
+"""``reassign`` checks at most this many streams one by one per poll; more: one ``list_streams``."""
+
+
 class StreamClient:
-    def __init__(self, engine: Engine, metadata: MetadataStore) -> None:
+    def __init__(self, engine: Engine, metadata: MetadataStore, hub: AssignmentHub | None = None) -> None:
         self._engine = engine
         self._metadata = metadata
+        self._hub = hub or AssignmentHub()
+
+    async def reassign(
+        self, stream_ids: Iterable[StreamId], to_node: int, *, timeout_s: float = 30.0
+    ) -> None:
+        """Move the streams to node ``to_node`` (one request for all of them) and return once every one
+        is held open by that node; UnavailableError naming the others when ``timeout_s`` passes first
+        (the request stands: the move goes on). NotFoundError for an unknown stream (STREAM_NOT_EXIST)
+        or a node with no live session (NODE_NOT_ALIVE); nothing is requested then.
+
+        The owner stops taking appends of each stream (MovedError naming ``to_node``), uploads its
+        data and closes it; ``to_node`` opens it at the next epoch (``docs/architecture.md``,
+        reassignment)."""
+        ids = [_check_stream_id(s) for s in stream_ids]
+        if isinstance(to_node, bool) or not isinstance(to_node, int) or to_node < 0:
+            raise InvalidArgumentError(f"to_node must be a node id (a non-negative int), got {to_node!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s < 0:
+            raise InvalidArgumentError(f"timeout_s must be a non-negative number, got {timeout_s!r}")
+        if not ids:
+            return
+        await self._metadata.request_reassign(stream_ids=ids, to_node_id=NodeId(to_node))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        poll_s = self._engine.config.cluster_poll_ms / 1000
+        waiting = list(dict.fromkeys(ids))
+        while True:
+            # Held: OPENED on to_node with no row left (a stream sent back to its owner mid-move is
+            # still OPENED there until the move closes it; the owner's reopen removes the row).
+            rows = {row.stream_id for row in await self._metadata.list_assignments()}
+            if len(waiting) > DESCRIBES_MAX:  # one listing instead of many describes
+                held = {m.stream_id for m in await self._metadata.list_streams() if held_by(m, to_node)}
+            else:
+                held = {sid for sid in waiting if held_by(await self._metadata.describe_stream(sid), to_node)}
+            waiting = [sid for sid in waiting if sid not in held or sid in rows]
+            if not waiting:
+                return
+            if loop.time() >= deadline:
+                raise UnavailableError(
+                    f"reassign to node {to_node}: streams {waiting[:20]} not open there after {timeout_s} s "
+                    "(the request stands; the move may still complete)"
+                )
+            await asyncio.sleep(min(poll_s, max(deadline - loop.time(), 0.0)))
+
+    def assignments(self) -> Subscription:
+        """The streams this node gains and loses from now on: an async iterator of
+        :class:`~s3stream.cluster.events.AssignmentEvent` (``kind`` "gained" with the open ``stream``,
+        or "lost"). Each call is a new subscriber; see :mod:`s3stream.cluster.events` for what
+        happens to a subscriber that falls too far behind, and when the iterator ends."""
+        return self._hub.subscribe()
 
     async def create_stream(self, *, tags: Mapping[str, str] | None = None) -> StreamId:
         return await self._engine.create_stream(tags)
@@ -222,13 +289,19 @@ class Client:
         metadata: MetadataStore,
         *,
         closers: Sequence[Callable[[], Awaitable[None]]] = (),
+        hub: AssignmentHub | None = None,
+        pre_closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
+        """``closers`` run after the engine's close, ``pre_closers`` before it (the cluster watcher)."""
         self.engine = engine
         self.config = engine.config
         self._metadata = metadata
         self._closers = list(closers)
+        self._pre_closers = list(pre_closers)
         self._closed = False
-        self.streams = StreamClient(engine, metadata)
+        self.hub = hub or AssignmentHub()
+        """This node's assignment events (``client.streams.assignments()``)."""
+        self.streams = StreamClient(engine, metadata, self.hub)
         self.kv = KVClient(engine, self._check_open)
         self.components: dict[str, object] = {}
         """Background components wired in by the assembly (reaper, compactor, reader), for tools and tests."""
@@ -330,8 +403,13 @@ class Client:
             return
         self._closed = True
         try:
-            await self.engine.close()
+            try:
+                for closer in self._pre_closers:
+                    await closer()
+            finally:
+                await self.engine.close()
         finally:
+            self.hub.close()
             for closer in self._closers:
                 await closer()
 

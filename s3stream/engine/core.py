@@ -25,7 +25,7 @@ from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_record
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
-from s3stream.engine.recovery import plan_replay
+from s3stream.engine.recovery import after_takeover, plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle
 from s3stream.engine.supervisor import Supervisor
@@ -59,6 +59,8 @@ NODE_FENCE_CODES = frozenset(
 )
 """Codes of a FencedError that fences the whole node (its session), not one stream."""
 
+MOVE_CLOSES_MAX = 8
+"""Stream closes of one move in flight at once (the metadata closes overlap on a multi-connection store)."""
 TICK_S = 0.05
 """Period of the background ticker (time-triggered uploads, the WAL append watchdog)."""
 
@@ -93,7 +95,10 @@ class Engine:
         reader: ObjectStreamReaderLike | None = None,
         upload_observer: UploadObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease_check: Callable[[], bool] | None = None,
     ) -> None:
+        """``lease_check``: the node lease (``Heartbeat.holds_lease``); appends are acknowledged only
+        while it holds (:mod:`s3stream.engine.append`). None: an embedded engine with no lease."""
         self.config = config
         self.wal = wal
         self.metadata = metadata
@@ -147,6 +152,7 @@ class Engine:
             stats=self.stats,
             clock=clock,
         )
+        self._appends.lease_check = lease_check
         self.append = self._appends.append
         self.append_one = self._appends.append_one
         self.force_upload = self._pipeline.force_upload
@@ -221,6 +227,11 @@ class Engine:
         """True once the node's session is lost (:meth:`fence`, or a commit refused for the node)."""
         failed = self._supervisor.failed
         return isinstance(failed, FencedError) and failed.code in NODE_FENCE_CODES
+
+    @property
+    def wal_pending_bytes(self) -> int:
+        """WAL bytes of records not uploaded yet (what a takeover of this node would replay)."""
+        return self._trim_tracker.live_bytes
 
     def _check_alive(self) -> None:
         self._supervisor.check_alive()
@@ -312,6 +323,10 @@ class Engine:
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
         handle.close_timed_out = False
+        await self._finish_close(handle, was_fenced=was_fenced)
+
+    async def _finish_close(self, handle: StreamHandle, *, was_fenced: bool) -> None:
+        """:meth:`close_stream` of a handle already marked CLOSING (no appends admitted)."""
         drained = wait_drained(handle)
         if drained is not None:
             await asyncio.gather(drained, return_exceptions=True)
@@ -339,6 +354,41 @@ class Engine:
                 handle.status = Status.CLOSED
             if handle.status is not Status.CLOSING and self.streams.get(handle.stream_id) is handle:
                 del self.streams[handle.stream_id]
+
+    async def move_streams(self, handles: Sequence[StreamHandle], to_node_id: int) -> list[StreamHandle]:
+        """Give up streams reassigned to ``to_node_id``: at once every later append of them raises
+        MovedError naming that node; the appends in flight finish (acknowledged or failed as usual);
+        then each is closed as by :meth:`close_stream` (its data forced up, closed in metadata). All
+        of them stop taking appends before the first upload, so one upload carries their data.
+
+        Returns the handles no longer open here (CLOSED, or FENCED: a stream-level refusal). A close
+        that failed or timed out leaves its stream *closing* with ``moved_to`` set; a later call
+        retries it. A node-level fence is raised."""
+        self._check_alive()
+        moving = []
+        for handle in handles:
+            timed_out = handle.status is Status.CLOSING and handle.close_timed_out
+            if handle.status is Status.OPEN or timed_out:
+                handle.moved_to = to_node_id
+                handle.status = Status.CLOSING  # appends refused from here on, with MovedError
+                handle.close_timed_out = False
+                moving.append(handle)
+        slots = asyncio.Semaphore(MOVE_CLOSES_MAX)
+
+        async def close(handle: StreamHandle) -> None:
+            async with slots:
+                try:
+                    await self._finish_close(handle, was_fenced=False)
+                except FencedError as exc:
+                    if exc.code in NODE_FENCE_CODES:
+                        raise
+                    log.warning("stream %d: move to node %d refused: %s", handle.stream_id, to_node_id, exc)
+                except S3StreamError as exc:
+                    log.warning("stream %d: move to node %d: close failed (retried): %s",
+                                handle.stream_id, to_node_id, exc)  # fmt: skip
+
+        await asyncio.gather(*(close(h) for h in moving))
+        return [h for h in moving if h.status is not Status.CLOSING]
 
     async def trim_stream(self, handle: StreamHandle, new_start_offset: int) -> None:
         handle.check_writable()
@@ -486,11 +536,25 @@ class Engine:
     async def _recover(self, opening: list[StreamMetadata]) -> None:
         """Replay untrimmed WAL records of this node's open streams, upload them, close the streams."""
         records = await self.wal.recover()
-        applied_offset = await self.metadata.kv_applied_offset(self.node_id)
-        plan = plan_replay(records, opening, kv_applied_offset=applied_offset)
+        stored_applied = applied_offset = await self.metadata.kv_applied_offset(self.node_id)
+        own = [t for t in await self.metadata.list_takeovers() if t.node_id == self.node_id]
+        adjust = after_takeover(
+            own[0] if own else None,
+            opening,
+            kv_applied_offset=applied_offset,
+            wal_end_offset=max((offset + 1 for offset, _ in records), default=0),
+        )
+        if adjust.kv_applied_offset != applied_offset:
+            log.warning(
+                "WAL records after offset %d were written after this node was fenced and taken over: "
+                "their KV changes were never acknowledged and are not applied",
+                applied_offset,
+            )
+            applied_offset = adjust.kv_applied_offset
+        plan = plan_replay(records, opening, kv_applied_offset=applied_offset, handed_back=adjust.handed_back)
         for wal_offset, mutations in plan.kv_records:
             await apply_record(self.metadata, mutations, node_id=self.node_id, wal_offset=wal_offset)
-        if applied_offset != plan.wal_end_offset - 1 and not plan.kv_records:
+        if stored_applied != plan.wal_end_offset - 1 and not plan.kv_records:
             # Everything this WAL holds is applied (or it is a new WAL: offsets start again at 0, so
             # a mark left by a lost WAL would hide its records).
             await self.metadata.kv_apply([], node_id=self.node_id, wal_offset=plan.wal_end_offset - 1)

@@ -10,15 +10,17 @@ engine's own upload would later be refused and its acknowledged records dropped.
 2. drain: wait until every append submitted before is acknowledged or failed;
 3. upload: force the streams' LogCache data up and wait for its commit (steps 2 and 3 give up after
    ``s3.close.timeout.ms`` with UnavailableError, nothing committed);
-4. check: each stream's next offset == confirm offset == the metadata's end offset (or, for a retry
-   of a commit that went through, its end is already the request's end);
+4. check: each stream's next offset == confirm offset == the metadata's end offset (a stream left
+   reserved by an earlier commit with an unknown outcome first takes the metadata's end: while
+   reserved, only that commit can have moved it);
 5. commit: ``commit_objects``, one transaction;
 6. bump: each handle's next and confirm offsets become the metadata's new end offset; release.
 
 A commit whose outcome is unknown (the metadata store failed mid-call) leaves its streams reserved:
-releasing them could let appends take offsets the commit may have used. Calling
-:func:`commit_external` again with the same request settles it (a commit that went through is a
-no-op the second time) and releases them.
+releasing them could let appends take offsets the commit may have used. The next
+:func:`commit_external` of those streams settles it and releases them: the same request again is a
+no-op if the first went through (and commits otherwise); another request is checked against the
+ends the first one left.
 
 KV: the keys of an external commit's ``kv_puts`` and ``kv_expect`` are under :data:`DIRECT_KV_PREFIX`,
 which the WAL's KV path refuses (:mod:`s3stream.engine.kvlog`): a WAL replay re-applies only keys
@@ -133,6 +135,7 @@ async def commit_external(
     stream the request names (``stream_epochs``), open in this engine at those epochs."""
     _check_request(engine, handles, request)
     new_ends = _new_ends(request)
+    unsettled = {h for h in handles if h.status is Status.RESERVED and h.reservation == EXTERNAL_COMMIT}
     reserve(handles, EXTERNAL_COMMIT)
     settled = True  # False only while the commit's outcome is unknown
     try:
@@ -146,8 +149,11 @@ async def commit_external(
             ) from None
         for handle in handles:
             meta = await engine.metadata.describe_stream(handle.stream_id)
-            retried = meta.end_offset == new_ends.get(handle.stream_id)
-            if not (handle.next_offset == handle.confirm_offset == meta.end_offset or retried):
+            if handle in unsettled and meta.end_offset > handle.next_offset == handle.confirm_offset:
+                # Reserved since an earlier commit of ours with an unknown outcome, drained and
+                # uploaded before it: only that commit can have moved the end, so it went through.
+                handle.next_offset = handle.confirm_offset = meta.end_offset
+            if not handle.next_offset == handle.confirm_offset == meta.end_offset:
                 raise ConflictError(
                     f"stream {handle.stream_id}: the engine is at offset {handle.next_offset} (confirmed "
                     f"{handle.confirm_offset}), metadata at {meta.end_offset}: nothing was committed",

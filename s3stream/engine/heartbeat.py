@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
+from s3stream.clock import lease_clock_s
 from s3stream.errors import ErrorCode, FencedError, NotFoundError, S3StreamError
 from s3stream.ids import NodeId
 from s3stream.metadata.base import MetadataStore
@@ -55,7 +55,7 @@ class Heartbeat:
         node_epoch: int,
         lease_ms: int,
         opened_at_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock_s,
     ) -> None:
         """``opened_at_s``: the ``clock`` reading taken just before ``open_node`` was sent (the start of
         the first lease)."""
@@ -72,6 +72,8 @@ class Heartbeat:
         self._listeners: list[FenceListener] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.wal_pending_bytes: Callable[[], int] = lambda: -1
+        """What each renewal reports as the node's un-uploaded WAL bytes (the engine's, once wired)."""
 
     @property
     def lease_deadline_s(self) -> float:
@@ -141,7 +143,10 @@ class Heartbeat:
         try:
             async with asyncio.timeout(max(self._deadline_s - sent_s, 0.0)):
                 await self.metadata.heartbeat(
-                    node_id=self.node_id, node_epoch=self.node_epoch, lease_ms=self.lease_ms
+                    node_id=self.node_id,
+                    node_epoch=self.node_epoch,
+                    lease_ms=self.lease_ms,
+                    wal_pending_bytes=self.wal_pending_bytes(),
                 )
         except FencedError as exc:
             self.fence(exc)

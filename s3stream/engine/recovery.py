@@ -14,11 +14,11 @@ are dropped. Pure: records in, a frozen plan out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from s3stream.engine.walbody import KvMutation, decode_body
-from s3stream.metadata.base import StreamMetadata
+from s3stream.metadata.base import StreamMetadata, TakeoverInfo, TakeoverState
 from s3stream.record import StreamRecordBatch
 
 
@@ -63,12 +63,20 @@ class ReplayPlan:
 
 
 def plan_replay(
-    records: Sequence[tuple[int, bytes]], opening: Sequence[StreamMetadata], *, kv_applied_offset: int = -1
+    records: Sequence[tuple[int, bytes]],
+    opening: Sequence[StreamMetadata],
+    *,
+    kv_applied_offset: int = -1,
+    handed_back: Mapping[int, int] | None = None,
 ) -> ReplayPlan:
     """The replay plan of the WAL's untrimmed ``(offset, body)`` records (CorruptionError on a bad body);
-    KV changes of records at or below ``kv_applied_offset`` are not replayed."""
+    KV changes of records at or below ``kv_applied_offset`` are not replayed. ``handed_back``: stream
+    id -> an older stream epoch of this node whose batches are kept too (a FAILED takeover handed the
+    stream back at a newer epoch, :func:`after_takeover`); those below the end offset are skipped as
+    committed, like any other."""
     expected = {int(m.stream_id): m.end_offset for m in opening}
     epochs = {int(m.stream_id): m.epoch for m in opening}
+    older = dict(handed_back or {})
     waiting: dict[int, dict[int, tuple[int, int, StreamRecordBatch]]] = {}
     """stream -> base offset -> (record index, position in the body, batch): batches held until their
     predecessor turns up."""
@@ -89,7 +97,8 @@ def plan_replay(
         for position, batch in enumerate(decoded.batches):
             sid = batch.stream_id
             next_offset = expected.get(sid)
-            if next_offset is None or batch.epoch != epochs[sid] or batch.base_offset < next_offset:
+            ours = batch.epoch == epochs.get(sid) or batch.epoch == older.get(sid)
+            if next_offset is None or not ours or batch.base_offset < next_offset:
                 dropped += 1  # not ours any more, or already committed
                 continue
             if batch.base_offset > next_offset:
@@ -133,3 +142,51 @@ def plan_replay(
         tuple((renumber[index], batch) for index, batch in release),
         tuple(kv_records),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverAdjustment:
+    """How the last takeover of this node changes its restart replay (:func:`after_takeover`)."""
+
+    kv_applied_offset: int
+    """The applied KV WAL offset to plan with."""
+    handed_back: Mapping[int, int]
+    """Stream id -> this node's stream epoch at the fence, for the streams a FAILED takeover handed back."""
+
+
+def after_takeover(
+    takeover: TakeoverInfo | None,
+    opening: Sequence[StreamMetadata],
+    *,
+    kv_applied_offset: int,
+    wal_end_offset: int,
+) -> TakeoverAdjustment:
+    """The replay inputs of a node whose last takeover is ``takeover`` (None: never taken over).
+
+    - **DONE**, and the applied KV offset is still the one ``finish_takeover`` left
+      (``takeover.wal_end_offset - 1``): the taker replayed the WAL up to there; every record after it
+      was written by the fenced session after the taker's read and never acknowledged, so none of its
+      KV changes is applied (the offset to plan with covers the whole WAL, ``wal_end_offset - 1``).
+      A later session's applied record moves the offset past that mark, so this holds only for the
+      first restart after the takeover (a later unapplied record at exactly that mark was never
+      acknowledged either).
+    - **FAILED**: the streams it handed back carry a newer epoch than this node's batches in the WAL:
+      those batches (at the fence's epoch) are kept (``handed_back``).
+    """
+    none = TakeoverAdjustment(kv_applied_offset, {})
+    if takeover is None:
+        return none
+    if takeover.state == TakeoverState.DONE:
+        read_end = takeover.wal_end_offset
+        if read_end > 0 and kv_applied_offset == read_end - 1 and wal_end_offset > read_end:
+            return TakeoverAdjustment(wal_end_offset - 1, {})
+        return none
+    if takeover.state == TakeoverState.FAILED:
+        dead = dict(takeover.streams)
+        back = {
+            int(m.stream_id): dead[m.stream_id]
+            for m in opening
+            if m.stream_id in dead and m.epoch > dead[m.stream_id]
+        }
+        return TakeoverAdjustment(kv_applied_offset, back)
+    return none

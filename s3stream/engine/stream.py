@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from s3stream.engine.logcache import CachedBatch
-from s3stream.errors import ClosedError, ConflictError, FencedError, S3StreamError
+from s3stream.errors import ClosedError, ConflictError, FencedError, MovedError, S3StreamError
 from s3stream.ids import StreamId
 
 
@@ -103,6 +103,9 @@ class StreamHandle:
     append_failure: S3StreamError | None = None
     """Set once the stream's unacknowledged appends fail: those still in flight fail with it when
     they complete (:func:`s3stream.engine.sequencer.fail_stream`)."""
+    moved_to: int | None = None
+    """The node this stream is being moved to (a reassignment): set before its close starts, so every
+    later append raises MovedError naming that node while the appends in flight finish."""
     reservation: str = ""
     """While RESERVED: what holds the stream (named in the ConflictError of a refused append)."""
 
@@ -114,6 +117,10 @@ class StreamHandle:
                 f"stream {self.stream_id} is reserved by {self.reservation}: no appends until it is released"
             )
         if self.status is not Status.OPEN:
+            if self.moved_to is not None:
+                raise MovedError(
+                    f"stream {self.stream_id} moved to node {self.moved_to}", owner_node_id=self.moved_to
+                )
             raise ClosedError(f"stream {self.stream_id} is {self.status.value}")
 
     def check_readable(self) -> None:

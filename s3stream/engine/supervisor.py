@@ -56,6 +56,8 @@ class Supervisor:
         task = asyncio.create_task(guarded(), name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        # A task cancelled before its first step never started ``coro``: close it (no "never awaited").
+        task.add_done_callback(lambda _: coro.close())
 
     def cancel(self) -> None:
         """Refuse work from now on and cancel every task without waiting (a crash, for tests)."""

@@ -10,7 +10,9 @@ STREAM_NOT_EXIST, OBJECT_NOT_EXIST, NODE_EPOCH_NOT_EXIST, KEY_NOT_EXIST -> NotFo
 STREAM_FENCED, NODE_EPOCH_EXPIRED, NODE_FENCED -> FencedError;
 STREAM_NOT_CLOSED, STREAM_NOT_OPENED, OFFSET_NOT_MATCHED, COMPACTED_OBJECTS_NOT_FOUND,
 OBJECT_NOT_COMMITTED, KEY_EXIST, KV_CONDITION_FAILED, STREAM_INNER_ERROR -> ConflictError;
-bad arguments -> InvalidArgumentError.
+bad arguments -> InvalidArgumentError. The cluster's (``cluster_ops``): NOT_OWNER -> NotOwnerError
+(naming the owner); NODE_NOT_ALIVE -> NotFoundError; NODE_TAKEOVER_IN_PROGRESS -> UnavailableError
+(``open_node``, ``open_stream``: retry) or ConflictError (``start_takeover``: one at a time).
 
 Where we differ from (or pin down) AutoMQ: no failover mode, fast close or historical WAL
 responsibility; the current range's end follows its owner's commits (AutoMQ lets it lag);
@@ -114,6 +116,72 @@ class LeaseInfo:
     node_id: NodeId
     node_epoch: int
     expires_at_ms: int
+
+
+class TakeoverState(enum.IntEnum):
+    """Where the takeover of a dead node stands (``docs/architecture.md``, cluster metadata)."""
+
+    PENDING = 0
+    """Fenced; no live taker assigned (there was no live node to take it)."""
+    RUNNING = 1
+    """Assigned to ``taker_node_id`` / ``taker_node_epoch``."""
+    DONE = 2
+    FAILED = 3
+    """Given up after ``s3.wal.failover.attempts.max`` attempts: the slot is free, the taken streams
+    were handed back to the dead node, which may register again and replay its own WAL."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverInfo:
+    """The takeover of a dead node's streams and WAL: one row per dead node (the in-flight one, or
+    the last DONE). At most one row cluster-wide is PENDING or RUNNING."""
+
+    node_id: NodeId
+    """The dead node."""
+    node_epoch: int
+    """Its lapsed session's epoch."""
+    fence_epoch: int
+    """The node epoch written to fence it (``node_epoch + 1``)."""
+    wal_path: str
+    """The dead node's WAL as its ``open_node`` recorded it ("" unknown)."""
+    streams: tuple[tuple[StreamId, int], ...]
+    """(stream id, the dead node's stream epoch) of every stream it held OPENED at the fence."""
+    state: TakeoverState
+    taker_node_id: int
+    """-1: none."""
+    taker_node_epoch: int
+    """-1: none."""
+    attempt: int
+    """Takers assigned so far (1 for the first; 0 while none ever was)."""
+    created_at_ms: int
+    updated_at_ms: int
+    """The last change or progress report (the controller's no-progress deadline counts from it)."""
+    wal_end_offset: int = -1
+    """DONE: one past the last WAL record the taker replayed (-1 unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A requested move of a stream to ``to_node_id`` (one row per stream; a later request
+    overwrites it). Removed by the open that completes the move."""
+
+    stream_id: StreamId
+    to_node_id: NodeId
+    from_node_id: int
+    """The owner when requested; -1: the stream was not open anywhere."""
+    requested_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRuntime:
+    """What a node reports of itself besides its session: its WAL's path and un-uploaded bytes."""
+
+    node_id: NodeId
+    wal_path: str
+    """"" unknown."""
+    wal_pending_bytes: int
+    """Un-uploaded WAL bytes at the last heartbeat; -1 unknown."""
+    updated_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,15 +317,20 @@ class MetadataStore(Protocol):
         range it owns. A lower epoch than the stored one -> FencedError(NODE_EPOCH_EXPIRED)."""
         ...
 
-    async def open_node(self, *, node_id: NodeId, lease_ms: int) -> NodeInfo:
+    async def open_node(self, *, node_id: NodeId, lease_ms: int, wal_path: str = "") -> NodeInfo:
         """Register or re-register a node: its epoch becomes the stored one + 1 (1 for a new node),
-        which fences every older session of the node; its lease expires ``lease_ms`` from now."""
+        which fences every older session of the node; its lease expires ``lease_ms`` from now.
+        ``wal_path`` is recorded in its node runtime. While a takeover of the node is PENDING or
+        RUNNING -> UnavailableError(NODE_TAKEOVER_IN_PROGRESS), nothing written."""
         ...
 
-    async def heartbeat(self, *, node_id: NodeId, node_epoch: int, lease_ms: int) -> NodeInfo:
-        """Renew the session's lease to ``lease_ms`` from now. A session whose epoch is not the
-        current one, or whose lease has expired, -> FencedError(NODE_FENCED): an expired lease is
-        never revived (open the node again); an unknown node has no session: the same error."""
+    async def heartbeat(
+        self, *, node_id: NodeId, node_epoch: int, lease_ms: int, wal_pending_bytes: int = -1
+    ) -> NodeInfo:
+        """Renew the session's lease to ``lease_ms`` from now (and record ``wal_pending_bytes`` in its
+        node runtime). A session whose epoch is not the current one, or whose lease has expired,
+        -> FencedError(NODE_FENCED): an expired lease is never revived (open the node again); an
+        unknown node has no session: the same error."""
         ...
 
     async def close_node(self, *, node_id: NodeId, node_epoch: int) -> None:
@@ -296,7 +369,11 @@ class MetadataStore(Protocol):
     ) -> StreamMetadata:
         """Lower epoch -> FencedError(STREAM_FENCED); same epoch: a retry (reopens a CLOSED stream,
         owner must match); higher epoch while OPENED -> ConflictError(STREAM_NOT_CLOSED), else a new
-        range ``[end, end)`` owned by ``node_id`` and the previous range sealed at the end offset."""
+        range ``[end, end)`` owned by ``node_id`` and the previous range sealed at the end offset.
+        Cluster rules: OPENED by another node -> NotOwnerError(owner) while its session is valid,
+        UnavailableError(NODE_TAKEOVER_IN_PROGRESS) once it lapsed; an open that makes a CLOSED stream
+        OPENED is refused with NotOwnerError(target) when its assignment row names another node with a
+        valid session, and otherwise removes the row."""
         ...
 
     async def close_stream(
@@ -418,6 +495,103 @@ class MetadataStore(Protocol):
 
     async def kv_applied_offset(self, node_id: NodeId) -> int:
         """The WAL offset of ``node_id``'s last KV record applied through :meth:`kv_apply`; -1 if none."""
+        ...
+
+    # -- cluster: node runtime, assignments, takeovers (s3stream.metadata.cluster_ops) ---------
+    async def list_node_runtime(self) -> list[NodeRuntime]:
+        """Every node's runtime row, by node id."""
+        ...
+
+    async def request_reassign(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        """Request that the streams move to ``to_node_id``, in one transaction: one assignment row
+        per stream (overwriting an earlier one). A stream already OPENED by ``to_node_id`` gets none
+        (and loses an older row); the rows written are returned. Unknown stream ->
+        NotFoundError(STREAM_NOT_EXIST); ``to_node_id`` without a valid session ->
+        NotFoundError(NODE_NOT_ALIVE). Unguarded: any process may request."""
+        ...
+
+    async def list_assignments(self) -> list[Assignment]:
+        """Every assignment row, by stream id."""
+        ...
+
+    async def start_takeover(
+        self, *, node_id: NodeId, node_epoch: int, taker_node_id: int, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """The controller's one transaction: fence the lapsed session ``(node_id, node_epoch)`` (node
+        epoch + 1, lease expired), snapshot its OPENED streams, drop the assignments targeting it,
+        and hand the takeover to the taker (RUNNING; ``taker_node_id`` -1: PENDING). A node owning no
+        OPENED stream gets a DONE row at once. ConflictError unless ``node_epoch`` is the node's
+        current epoch and its lease lapsed, or while another takeover is PENDING/RUNNING;
+        NotFoundError(NODE_NOT_ALIVE) when the taker has no valid session."""
+        ...
+
+    async def reassign_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """Give the in-flight takeover of ``node_id`` a new (valid) taker: attempt + 1, RUNNING."""
+        ...
+
+    async def list_takeovers(self) -> list[TakeoverInfo]:
+        """Every takeover row (in flight, and the last DONE per node), by node id."""
+        ...
+
+    async def takeover_streams(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> list[tuple[StreamMetadata, int]]:
+        """The taker takes every snapshot stream still OPENED: each is opened as the taker at its
+        stored epoch + 1 with a new range at its end offset (unless its last range is already the
+        taker's from this takeover). Returns (stream after, the dead node's stream epoch), by stream
+        id. ConflictError unless the takeover of ``node_id`` is RUNNING with this taker."""
+        ...
+
+    async def finish_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int, wal_end_offset: int
+    ) -> TakeoverInfo:
+        """Mark the takeover DONE and close every snapshot stream whose last range is the taker's;
+        the dead node's applied KV WAL offset becomes at least ``wal_end_offset - 1`` (what the taker
+        read is applied; a record above it was never acknowledged). ConflictError unless it is
+        RUNNING with this taker."""
+        ...
+
+    # -- assignments that cannot finish (s3stream.metadata.cluster_ops; decision 0046) ---------------
+    async def settle_assignment(self, *, stream_id: StreamId, node_id: NodeId, node_epoch: int) -> bool:
+        """Remove the stream's assignment row if it targets ``node_id`` and that node owns the stream
+        (OPENED): a request sent it back before its owner let it go. Returns whether a row went.
+        FencedError unless the session is valid."""
+        ...
+
+    async def redirect_assignments(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        """Rewrite each named assignment row whose target has no valid session (checked in this
+        transaction) to target ``to_node_id`` (which must have one, else NotFoundError
+        NODE_NOT_ALIVE); returns the rows written."""
+        ...
+
+    # -- takeover attempts that fail (s3stream.metadata.cluster_ops; decision 0045) ------------------
+    async def report_takeover_progress(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """The taker made progress: ``updated_at_ms`` becomes now (the controller re-assigns an
+        attempt with no progress for ``s3.wal.failover.progress.leases`` leases). ConflictError
+        unless the takeover is RUNNING with this taker."""
+        ...
+
+    async def give_back_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        """The taker gives its attempt up (it failed ``s3.wal.failover.run.failures.max`` times):
+        PENDING without a taker, attempt kept; the controller assigns the next attempt. ConflictError
+        unless the takeover is RUNNING with this taker."""
+        ...
+
+    async def fail_takeover(self, *, node_id: NodeId) -> TakeoverInfo:
+        """Give the in-flight takeover of ``node_id`` up: FAILED (the one in-flight slot is free).
+        Every snapshot stream a taker took and still holds OPENED is handed back to the dead node
+        (a new range of the dead node at the stream's epoch + 1), so the dead node's next session
+        replays them from its own WAL. ConflictError when no takeover of it is in flight."""
         ...
 
     async def close(self) -> None: ...

@@ -38,14 +38,18 @@ from s3stream.metadata.changes import (
     AdvanceEndOffsets,
     Change,
     Counter,
+    PutAssignment,
     PutKv,
     PutLease,
     PutNode,
+    PutNodeRuntime,
     PutObject,
     PutRange,
     PutStream,
     PutStreamObject,
     PutStreamSetObject,
+    PutTakeover,
+    RemoveAssignment,
     RemoveKv,
     RemoveLease,
     RemoveObject,
@@ -98,6 +102,11 @@ class Tag(enum.IntEnum):
     PUT_LEASE = 16
     REMOVE_LEASE = 17
 
+
+UNLOGGED = (PutNodeRuntime, PutTakeover, PutAssignment, RemoveAssignment)
+"""The cluster's coordination state (node runtime, takeovers, assignments): never in a change log
+(the copy leaves them out, :data:`s3stream.metadata.sqlite_copy.SESSION_CHANGES`), so they have no
+tag; encoding one is a programming error."""
 
 _COUNTER_CODES = {Counter.STREAM_ID: 0, Counter.OBJECT_ID: 1}
 _COUNTERS = {code: counter for counter, code in _COUNTER_CODES.items()}

@@ -13,12 +13,15 @@ from dataclasses import dataclass
 
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
+    Assignment,
     LeaseInfo,
+    NodeRuntime,
     RangeMetadata,
     S3ObjectMetadata,
     StreamObject,
     StreamSetObject,
     StreamState,
+    TakeoverInfo,
 )
 
 
@@ -140,6 +143,35 @@ class RemoveKv:
     key: str
 
 
+# -- cluster session state (not copied to the bucket: s3stream.metadata.sqlite_copy.SESSION_CHANGES) --
+
+
+@dataclass(frozen=True, slots=True)
+class PutNodeRuntime:
+    """The node's whole runtime row (WAL path, un-uploaded WAL bytes)."""
+
+    runtime: NodeRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class PutTakeover:
+    """The dead node's whole takeover row (one per node)."""
+
+    takeover: TakeoverInfo
+
+
+@dataclass(frozen=True, slots=True)
+class PutAssignment:
+    """The stream's whole assignment row (one per stream)."""
+
+    assignment: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAssignment:
+    stream_id: StreamId
+
+
 Change = (
     SetCounter
     | PutNode
@@ -158,4 +190,8 @@ Change = (
     | RemoveStreamObject
     | PutKv
     | RemoveKv
+    | PutNodeRuntime
+    | PutTakeover
+    | PutAssignment
+    | RemoveAssignment
 )

@@ -26,14 +26,17 @@ from s3stream.errors import (
 )
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
+    Assignment,
     LeaseInfo,
     NodeInfo,
+    NodeRuntime,
     ObjectState,
     S3ObjectMetadata,
     StreamMetadata,
     StreamObject,
     StreamOffsetRange,
     StreamSetObject,
+    TakeoverInfo,
 )
 from s3stream.metadata.changes import (
     Change,
@@ -154,6 +157,25 @@ class StateView(Protocol):
     def next_id(self, counter: Counter) -> int: ...
 
     def kv(self, key: str) -> bytes | None: ...
+
+    # -- cluster (s3stream.metadata.cluster_ops) ---------------------------------------------------
+    def node_runtime(self, node_id: NodeId) -> NodeRuntime | None: ...
+
+    def node_runtimes(self) -> list[NodeRuntime]:
+        """Every node runtime row, by node id."""
+        ...
+
+    def assignment(self, stream_id: StreamId) -> Assignment | None: ...
+
+    def assignments(self) -> list[Assignment]:
+        """Every assignment row, by stream id."""
+        ...
+
+    def takeover(self, node_id: NodeId) -> TakeoverInfo | None: ...
+
+    def takeovers(self) -> list[TakeoverInfo]:
+        """Every takeover row, by node id."""
+        ...
 
 
 class Txn:

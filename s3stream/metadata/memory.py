@@ -17,8 +17,10 @@ from s3stream.errors import ClosedError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
 from s3stream.metadata.base import (
+    Assignment,
     LeaseInfo,
     NodeInfo,
+    NodeRuntime,
     ObjectState,
     RangeMetadata,
     S3ObjectMetadata,
@@ -26,19 +28,24 @@ from s3stream.metadata.base import (
     StreamObject,
     StreamSetObject,
     StreamState,
+    TakeoverInfo,
 )
 from s3stream.metadata.changes import (
     AdvanceEndOffsets,
     Change,
     Counter,
+    PutAssignment,
     PutKv,
     PutLease,
     PutNode,
+    PutNodeRuntime,
     PutObject,
     PutRange,
     PutStream,
     PutStreamObject,
     PutStreamSetObject,
+    PutTakeover,
+    RemoveAssignment,
     RemoveKv,
     RemoveLease,
     RemoveObject,
@@ -71,6 +78,9 @@ class _State:
         self.sos: dict[ObjectId, StreamObject] = {}
         self.stream_sos: dict[StreamId, SortedList] = {}  # (start_offset, object_id)
         self.kvs: dict[str, bytes] = {}
+        self.runtime_rows: dict[NodeId, NodeRuntime] = {}
+        self.assignment_rows: dict[StreamId, Assignment] = {}
+        self.takeover_rows: dict[NodeId, TakeoverInfo] = {}
 
     # -- StateView ----------------------------------------------------------------------------
     def node_epoch(self, node_id: NodeId) -> int | None:
@@ -207,6 +217,24 @@ class _State:
     def kv(self, key: str) -> bytes | None:
         return self.kvs.get(key)
 
+    def node_runtime(self, node_id: NodeId) -> NodeRuntime | None:
+        return self.runtime_rows.get(node_id)
+
+    def node_runtimes(self) -> list[NodeRuntime]:
+        return [self.runtime_rows[k] for k in sorted(self.runtime_rows)]
+
+    def assignment(self, stream_id: StreamId) -> Assignment | None:
+        return self.assignment_rows.get(stream_id)
+
+    def assignments(self) -> list[Assignment]:
+        return [self.assignment_rows[k] for k in sorted(self.assignment_rows)]
+
+    def takeover(self, node_id: NodeId) -> TakeoverInfo | None:
+        return self.takeover_rows.get(node_id)
+
+    def takeovers(self) -> list[TakeoverInfo]:
+        return [self.takeover_rows[k] for k in sorted(self.takeover_rows)]
+
     # -- applying changes -----------------------------------------------------------------------
     def apply(self, changes: list[Change]) -> None:
         for change in changes:
@@ -276,6 +304,14 @@ class _State:
                 self.kvs[key] = value
             case RemoveKv(key):
                 self.kvs.pop(key, None)
+            case PutNodeRuntime(runtime):
+                self.runtime_rows[runtime.node_id] = runtime
+            case PutAssignment(assignment):
+                self.assignment_rows[assignment.stream_id] = assignment
+            case RemoveAssignment(stream_id):
+                self.assignment_rows.pop(stream_id, None)
+            case PutTakeover(takeover):
+                self.takeover_rows[takeover.node_id] = takeover
 
     def _unindex_object(self, object_id: ObjectId) -> None:
         old = self.object_rows.get(object_id)

@@ -24,10 +24,11 @@ from s3stream.errors import (
     ErrorCode,
     FencedError,
     InvalidArgumentError,
+    UnavailableError,
 )
 from s3stream.ids import NodeId
-from s3stream.metadata.base import LeaseInfo, NodeInfo
-from s3stream.metadata.changes import PutLease, PutNode, RemoveLease
+from s3stream.metadata.base import LeaseInfo, NodeInfo, NodeRuntime, TakeoverState
+from s3stream.metadata.changes import PutLease, PutNode, PutNodeRuntime, RemoveLease
 from s3stream.metadata.controller import OFFSET_MAX, StateView, Txn, check_int, check_node
 
 LEASE_MS_MAX = 24 * 3600 * 1000
@@ -35,6 +36,10 @@ LEASE_MS_MAX = 24 * 3600 * 1000
 LEASE_NAME_CHARS_MAX = 256
 NO_LEASE = -1
 """``lease_expires_at_ms`` of an unleased session (registered by ``register_node``)."""
+WAL_PATH_CHARS_MAX = 4096
+"""Longest WAL path a node may record in its runtime row."""
+IN_FLIGHT = frozenset({TakeoverState.PENDING, TakeoverState.RUNNING})
+"""The states of a takeover still in progress (at most one row cluster-wide)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,25 +125,54 @@ def check_guard(view: StateView, guard: Guard, now_ms: int) -> None:
 # -- node sessions -------------------------------------------------------------------------------
 
 
-def open_node(txn: Txn, *, node_id: NodeId, lease_ms: int, now_ms: int) -> NodeInfo:
+def check_wal_path(wal_path: object) -> None:
+    if not isinstance(wal_path, str) or len(wal_path) > WAL_PATH_CHARS_MAX:
+        raise InvalidArgumentError(
+            f"a WAL path is a str of at most {WAL_PATH_CHARS_MAX} chars, got {wal_path!r:.80}"
+        )
+    try:
+        wal_path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"a WAL path must be encodable as UTF-8, got {wal_path!r:.80}") from exc
+
+
+def open_node(txn: Txn, *, node_id: NodeId, lease_ms: int, now_ms: int, wal_path: str = "") -> NodeInfo:
+    """A new session (and the node's runtime row with ``wal_path``); refused, writing nothing, while a
+    takeover of the node is in flight: the taker replays its WAL, which a new session would write."""
     check_int("node_id", node_id, low=0)
     _check_lease_ms(lease_ms)
+    check_wal_path(wal_path)
+    takeover = txn.view.takeover(node_id)
+    if takeover is not None and takeover.state in IN_FLIGHT:
+        raise UnavailableError(
+            f"node {node_id} is being taken over (state {takeover.state.name}, taker "
+            f"{takeover.taker_node_id}): open it again once the takeover is done",
+            code=ErrorCode.NODE_TAKEOVER_IN_PROGRESS,
+        )
     stored = txn.view.node(node_id)
     if stored is not None and stored.node_epoch >= OFFSET_MAX:
         raise ConflictError(f"node {node_id} has no node epoch left", code=ErrorCode.STREAM_INNER_ERROR)
     epoch = 1 if stored is None else max(stored.node_epoch + 1, 1)
     info = NodeInfo(node_id, epoch, now_ms + lease_ms, now_ms, now_ms)
     txn.write(PutNode(node_id, epoch, info.lease_expires_at_ms, now_ms, now_ms))
+    txn.write(PutNodeRuntime(NodeRuntime(node_id, wal_path, -1, now_ms)))
     return info
 
 
-def heartbeat(txn: Txn, *, node_id: NodeId, node_epoch: int, lease_ms: int, now_ms: int) -> NodeInfo:
-    """Renew a valid session's lease; an unleased session gets a lease from now on."""
+def heartbeat(
+    txn: Txn, *, node_id: NodeId, node_epoch: int, lease_ms: int, now_ms: int, wal_pending_bytes: int = -1
+) -> NodeInfo:
+    """Renew a valid session's lease (an unleased session gets a lease from now on) and record
+    ``wal_pending_bytes`` in the node's runtime row (its WAL path kept)."""
     check_node(node_id, node_epoch)
     _check_lease_ms(lease_ms)
+    check_int("wal_pending_bytes", wal_pending_bytes, low=-1)
     info = session_check(txn.view, node_id, node_epoch, now_ms)
     renewed = NodeInfo(node_id, node_epoch, now_ms + lease_ms, now_ms, info.registered_at_ms)
     txn.write(PutNode(node_id, node_epoch, renewed.lease_expires_at_ms, now_ms, info.registered_at_ms))
+    runtime = txn.view.node_runtime(node_id)
+    wal_path = "" if runtime is None else runtime.wal_path
+    txn.write(PutNodeRuntime(NodeRuntime(node_id, wal_path, wal_pending_bytes, now_ms)))
     return renewed
 
 

@@ -66,7 +66,7 @@ CONNECTIONS_MAX = 64
 QUEUED_OPERATIONS_MAX = 1024
 """Operations waiting for a worker at most; further callers wait for a slot first."""
 RETRY_ATTEMPTS_MAX = 100
-"""Runs of one operation at most when PostgreSQL aborts it for a conflict (40001, 40P01)."""
+"""Runs of one operation at most when PostgreSQL aborts it for a conflict (40001, 40P01, 55P03)."""
 RETRY_DEADLINE_MS = 30_000
 """No new run of an aborted operation starts later than this after its first."""
 BACKOFF_MS_MIN = 1
@@ -74,6 +74,14 @@ BACKOFF_MS_MAX = 100
 CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_MS = 30_000
 """The server cancels a statement running longer (57014 -> UnavailableError)."""
+LOCK_TIMEOUT_MS = 2_000
+"""A statement waiting this long for a row lock gives up (55P03) and its transaction runs again: a
+lock is held only inside one of these short transactions, so a long wait means its holder stopped."""
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 2_000
+"""The server ends a session idle this long inside a transaction, rolling it back and releasing its
+locks. A transaction here sends its statements back to back, so only a paused process (SIGSTOP, a
+frozen VM) sits idle in one; without this its locks on shared rows (the leases every node renews)
+would hold back every other node's writes, heartbeats included, until the leases of live nodes end."""
 TCP_USER_TIMEOUT_MS = 30_000
 """A connection whose sent data stays unacknowledged this long is dropped (a silent server)."""
 
@@ -86,15 +94,16 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
     "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
     "application_name": "s3stream",
 }
-_SESSION_SETUP = (
-    f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET lock_timeout = {STATEMENT_TIMEOUT_MS}; "
-    f"SET idle_in_transaction_session_timeout = {2 * STATEMENT_TIMEOUT_MS}"
+SESSION_SETUP = (
+    f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET lock_timeout = {LOCK_TIMEOUT_MS}; "
+    f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
 )
 _BEGIN: dict[str, str] = {
     "write": "BEGIN ISOLATION LEVEL SERIALIZABLE",
     "read": "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
 }
-_CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+_CONFLICT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+"""Serialization failure, deadlock, lock wait past ``LOCK_TIMEOUT_MS``: the transaction runs again."""
 _AUTH_SQLSTATES = frozenset({"28000", "28P01"})
 _AUTH_FAILED = re.compile(r'authentication failed|FATAL: +role ".*" does not exist')
 _NO_DATABASE = re.compile(r'FATAL: +database ".*" does not exist')
@@ -247,7 +256,7 @@ class _Pool:
                 old.close()
         conn = psycopg.connect(self._conninfo, autocommit=True)
         try:
-            conn.execute(_SESSION_SETUP)
+            conn.execute(SESSION_SETUP)
         except BaseException:
             conn.close()
             raise
@@ -337,7 +346,7 @@ class PostgresMetadataStore(TransactionalStore):
 
     @property
     def conflict_retries(self) -> int:
-        """Operations PostgreSQL aborted for a conflict (40001, 40P01) and that ran again, so far."""
+        """Operations PostgreSQL aborted for a conflict (40001, 40P01, 55P03) and that ran again, so far."""
         return self._pool.conflict_retries
 
     async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:

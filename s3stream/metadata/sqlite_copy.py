@@ -26,10 +26,28 @@ from dataclasses import dataclass
 from s3stream.clock import wall_clock_ms
 from s3stream.errors import CorruptionError
 from s3stream.metadata.changelog import encode_group
-from s3stream.metadata.changes import Change, PutLease, PutNode, RemoveLease
+from s3stream.metadata.changes import (
+    Change,
+    PutAssignment,
+    PutLease,
+    PutNode,
+    PutNodeRuntime,
+    PutTakeover,
+    RemoveAssignment,
+    RemoveLease,
+)
 
-SESSION_CHANGES = (PutNode, PutLease, RemoveLease)
-"""Node sessions and leases: the liveness of running processes, renewed every few seconds, not data.
+SESSION_CHANGES = (
+    PutNode,
+    PutLease,
+    RemoveLease,
+    PutNodeRuntime,
+    PutTakeover,
+    PutAssignment,
+    RemoveAssignment,
+)
+"""Node sessions, leases and the cluster's runtime state (node runtime, takeovers, assignments): the
+liveness and coordination of running processes, not data.
 They are left out of the change log (a snapshot still holds them): a heartbeat never waits for the
 bucket, so an unreachable bucket cannot expire a node's lease, and a restored data dir starts a new
 session anyway (its node epoch counts on from the restored one)."""

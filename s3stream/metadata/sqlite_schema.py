@@ -22,9 +22,12 @@ from typing import Any, Protocol, TypeVar, cast
 
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
 from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.metadata import cluster_schema
 from s3stream.metadata.base import (
+    Assignment,
     LeaseInfo,
     NodeInfo,
+    NodeRuntime,
     ObjectKind,
     ObjectState,
     RangeMetadata,
@@ -34,6 +37,7 @@ from s3stream.metadata.base import (
     StreamOffsetRange,
     StreamSetObject,
     StreamState,
+    TakeoverInfo,
 )
 from s3stream.metadata.changes import (
     AdvanceEndOffsets,
@@ -135,6 +139,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             last_commit_ms INTEGER NOT NULL, snapshot_seq INTEGER NOT NULL)""",
         "CREATE TABLE pending_copy (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
     ),
+    # version 5: the cluster: node runtime, assignments, takeovers (s3stream.metadata.cluster_schema)
+    cluster_schema.MIGRATION,
 )
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -559,6 +565,28 @@ class SqlView:
             )
         return row[0]
 
+    # -- cluster (s3stream.metadata.cluster_schema) ----------------------------------------------
+    def node_runtime(self, node_id: NodeId) -> NodeRuntime | None:
+        found = cluster_schema.node_runtimes(self._c, node_id)
+        return found[0] if found else None
+
+    def node_runtimes(self) -> list[NodeRuntime]:
+        return cluster_schema.node_runtimes(self._c)
+
+    def assignment(self, stream_id: StreamId) -> Assignment | None:
+        found = cluster_schema.assignments(self._c, stream_id)
+        return found[0] if found else None
+
+    def assignments(self) -> list[Assignment]:
+        return cluster_schema.assignments(self._c)
+
+    def takeover(self, node_id: NodeId) -> TakeoverInfo | None:
+        found = cluster_schema.takeovers(self._c, node_id)
+        return found[0] if found else None
+
+    def takeovers(self) -> list[TakeoverInfo]:
+        return cluster_schema.takeovers(self._c)
+
 
 # -- applying changes ----------------------------------------------------------------------------
 
@@ -652,6 +680,7 @@ _SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
         lambda c: (c.key, c.value),
     ),
     RemoveKv: ("DELETE FROM kv WHERE key = ?", lambda c: (c.key,)),
+    **cluster_schema.STATEMENTS,
 }
 
 

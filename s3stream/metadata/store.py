@@ -15,21 +15,24 @@ from typing import TypeVar
 from s3stream.clock import Clock
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.metadata import cluster_ops, external_ops, node_ops, object_ops, queries, stream_ops
 from s3stream.metadata import controller as ctl
-from s3stream.metadata import external_ops, node_ops, object_ops, queries, stream_ops
 from s3stream.metadata.base import (
+    Assignment,
     CommitObjectsRequest,
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
     KvWrite,
     LeaseInfo,
     NodeInfo,
+    NodeRuntime,
     ObjectSlice,
     ObjectState,
     S3ObjectMetadata,
     StreamMetadata,
     StreamObject,
     StreamSetObject,
+    TakeoverInfo,
 )
 from s3stream.metadata.changes import Counter
 
@@ -113,17 +116,26 @@ class TransactionalStore(abc.ABC):
             lambda txn: stream_ops.register_node(txn, node_id=node_id, node_epoch=node_epoch, now_ms=clock())
         )
 
-    async def open_node(self, *, node_id: NodeId, lease_ms: int) -> NodeInfo:
+    async def open_node(self, *, node_id: NodeId, lease_ms: int, wal_path: str = "") -> NodeInfo:
         clock = self._clock_ms
         return await self._transact(
-            lambda txn: node_ops.open_node(txn, node_id=node_id, lease_ms=lease_ms, now_ms=clock())
+            lambda txn: node_ops.open_node(
+                txn, node_id=node_id, lease_ms=lease_ms, now_ms=clock(), wal_path=wal_path
+            )
         )
 
-    async def heartbeat(self, *, node_id: NodeId, node_epoch: int, lease_ms: int) -> NodeInfo:
+    async def heartbeat(
+        self, *, node_id: NodeId, node_epoch: int, lease_ms: int, wal_pending_bytes: int = -1
+    ) -> NodeInfo:
         clock = self._clock_ms
         return await self._transact(
             lambda txn: node_ops.heartbeat(
-                txn, node_id=node_id, node_epoch=node_epoch, lease_ms=lease_ms, now_ms=clock()
+                txn,
+                node_id=node_id,
+                node_epoch=node_epoch,
+                lease_ms=lease_ms,
+                now_ms=clock(),
+                wal_pending_bytes=wal_pending_bytes,
             )
         )
 
@@ -163,7 +175,7 @@ class TransactionalStore(abc.ABC):
     async def open_stream(
         self, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
     ) -> StreamMetadata:
-        return await self._write(
+        return await self._write_now(
             partial(
                 stream_ops.open_stream,
                 node_id=node_id,
@@ -303,6 +315,126 @@ class TransactionalStore(abc.ABC):
 
     async def kv_applied_offset(self, node_id: NodeId) -> int:
         return await self._query(partial(stream_ops.kv_applied_offset, node_id=node_id))
+
+    # -- cluster: node runtime, assignments, takeovers --------------------------------------
+    async def list_node_runtime(self) -> list[NodeRuntime]:
+        return await self._query(lambda view: view.node_runtimes())
+
+    async def request_reassign(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        """Unguarded (see the protocol): any process may request, a bound one too."""
+        clock = self._clock_ms
+        ids = tuple(stream_ids)
+        return await self._transact(
+            lambda txn: cluster_ops.request_reassign(
+                txn, stream_ids=ids, to_node_id=to_node_id, now_ms=clock()
+            )
+        )
+
+    async def list_assignments(self) -> list[Assignment]:
+        return await self._query(lambda view: view.assignments())
+
+    async def start_takeover(
+        self, *, node_id: NodeId, node_epoch: int, taker_node_id: int, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.start_takeover,
+                node_id=node_id,
+                node_epoch=node_epoch,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def reassign_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.reassign_takeover,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def list_takeovers(self) -> list[TakeoverInfo]:
+        return await self._query(lambda view: view.takeovers())
+
+    async def takeover_streams(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> list[tuple[StreamMetadata, int]]:
+        return await self._write_now(
+            partial(
+                cluster_ops.takeover_streams,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def finish_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int, wal_end_offset: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.finish_takeover,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+                wal_end_offset=wal_end_offset,
+            )
+        )
+
+    # -- assignments that cannot finish (decision 0046) -------------------------------------------
+    async def settle_assignment(self, *, stream_id: StreamId, node_id: NodeId, node_epoch: int) -> bool:
+        return await self._write_now(
+            partial(
+                cluster_ops.settle_assignment, stream_id=stream_id, node_id=node_id, node_epoch=node_epoch
+            )
+        )
+
+    async def redirect_assignments(
+        self, *, stream_ids: Sequence[StreamId], to_node_id: NodeId
+    ) -> list[Assignment]:
+        ids = tuple(stream_ids)
+        return await self._write_now(
+            partial(cluster_ops.redirect_assignments, stream_ids=ids, to_node_id=to_node_id)
+        )
+
+    # -- takeover attempts that fail (decision 0045) -----------------------------------------------
+    async def report_takeover_progress(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.report_takeover_progress,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def give_back_takeover(
+        self, *, node_id: NodeId, taker_node_id: NodeId, taker_node_epoch: int
+    ) -> TakeoverInfo:
+        return await self._write_now(
+            partial(
+                cluster_ops.give_back_takeover,
+                node_id=node_id,
+                taker_node_id=taker_node_id,
+                taker_node_epoch=taker_node_epoch,
+            )
+        )
+
+    async def fail_takeover(self, *, node_id: NodeId) -> TakeoverInfo:
+        return await self._write_now(partial(cluster_ops.fail_takeover, node_id=node_id))
+
+    def now_ms(self) -> int:
+        """The store's clock (a PostgreSQL store's is the server's): what leases are judged by."""
+        return self._clock_ms()
 
 
 class LeaseBoundStore(TransactionalStore):

@@ -17,6 +17,7 @@ from s3stream.errors import (
     NotFoundError,
 )
 from s3stream.ids import NodeId, StreamId
+from s3stream.metadata import cluster_ops
 from s3stream.metadata.base import (
     KvWrite,
     ObjectState,
@@ -32,6 +33,7 @@ from s3stream.metadata.changes import (
     PutObject,
     PutRange,
     PutStream,
+    RemoveAssignment,
     RemoveKv,
     RemoveRange,
     RemoveStream,
@@ -106,8 +108,12 @@ def _removable_ranges(ranges: Sequence[RangeMetadata], stream_objects: Sequence[
 
 
 def open_stream(
-    txn: Txn, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int
+    txn: Txn, *, node_id: NodeId, node_epoch: int, stream_id: StreamId, epoch: int, now_ms: int
 ) -> StreamMetadata:
+    """AutoMQ's openStream plus the cluster's ownership rules (:mod:`~s3stream.metadata.cluster_ops`):
+    a stream OPENED by another node -> NotOwnerError (its session is valid) or
+    UnavailableError(NODE_TAKEOVER_IN_PROGRESS) (it lapsed); an open that makes a CLOSED stream
+    OPENED honours and removes its assignment row."""
     check_node(node_id, node_epoch)
     check_int("stream_id", stream_id, low=0)
     check_int("epoch", epoch, low=0)
@@ -130,13 +136,17 @@ def open_stream(
                 f"stream {stream_id} epoch {epoch} is owned by node {owner}", code=ErrorCode.STREAM_FENCED
             )
         if stream.state == StreamState.CLOSED:
+            cluster_ops.claim_assignment(txn, stream_id, node_id, now_ms)
             stream = dataclasses.replace(stream, state=StreamState.OPENED)
             put_stream(txn, stream)
         return stream
     if stream.state == StreamState.OPENED:
+        if cluster_ops.owner_of(stream) not in (-1, node_id):
+            cluster_ops.refuse_opened_elsewhere(view, stream, node_id, now_ms)
         raise ConflictError(
             f"stream {stream_id} is still opened with epoch {stream.epoch}", code=ErrorCode.STREAM_NOT_CLOSED
         )
+    cluster_ops.claim_assignment(txn, stream_id, node_id, now_ms)
     ranges = list(stream.ranges)
     if ranges and ranges[-1].end_offset != stream.end_offset:
         ranges[-1] = dataclasses.replace(ranges[-1], end_offset=stream.end_offset)
@@ -215,6 +225,8 @@ def delete_stream(txn: Txn, *, stream_id: StreamId, epoch: int, now_ms: int) -> 
                 code=ErrorCode.STREAM_INNER_ERROR,
             )
         txn.write(PutObject(marked(obj, now_ms)))
+    if txn.view.assignment(stream_id) is not None:
+        txn.write(RemoveAssignment(stream_id))
     txn.write(RemoveStream(stream_id))
 
 

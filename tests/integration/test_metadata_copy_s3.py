@@ -25,6 +25,7 @@ import s3stream
 from s3stream import RecordBatch
 from s3stream.cli import main
 from s3stream.metacopy.objects import copies_prefix, log_key, parse_copy_key
+from s3stream.metadata import cluster_schema
 from s3stream.storage.uri import open_storage
 from tests.support.metacopy_child import CONFIG, STREAMS, payload
 from tests.support.metacopy_replay import replay_uncopied
@@ -50,8 +51,9 @@ def dump(path: Path) -> dict[str, list[tuple[object, ...]]]:
 
 
 def data_tables(path: Path) -> dict[str, list[tuple[object, ...]]]:
-    """:func:`dump` without the node session and lease tables."""
-    return {n: rows for n, rows in dump(path).items() if n not in ("nodes", "leases")}
+    """:func:`dump` without the session tables (node sessions, leases, the cluster's state)."""
+    sessions = ("nodes", "leases", *cluster_schema.CLUSTER_TABLES)
+    return {n: rows for n, rows in dump(path).items() if n not in sessions}
 
 
 def run_child_until_killed(data_dir: Path, uri: str, rng: Random) -> list[dict[str, object]]:

@@ -43,7 +43,14 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from s3stream.errors import ConflictError, ErrorCode, FencedError, NotFoundError, UnavailableError
+from s3stream.errors import (
+    ConflictError,
+    ErrorCode,
+    FencedError,
+    NotFoundError,
+    NotOwnerError,
+    UnavailableError,
+)
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
     CommitStreamSetObjectRequest,
@@ -54,7 +61,7 @@ from s3stream.metadata.base import (
 from tests.support.metadata_urls import open_store
 
 PREPARE_TTL_MS = 3_600_000
-EXPECTED_ERRORS = (FencedError, ConflictError, NotFoundError)
+EXPECTED_ERRORS = (FencedError, ConflictError, NotFoundError, NotOwnerError)
 
 
 def new_node_epoch() -> int:

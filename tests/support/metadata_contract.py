@@ -19,6 +19,7 @@ from s3stream.errors import (
     FencedError,
     InvalidArgumentError,
     NotFoundError,
+    NotOwnerError,
     OffsetOutOfRangeError,
     S3StreamError,
 )
@@ -546,6 +547,9 @@ class MetadataContract:
         stream_id = await opened(store, N1, epoch=0)
         before = await snapshot(store)
         with raises(ConflictError, ErrorCode.STREAM_NOT_CLOSED):
+            await store.open_stream(node_id=N1, node_epoch=EPOCH, stream_id=stream_id, epoch=1)
+        # another node is told who owns it (the cluster's ownership rule)
+        with raises(NotOwnerError, ErrorCode.NOT_OWNER):
             await store.open_stream(node_id=N2, node_epoch=EPOCH, stream_id=stream_id, epoch=1)
         assert await snapshot(store) == before
 

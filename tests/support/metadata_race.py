@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from s3stream.errors import ConflictError, FencedError, NotFoundError, UnavailableError
+from s3stream.errors import ConflictError, FencedError, NotFoundError, NotOwnerError, UnavailableError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata.base import (
     CommitStreamSetObjectRequest,
@@ -36,7 +36,7 @@ from s3stream.metadata.url import open_metadata_store
 
 NODE_EPOCH = 1
 TTL_MS = 600_000
-REFUSALS = (ConflictError, FencedError, NotFoundError)
+REFUSALS = (ConflictError, FencedError, NotFoundError, NotOwnerError)
 
 
 class RaceNode:

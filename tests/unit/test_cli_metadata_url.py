@@ -46,6 +46,7 @@ def required_args(path: tuple[str, ...]) -> list[str]:
         ("fetch",): ["--stream", "0"],
         ("inspect", "object"): ["x"],
         ("restore",): ["--bucket-uri", "file:///x", "--data-dir", "d"],
+        ("reassign",): ["--stream", "0", "--to-node", "1"],
     }.get(path, [])
 
 

@@ -78,12 +78,26 @@ def test_nodes_lists_epoch_lease_state_age_and_streams_owned(
     assert PAST_MS <= two["lease_age_ms"] < PAST_MS * 2
     assert two["lease_expires_at_ms"] == two["heartbeat_at_ms"] + LEASE_MS
 
-    text = cli(args, capsys).splitlines()
-    assert text[0].split() == ["node_id", "epoch", "lease", "lease_age_ms", "streams_owned"]
-    assert [line.split()[:3] + line.split()[4:] for line in text[1:]] == [
-        ["1", "1", "alive", "2"],
-        ["2", "1", "expired", "1"],
+    assert [(r["streams"], r["wal_pending_bytes"], r["takeover"], r["assignments_to"]) for r in rows] == [
+        ([0, 1], None, None, []),  # no heartbeat sent a WAL backlog: unknown
+        ([2], None, None, []),
     ]
+
+    text = cli(args, capsys).splitlines()
+    assert text[0].split() == [
+        "node_id",
+        "epoch",
+        "lease",
+        "lease_age_ms",
+        "streams_owned",
+        "wal_pending_bytes",
+        "streams",
+    ]
+    assert [line.split()[:3] + line.split()[4:] for line in text[1:3]] == [
+        ["1", "1", "alive", "2", "-", "0,1"],
+        ["2", "1", "expired", "1", "-", "2"],
+    ]
+    assert text[3:] == ["", "takeovers (0 in flight)", "none", "", "reassignments pending (0)", "none"]
 
 
 def test_a_node_registered_without_a_lease_is_unleased(

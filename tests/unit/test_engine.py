@@ -17,10 +17,10 @@ from s3stream.engine.walport import MemoryWal
 from s3stream.errors import (
     CapacityError,
     ClosedError,
-    ConflictError,
     FencedError,
     InvalidArgumentError,
     NotFoundError,
+    NotOwnerError,
     OffsetOutOfRangeError,
     UnavailableError,
 )
@@ -198,8 +198,9 @@ async def test_open_with_stale_epoch_is_fenced_and_newer_epoch_fences_the_old_ow
     await s1.append(RecordBatch(b"from-one"))
     with pytest.raises(FencedError):
         await two.streams.open_stream(s1.stream_id, epoch=2)
-    with pytest.raises(ConflictError):  # still open on node 1
+    with pytest.raises(NotOwnerError) as refused:  # still open on node 1, which is alive
         await two.streams.open_stream(s1.stream_id, epoch=4)
+    assert refused.value.owner_node_id == 1
     await s1.close()
     s2 = await two.streams.open_stream(s1.stream_id, epoch=4)
     assert s2.confirm_offset == 1

@@ -10,7 +10,14 @@ import pytest
 from s3stream.direct.writer import write_object
 from s3stream.engine.kvlog import DIRECT_KV_PREFIX
 from s3stream.engine.stream import Status
-from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, S3StreamError, UnavailableError
+from s3stream.errors import (
+    ClosedError,
+    ConflictError,
+    ErrorCode,
+    InvalidArgumentError,
+    S3StreamError,
+    UnavailableError,
+)
 from s3stream.facade import SyncClient
 from s3stream.ids import ObjectId, StreamId
 from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, StreamOffsetRange
@@ -173,4 +180,23 @@ async def test_a_commit_with_an_unknown_outcome_keeps_its_streams_reserved_until
     assert (await node.metadata.describe_stream(stream.stream_id)).end_offset == 4
     assert await client.kv.get(DIRECT_KV_PREFIX + "p") == b"1"
     assert await stream.append(RecordBatch(b"wal-4")) == 4
+    await client.close()
+
+
+async def test_another_request_after_a_commit_with_an_unknown_outcome_starts_from_its_ends() -> None:
+    node = Node(metadata=FlakyCommitStore(commit_first=True))
+    client = await node.open()
+    stream = await client.streams.create_and_open_stream()
+    first = await client.prepare_objects(2)
+    obj = CommittedObject(first, 10, (StreamOffsetRange(stream.stream_id, 0, 3),))
+    with pytest.raises(UnavailableError):
+        await client.commit_objects([stream], [obj])
+    # a new plan from the old end: refused, and the stream is left at the end the first commit made
+    stale = CommittedObject(ObjectId(first + 1), 10, (StreamOffsetRange(stream.stream_id, 0, 2),))
+    with pytest.raises(ConflictError) as info:
+        await client.commit_objects([stream], [stale])
+    assert info.value.code == ErrorCode.OFFSET_NOT_MATCHED
+    assert stream.handle.status is Status.OPEN
+    assert (stream.next_offset, stream.confirm_offset) == (3, 3)
+    assert await stream.append(RecordBatch(b"wal-3")) == 3
     await client.close()

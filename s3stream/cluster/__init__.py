@@ -1,0 +1,1 @@
+"""A cluster of nodes on one metadata store and one bucket: stream ownership, reassignment, failover."""

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["S3StreamDataSource", "S3StreamSink", "abandon_unfinished", "read_records", "read_topic", "run_demo"]
+__all__ = [
+    "S3StreamDataSource",
+    "S3StreamSink",
+    "abandon_unfinished",
+    "read_records",
+    "read_topic",
+    "run_demo",
+]
 
 _LAZY = {
     "S3StreamSink": "spark_sink.sink",

@@ -118,11 +118,14 @@ def run_demo(data_dir: str | os.PathLike[str]) -> int:
                 .option("checkpointLocation", str(checkpoint))
                 .start()
             )
-            out_query = _stream_out(spark, engine, root)
             while not done.wait(0.2):
                 if not query.isActive:
                     query.awaitTermination()
+                if out_query is None and sink.history:  # the topic exists: stream it out meanwhile
+                    out_query = _stream_out(spark, engine, root)
             query.stop()
+            if out_query is None:
+                out_query = _stream_out(spark, engine, root)
             committed = _committed_batches(checkpoint)
 
             stored = read_topic(spark, sink, TOPIC).cache()

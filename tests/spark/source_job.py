@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at-batch", type=int, default=None)
     args = parser.parse_args(argv)
 
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql import functions as F
 
     from spark_sink import S3StreamDataSource
@@ -65,8 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     writer = stream.writeStream.foreachBatch(write).option("checkpointLocation", args.checkpoint)
     if args.kill_at_batch is None:
         writer = writer.trigger(availableNow=True)
-    query = writer.start()
-    query.awaitTermination()
+    for attempt in range(3):
+        query = writer.start()
+        try:
+            query.awaitTermination()
+            break
+        except StreamingQueryException as exc:
+            # Spark gives the driver's Python source worker a fixed 10 s to start: on a loaded
+            # machine that can fail; the query restarts from its checkpoint (nothing else is retried)
+            if "Python worker failed to connect back" not in str(exc) or attempt == 2:
+                raise
     print(json.dumps({"event": "stopped"}), flush=True)
     spark.stop()
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,24 @@ def check_offsets(df: Any) -> dict[int, list[int]]:
         offsets.sort()
         assert len(offsets) == len(set(offsets)), f"partition {p}: duplicate offsets"
     return out
+
+
+WORKER_START_FLAKE = "Python worker failed to connect back"
+"""Spark gives a new Python worker (the one serving a Python source on the driver) a fixed 10 s to
+connect back; on a heavily loaded machine its start-up can take longer. Only that failure is retried."""
+
+
+def await_query(start: Callable[[], Any], *, attempts: int = 3, timeout_s: float = 600) -> Any:
+    """Start a query and wait for it to end (``Trigger.AvailableNow``); restart it from its checkpoint
+    when it failed because its Python worker did not start in time. Returns the finished query."""
+    from pyspark.errors import StreamingQueryException
+
+    for attempt in range(attempts):
+        query = start()
+        try:
+            assert query.awaitTermination(timeout_s), f"query still running after {timeout_s} s"
+            return query
+        except StreamingQueryException as exc:
+            if WORKER_START_FLAKE not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -55,6 +55,11 @@ def test_options_defaults_and_case() -> None:
     ("options", "streaming", "message"),
     [
         ({"topic": "bad topic"}, True, "option 'topic'"),
+        ({"metadataUrl": ""}, True, "option 'metadataUrl' is required"),
+        ({"colour": "red"}, True, "unknown option(s) ['colour']"),
+        ({"startingOffsets": "{not json"}, True, "startingOffsets must be earliest, latest or JSON"),
+        ({"startingOffsets": '{"other": {"0": 1}}'}, True, "must name exactly the topic 't'"),
+        ({"maxRecordsPerTrigger": "0"}, True, "maxRecordsPerTrigger must be an int >= 1"),
         ({"startingOffsets": '{"t": {"x": 1}}'}, True, "partition 'x' is not an int"),
         ({"startingOffsets": '{"t": {"0": -3}}'}, True, "offset -3 must be an int >= 0"),
         ({"startingOffsets": '{"t": {"0": true}}'}, True, "offset True"),

@@ -2,8 +2,8 @@
 
 The topic is written first (the sink, closed: all uploaded); then ``tests/spark/source_job.py``
 reads it in micro-batches of 300 records into one parquet directory per micro-batch. It is killed
-after a micro-batch's output is written but before Spark records the commit (twice), and once at a
-random moment; each restart from the checkpoint must replay the same offsets for the unfinished
+after a micro-batch's output is written but before Spark records the commit, and at a random
+moment; each restart from the checkpoint must replay the same offsets for the unfinished
 micro-batch and go on from there: at the end the output holds every record once.
 """
 
@@ -43,12 +43,20 @@ def _job(env: TopicEnv, ckpt: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+def _env() -> dict[str, str]:
+    """This checkout first on the path (the job and its Python workers import ``spark_sink`` from it)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+
+
 def _events(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def _run(args: list[str]) -> tuple[int, list[dict[str, Any]]]:
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, check=False)
+    proc = subprocess.run(
+        args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S, check=False
+    )
     if proc.returncode not in (0, -signal.SIGKILL):
         print(proc.stderr[-5000:])
     return proc.returncode, _events(proc.stdout)
@@ -68,16 +76,12 @@ def test_sigkill_before_the_commit_replays_the_same_offsets(
     code, first = _run(_job(env, ckpt, out, "--kill-at-batch", "1"))
     assert code == -signal.SIGKILL
     assert [e["batch_id"] for e in first if e["event"] == "batch"] == [0, 1]
-    code, second = _run(_job(env, ckpt, out, "--kill-at-batch", "2"))
-    assert code == -signal.SIGKILL
-    assert [e["batch_id"] for e in second if e["event"] == "batch"] == [1, 2]
-    assert second[0]["ranges"] == first[1]["ranges"]  # the replay of batch 1 read the same offsets
-    code, third = _run(_job(env, ckpt, out))
+    code, second = _run(_job(env, ckpt, out))
     assert code == 0
-    replayed = [e for e in third if e["event"] == "batch"]
-    assert replayed[0]["batch_id"] == 2
-    assert replayed[0]["ranges"] == second[1]["ranges"]
-    assert sum(e["rows"] for e in first[:1] + second[:1] + replayed) == ROWS
+    replayed = [e for e in second if e["event"] == "batch"]
+    assert replayed[0]["batch_id"] == 1
+    assert replayed[0]["ranges"] == first[1]["ranges"]  # the replay of batch 1 read the same offsets
+    assert sum(e["rows"] for e in first[:1] + replayed) == ROWS
     assert keys_of(_output(spark, out)) == list(range(ROWS))
 
 
@@ -91,6 +95,7 @@ def test_sigkill_at_a_random_moment(
     proc = subprocess.Popen(
         _job(env, ckpt, out, "--kill-at-batch", "1000"),
         cwd=ROOT,
+        env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

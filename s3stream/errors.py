@@ -41,6 +41,8 @@ class ErrorCode(enum.IntEnum):
     NODE_FENCED = 514
     NODE_LOCKED = 515
     OBJECT_NOT_COMMITTED = 516
+    KV_CONDITION_FAILED = 530
+    """Ours: a conditional KV write (``kv_expect`` of an external commit) found another value."""
     STREAM_INNER_ERROR = 599
 
 

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from s3stream._loop import new_event_loop
 from s3stream.engine.client import Client, KVClient, Stream, StreamClient
 from s3stream.errors import ClosedError, InvalidArgumentError
-from s3stream.ids import StreamId
-from s3stream.metadata.base import StreamMetadata
+from s3stream.ids import ObjectId, StreamId
+from s3stream.metadata.base import CommittedObject, StreamMetadata
 from s3stream.model import FetchedBatch, RecordBatch
 
 T = TypeVar("T")
@@ -207,6 +207,33 @@ class SyncClient:
                 )
             entries.append((item[0].stream, *item[1:]))
         return self._run.run(self.client.append_atomic(entries, kv=kv))
+
+    def prepare_objects(self, count: int, *, ttl_ms: int | None = None) -> ObjectId:
+        """See :meth:`s3stream.engine.client.Client.prepare_objects`."""
+        return self._run.run(self.client.prepare_objects(count, ttl_ms=ttl_ms))
+
+    def commit_objects(
+        self,
+        streams: Sequence[SyncStream],
+        objects: Sequence[CommittedObject],
+        *,
+        kv_puts: Mapping[str, bytes] | None = None,
+        kv_expect: Mapping[str, bytes | None] | None = None,
+        release_ids: Sequence[ObjectId] = (),
+    ) -> None:
+        """See :meth:`s3stream.engine.client.Client.commit_objects`."""
+        for stream in streams:
+            if not isinstance(stream, SyncStream):
+                raise InvalidArgumentError(f"streams must be SyncStreams, got {type(stream).__name__}")
+        self._run.run(
+            self.client.commit_objects(
+                [s.stream for s in streams],
+                objects,
+                kv_puts=kv_puts,
+                kv_expect=kv_expect,
+                release_ids=release_ids,
+            )
+        )
 
     def close(self) -> None:
         """Close the client (every open stream forces its data up), then stop the loop thread."""

@@ -29,6 +29,7 @@ from s3stream.assembly import open_sync
 from s3stream.config import Config
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError, NotFoundError
 from s3stream.facade import SyncClient, SyncStream
+from spark_sink.direct import read_committed_record
 from spark_sink.protocol import (
     DISCARDED_RANGES_MAX,
     Committed,
@@ -217,13 +218,8 @@ def _open_streams(client: SyncClient, topic: Topic) -> list[SyncStream]:
 
 
 def _plan(client: SyncClient, topic: Topic, streams: list[SyncStream], query_id: str | None) -> AbandonPlan:
-    key = committed_key(topic.name)
-    raw = client.kv.get(key)
-    committed = (
-        Committed.empty(topic.partition_count)
-        if raw is None
-        else Committed.decode(raw, key=key, partition_count=topic.partition_count)
-    )
+    # the newer of the driver path's and the direct path's records
+    committed = read_committed_record(client, topic.name, topic.partition_count)
     partitions = tuple(
         PartitionState(p, int(s.stream_id), committed.ends[p], s.next_offset) for p, s in enumerate(streams)
     )

@@ -21,8 +21,9 @@ import pyarrow as pa
 
 from s3stream.errors import InvalidArgumentError, NotFoundError, OffsetOutOfRangeError, UnavailableError
 from s3stream.facade import SyncClient, SyncStream
+from spark_sink.direct import read_committed_record
 from spark_sink.kafka_codec import KafkaRecord, decode_batch
-from spark_sink.protocol import Committed, committed_key
+from spark_sink.protocol import Committed
 from spark_sink.topic import Topic, describe_topic, open_partitions
 
 if TYPE_CHECKING:
@@ -96,11 +97,7 @@ def read_committed(client: SyncClient, topic: Topic, streams: list[SyncStream]) 
     advances the confirm offsets of one ``append_atomic`` at about the same moment, so a reader can
     briefly see the record ahead; it waits for the streams (at most :data:`COMMIT_WAIT_S_MAX`).
     """
-    key = committed_key(topic.name)
-    raw = client.kv.get(key)
-    if raw is None:
-        return Committed.empty(topic.partition_count)
-    committed = Committed.decode(raw, key=key, partition_count=topic.partition_count)
+    committed = read_committed_record(client, topic.name, topic.partition_count)  # either path's
     deadline = time.monotonic() + COMMIT_WAIT_S_MAX
     for p, stream in enumerate(streams):
         while stream.confirm_offset < committed.ends[p]:

@@ -45,6 +45,14 @@ from s3stream.facade import SyncClient, SyncStream
 from s3stream.model import RecordBatch
 from spark_sink import kafka_codec
 from spark_sink.columns import ColumnCache, normalize
+from spark_sink.direct import (
+    DirectStats,
+    DirectWriter,
+    direct_batch_committed,
+    direct_target,
+    read_committed_record,
+)
+from spark_sink.direct_tasks import TaskObserver
 from spark_sink.encode import (
     OUTPUT_DDL,
     EncodeOptions,
@@ -133,6 +141,8 @@ class S3StreamSink:
         spill: bool | None = None,
         spill_dir: str | os.PathLike[str] | None = None,
         progress_observer: ProgressObserver = _no_progress_observer,
+        direct: bool | None = None,
+        task_observer: TaskObserver | None = None,
     ) -> None:
         if (data_dir is None) == (client is None):
             raise InvalidArgumentError("give exactly one of data_dir and client")
@@ -171,6 +181,14 @@ class S3StreamSink:
         self._kv_max_bytes = KV_OVERHEAD_BYTES + committed_max_bytes(partitions)
         self.history: deque[BatchStats] = deque(maxlen=HISTORY_MAX)
         """What the last micro-batches did, newest last."""
+        self.direct = direct
+        """True: executors write objects, the driver commits them (:mod:`spark_sink.direct`); False:
+        the driver appends through its WAL; None: direct when the topic's objects are on S3."""
+        self._task_observer = task_observer
+        self._direct_writer: DirectWriter | None = None
+        self._direct_resolved = False
+        self.direct_history: deque[DirectStats] = deque(maxlen=HISTORY_MAX)
+        """What the last direct micro-batches did, newest last."""
 
     def _check_limits(self) -> None:
         payload_max = self.batch_bytes_target + self.record_max_bytes + RECORD_OVERHEAD_MAX_BYTES
@@ -207,11 +225,7 @@ class S3StreamSink:
 
     def _committed(self) -> Committed:
         """The topic's committed end offsets (nothing committed if no micro-batch completed yet)."""
-        key = committed_key(self.topic_name)
-        raw = self.client.kv.get(key)
-        if raw is None:
-            return Committed.empty(self.partition_count)
-        return Committed.decode(raw, key=key, partition_count=self.partition_count)
+        return read_committed_record(self.client, self.topic_name, self.partition_count)
 
     def _chunk_kv_max_bytes(self, committed: Committed) -> int:
         """Bytes each chunk keeps for its KV records, the committed record's discarded ranges included.
@@ -302,12 +316,74 @@ class S3StreamSink:
     def _write_batch(self, df: DataFrame, batch_id: int) -> BatchStats:
         query_id = self._query_id_of(df)
         t0 = time.perf_counter()
+        writer = self._direct()
+        if writer is not None:
+            return self._write_direct(writer, df, batch_id, query_id)
+        if direct_batch_committed(self.client, query_id, self.topic_name, batch_id):
+            # committed on the direct path (the sink was switched): a replay writes nothing
+            self._progress_observer(f"after_batch:{batch_id}")
+            return BatchStats(batch_id, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
         spill_dir = self._spill_dir_for(df, batch_id)
         try:
             return self._write_encoded(df, batch_id, query_id, spill_dir, t0)
         finally:
             if spill_dir is not None:
                 shutil.rmtree(spill_dir, ignore_errors=True)
+
+    # -- direct path -----------------------------------------------------------------------------
+    def _direct(self) -> DirectWriter | None:
+        """The direct-path writer when this call uses the direct path (:attr:`direct`, read per call;
+        where the executors write is decided on first use)."""
+        if self.direct is False:
+            return None
+        if not self._direct_resolved:
+            target = direct_target(self.client, self._bucket_uri, self.direct)
+            if target is not None:
+                self._direct_writer = DirectWriter(
+                    client=self.client,
+                    topic=self.topic_name,
+                    streams=self._ensure_streams(),
+                    bucket_uri=target,
+                    namespace=self._config.namespace,
+                    prepared_ttl_ms=self._config.object_prepared_ttl_ms,
+                    observer=self._progress_observer,
+                    task_observer=self._task_observer,
+                )
+            self._direct_resolved = True
+        return self._direct_writer
+
+    def _write_direct(self, writer: DirectWriter, df: DataFrame, batch_id: int, query_id: str) -> BatchStats:
+        if len(query_id.encode()) > QUERY_ID_MAX_BYTES:
+            raise InvalidArgumentError(
+                f"query id {query_id[:40]!r}... is longer than {QUERY_ID_MAX_BYTES} bytes (UTF-8)"
+            )
+        options = EncodeOptions(
+            batch_id=batch_id,
+            partition_count=self.partition_count,
+            batch_bytes_target=self.batch_bytes_target,
+            record_max_bytes=self.record_max_bytes,
+            partition_column=self.stream_column or "key hash",
+        )
+        rows = normalize(
+            df,
+            batch_id=batch_id,
+            stream_column=self.stream_column,
+            partition_count=self.partition_count,
+            cache=self._columns,
+        )
+        stats = writer.write(rows, options, query_id=query_id)
+        self.direct_history.append(stats)
+        return BatchStats(
+            batch_id=batch_id,
+            rows=stats.rows,
+            payloads=stats.objects,
+            chunks=0 if stats.skipped else 1,
+            chunks_written=0 if stats.skipped else 1,
+            bytes_written=stats.bytes_written,
+            encode_s=stats.count_s + stats.write_s,
+            prepare_s=0.0,
+            append_s=stats.commit_s,
+        )
 
     def _spill_dir_for(self, df: DataFrame, batch_id: int) -> Path | None:
         """A fresh directory for the executors' payload files, or None to return payloads inline."""

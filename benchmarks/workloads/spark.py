@@ -12,6 +12,16 @@ objects + SQLite under the work dir).
 - **fixed cost per micro-batch**: mean ``triggerExecution`` of micro-batches of 10 rows, same two
   sinks (lower is better).
 
+With an S3 target two more rows (the direct path needs objects the executors reach):
+
+- **direct rows/s**: the same micro-batches through the sink's direct path (executors upload,
+  the driver commits) vs the parquet sink; the extras give the driver path on the same bucket
+  (``driver_path_s3_rows_per_s``) and on the embedded local store (``driver_path_local_rows_per_s``).
+- **driver peak RSS of a big micro-batch** (``--param big_mib=N``; 2 GiB, 512 MiB with ``--quick``)
+  on the direct path with ``spark.driver.memory=1g``, in its own driver process
+  (``_spark_big_batch``): its ``VmHWM`` after the big batch vs after a 1,000-row batch (goal: below
+  1.5x). In local mode the executors run in the driver's JVM, so the JVM's peak is given apart.
+
 The extras break the sink's time down into executor encoding + collection (``encode_ms``) and the
 engine appends (``append_ms``) per micro-batch.
 """
@@ -59,15 +69,26 @@ def _trigger_ms(query: Any) -> list[float]:
     return [float(p["durationMs"]["triggerExecution"]) for p in query.recentProgress if p["numInputRows"] > 0]
 
 
-def _run_s3stream(spark: Any, src: Path, work: Path) -> tuple[list[float], list[int], Any]:
+def _run_s3stream(
+    spark: Any,
+    src: Path,
+    work: Path,
+    *,
+    bucket_uri: str | None = None,
+    direct: bool | None = None,
+    name: str = "s3stream",
+) -> tuple[list[float], list[int], Any]:
     from spark_sink.sink import S3StreamSink
 
-    with S3StreamSink(work / "engine", topic="bench", partitions=PARTITIONS) as sink:
+    engine = work / f"engine-{name}"
+    with S3StreamSink(
+        engine, bucket_uri=bucket_uri, direct=direct, topic="bench", partitions=PARTITIONS
+    ) as sink:
         query = (
             _source(spark, src)
             .writeStream.foreachBatch(sink)
             .trigger(availableNow=True)
-            .option("checkpointLocation", str(work / "ckpt-s3stream"))
+            .option("checkpointLocation", str(work / f"ckpt-{name}"))
             .start()
         )
         query.awaitTermination()
@@ -126,6 +147,14 @@ def _measure(ctx: Context) -> list[Result]:
         # order: parquet first warms the JVM's file source for both; each sink gets its own checkpoint
         pq_ms, pq_rows = _run_parquet(spark, work / "in", work / "big")
         s3_ms, s3_rows, history = _run_s3stream(spark, work / "in", work / "big")
+        direct: dict[str, Any] = {}
+        if ctx.s3 is not None:  # the direct path needs objects the executors reach: S3
+            for label, use_direct in (("direct", True), ("driver_path_s3", False)):
+                uri = ctx.s3.uri(ctx.key_prefix(f"spark-{label}"))
+                ms, rows, hist = _run_s3stream(
+                    spark, work / "in", work / "big", bucket_uri=uri, direct=use_direct, name=label
+                )
+                direct[label] = (ms, rows, hist)
         pq_small_ms, _ = _run_parquet(spark, work / "small", work / "small-run")
         s3_small_ms, _, small_history = _run_s3stream(spark, work / "small", work / "small-run")
         noop_small_ms = _run_foreach_noop(spark, work / "small", work / "small-run")
@@ -153,7 +182,29 @@ def _measure(ctx: Context) -> list[Result]:
         "chunks_per_microbatch": [h.chunks for h in measured],
         "payload_mib_per_microbatch": [round(h.bytes_written / (1 << 20), 1) for h in measured],
     }
+    results: list[Result] = []
+    if direct:
+        d_ms, d_rows, _ = direct["direct"]
+        w_ms, w_rows, _ = direct["driver_path_s3"]
+        results.append(
+            Result(
+                workload="spark",
+                metric="direct_rows_per_s_1KiB",
+                value=rate(d_ms, d_rows),
+                unit="rows/s",
+                baseline="Spark parquet file sink, same micro-batches",
+                baseline_value=pq_rate,
+                extra={
+                    "driver_path_s3_rows_per_s": rate(w_ms, w_rows),
+                    "driver_path_local_rows_per_s": s3_rate,
+                    "direct_trigger_ms": d_ms,
+                    "driver_path_s3_trigger_ms": w_ms,
+                },
+            )
+        )
+        results.append(_driver_rss(ctx))
     return [
+        *results,
         Result(
             workload="spark",
             metric="rows_per_s_1KiB",
@@ -180,6 +231,50 @@ def _measure(ctx: Context) -> list[Result]:
             },
         ),
     ]
+
+
+def _driver_rss(ctx: Context) -> Result:
+    """Driver peak RSS for a big micro-batch on the direct path (a subprocess per run: its own JVM)."""
+    import json
+    import subprocess
+    import sys
+
+    assert ctx.s3 is not None
+    mib = ctx.param("big_mib", ctx.scale(quick=512, full=2048))
+    out: dict[str, Any] = {}
+    for label, direct in (("direct", "true"),):
+        args = [
+            sys.executable,
+            "-m",
+            "benchmarks.workloads._spark_big_batch",
+            "--data-dir",
+            str(ctx.scratch(f"spark-big-{label}")),
+            "--bucket-uri",
+            ctx.s3.uri(ctx.key_prefix(f"spark-big-{label}")),
+            "--mib",
+            str(mib),
+            "--driver-memory",
+            "1g",
+            "--direct",
+            direct,
+        ]
+        proc = subprocess.run(args, capture_output=True, text=True, check=True, timeout=7200)
+        out[label] = json.loads(proc.stdout.strip().splitlines()[-1])
+    d = out["direct"]
+    return Result(
+        workload="spark",
+        metric="driver_peak_rss_big_batch",
+        value=d["driver_peak_rss_big_bytes"] / (1 << 20),
+        unit="MiB",
+        baseline=f"the same driver's peak after a 1,000-row micro-batch (goal: big < 1.5x); batch {mib} MiB",
+        baseline_value=d["driver_peak_rss_small_bytes"] / (1 << 20),
+        higher_is_better=False,
+        extra={
+            "big_batch_s": d["big_s"],
+            "jvm_peak_rss_mib": (d["jvm_peak_rss_bytes"] or 0) / (1 << 20),
+            "mib": mib,
+        },
+    )
 
 
 async def run(ctx: Context) -> list[Result]:

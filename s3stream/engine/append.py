@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from s3stream.config import Config
-from s3stream.engine.kvlog import KvApplier, KvEntry
+from s3stream.engine.kvlog import KvApplier, KvEntry, check_wal_key
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadPipeline
 from s3stream.engine.sequencer import fail_group, fail_stream, release_waiting, take_turn
@@ -143,6 +143,7 @@ class AppendPath:
                 )
             size += len(payload)
         for key, value in kv_puts:
+            check_wal_key(key)
             size += len(key) + len(value)
         if not self._has_room(size):
             await self._admit(size)
@@ -264,6 +265,7 @@ class AppendPath:
     async def append_kv(self, mutation: KvMutation) -> bytes | None:
         """One KV change as its own WAL record; returns once it (and every earlier one) is in metadata."""
         self.supervisor.check_alive()
+        check_wal_key(mutation.key)
         size = len(mutation.key) + len(mutation.value)
         if not self._has_room(size):
             await self._admit(size)

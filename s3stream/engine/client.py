@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 from s3stream.engine.core import Engine, StreamHandle
 from s3stream.engine.walbody import KV_KEY_MAX_BYTES
 from s3stream.errors import ClosedError, InvalidArgumentError
-from s3stream.ids import StreamId
-from s3stream.metadata.base import MetadataStore, StreamMetadata
+from s3stream.ids import ObjectId, StreamId
+from s3stream.metadata.base import CommitObjectsRequest, CommittedObject, MetadataStore, StreamMetadata
 from s3stream.model import FetchedBatch, RecordBatch
 
 
@@ -282,6 +282,47 @@ class Client:
             raise InvalidArgumentError("append_atomic needs at least one append or KV put")
         conditional = any(e is not None for e in expected)
         return await self.engine.append(entries, puts, expected if conditional else None)
+
+    # -- external commits (objects written outside the WAL; s3stream.engine.external) ------------
+    async def prepare_objects(self, count: int, *, ttl_ms: int | None = None) -> ObjectId:
+        """Allocate ``count`` consecutive PREPARED object ids for objects written elsewhere (the first
+        is returned); ids never committed expire after ``ttl_ms`` (default ``s3.object.prepared.ttl.ms``)
+        and are garbage-collected."""
+        self._check_open()
+        ttl = self.config.object_prepared_ttl_ms if ttl_ms is None else ttl_ms
+        return await self._metadata.prepare_objects(count=count, ttl_ms=ttl)
+
+    async def commit_objects(
+        self,
+        streams: Sequence[Stream],
+        objects: Sequence[CommittedObject],
+        *,
+        kv_puts: Mapping[str, bytes] | None = None,
+        kv_expect: Mapping[str, bytes | None] | None = None,
+        release_ids: Sequence[ObjectId] = (),
+    ) -> None:
+        """Commit prepared objects written outside the WAL (e.g. by Spark executors), all or nothing,
+        with KV puts under ``s3stream.engine.kvlog.DIRECT_KV_PREFIX`` conditional on ``kv_expect``
+        (ConflictError(KV_CONDITION_FAILED) otherwise) and the ``release_ids`` of losing attempts
+        marked destroyed. ``streams``: every stream the objects hold, open in this client; they are
+        reserved (appends to them raise ConflictError meanwhile), drained and uploaded first, and
+        their next and confirm offsets move to the new ends. Each stream's ranges, in ``objects``
+        order, must continue exactly at its next offset. See
+        :meth:`s3stream.metadata.base.MetadataStore.commit_objects` and :mod:`s3stream.engine.external`."""
+        self._check_open()
+        for stream in streams:
+            if not isinstance(stream, Stream) or stream.engine is not self.engine:
+                raise InvalidArgumentError(f"{stream!r} is not a stream of this client")
+        request = CommitObjectsRequest(
+            node_id=self.engine.node_id,
+            node_epoch=self.engine.node_epoch,
+            objects=tuple(objects),
+            stream_epochs={s.stream_id: s.epoch for s in streams},
+            kv_puts=dict(kv_puts or {}),
+            kv_expect=dict(kv_expect or {}),
+            release_ids=tuple(release_ids),
+        )
+        await self.engine.commit_external([s.handle for s in streams], request)
 
     async def close(self) -> None:
         """Close every open stream (forcing its data up), then the engine and its components."""

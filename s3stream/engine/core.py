@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from s3stream.config import Config
+from s3stream.engine import external
 from s3stream.engine.append import AppendPath
 from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_record
@@ -44,7 +45,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.ids import NodeId, StreamId
-from s3stream.metadata.base import MetadataStore, StreamMetadata
+from s3stream.metadata.base import CommitObjectsRequest, MetadataStore, StreamMetadata
 from s3stream.model import FetchedBatch
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
@@ -150,6 +151,7 @@ class Engine:
         self.append_one = self._appends.append_one
         self.force_upload = self._pipeline.force_upload
         self._ticker: asyncio.Task[None] | None = None
+        self._external_lock = asyncio.Lock()
 
     @property
     def upload_observer(self) -> UploadObserver:
@@ -274,7 +276,7 @@ class Engine:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgumentError(f"epoch must be a non-negative int, got {epoch!r}")
         existing = self.streams.get(stream_id)
-        if existing is not None and existing.status in (Status.OPEN, Status.CLOSING):
+        if existing is not None and existing.status in (Status.OPEN, Status.CLOSING, Status.RESERVED):
             if epoch < existing.epoch:
                 raise FencedError(f"stream {stream_id} is open here with epoch {existing.epoch} > {epoch}")
             if existing.close_timed_out:
@@ -305,6 +307,8 @@ class Engine:
         and still being uploaded) until a later close gets through."""
         if handle.status is Status.CLOSED or (handle.status is Status.CLOSING and not handle.close_timed_out):
             return
+        if handle.status is Status.RESERVED:
+            handle.check_writable()  # ConflictError naming the reservation: release it first
         was_fenced = handle.status is Status.FENCED
         handle.status = Status.CLOSING
         handle.close_timed_out = False
@@ -365,6 +369,32 @@ class Engine:
         await self.close_stream(handle)
         with self._fence_on_node_error():
             await self.metadata.delete_stream(stream_id=handle.stream_id, epoch=handle.epoch)
+
+    # -- external commits (s3stream.engine.external) --------------------------------------------
+    def reserve_streams(self, handles: Sequence[StreamHandle], reason: str = "a reservation") -> None:
+        """Refuse new appends to these streams (ConflictError naming ``reason``) until released;
+        appends in flight finish. All or none; a stream reserved for the same reason stays so."""
+        self._check_alive()
+        external.reserve(handles, reason)
+
+    def release_streams(self, handles: Sequence[StreamHandle]) -> None:
+        """Accept appends again (a handle that is not reserved is left as it is)."""
+        external.release(handles)
+
+    async def commit_external(self, handles: Sequence[StreamHandle], request: CommitObjectsRequest) -> None:
+        """Commit objects written outside the WAL (:func:`s3stream.engine.external.commit_external`):
+        the handles' streams are reserved, drained and uploaded first, and their next and confirm
+        offsets move to the new end offsets after the commit."""
+        self._check_alive()
+        async with self._external_lock:
+            await external.commit_external(self, handles, request)
+
+    async def commit_objects_now(self, request: CommitObjectsRequest) -> None:
+        """``commit_objects`` under this engine's node session (a node-level refusal fences the
+        engine); callers go through :meth:`commit_external`."""
+        self._check_alive()
+        with self._fence_on_node_error():
+            await self.metadata.commit_objects(request)
 
     # -- fetch -----------------------------------------------------------------------------------
     async def fetch(

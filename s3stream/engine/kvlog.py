@@ -29,11 +29,24 @@ from collections.abc import Sequence
 from s3stream.engine.supervisor import Supervisor
 from s3stream.engine.walbody import KvMutation, KvOp
 from s3stream.engine.waltrim import WalTrimTracker
-from s3stream.errors import S3StreamError
+from s3stream.errors import InvalidArgumentError, S3StreamError
 from s3stream.ids import NodeId
 from s3stream.metadata.base import KvWrite, MetadataStore
 
 log = logging.getLogger(__name__)
+
+DIRECT_KV_PREFIX = "direct/"
+"""KV keys written only by external commits (``commit_objects``, :mod:`s3stream.engine.external`),
+never through the WAL: the append path refuses them, so a WAL replay cannot put an older value back."""
+
+
+def check_wal_key(key: str) -> None:
+    """InvalidArgumentError for a key the WAL's KV path must not write (under :data:`DIRECT_KV_PREFIX`)."""
+    if isinstance(key, str) and key.startswith(DIRECT_KV_PREFIX):
+        raise InvalidArgumentError(
+            f"KV keys under {DIRECT_KV_PREFIX!r} are written only by external commits, never through "
+            f"the WAL, got {key!r:.80}"
+        )
 
 
 def kv_write(mutation: KvMutation) -> KvWrite:

@@ -303,6 +303,13 @@ class UploadPipeline:
             (s.stream_id, s.start_offset) for s in request.stream_objects
         ]
         for stream_id, start in starts:
+            held = self.streams.get(stream_id)
+            if held is not None and held.status is Status.RESERVED:
+                # Held for an external commit, which uploads the stream's data before it commits: a
+                # refusal here is never "taken over", and dropping the data would lose acknowledged
+                # records. The commit is retried (and fails the engine if it keeps being refused).
+                log.error("stream %d is reserved: its data is kept in the commit", stream_id)
+                continue
             try:
                 meta = await self.metadata.describe_stream(stream_id)
             except NotFoundError:

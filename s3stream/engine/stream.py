@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from s3stream.engine.logcache import CachedBatch
-from s3stream.errors import ClosedError, FencedError, S3StreamError
+from s3stream.errors import ClosedError, ConflictError, FencedError, S3StreamError
 from s3stream.ids import StreamId
 
 
@@ -21,6 +21,8 @@ class Status(enum.Enum):
     CLOSING = "closing"
     CLOSED = "closed"
     FENCED = "fenced"
+    RESERVED = "reserved"
+    """Held for an external commit (:mod:`s3stream.engine.external`): readable, no appends."""
 
 
 class PendingAppend:
@@ -101,10 +103,16 @@ class StreamHandle:
     append_failure: S3StreamError | None = None
     """Set once the stream's unacknowledged appends fail: those still in flight fail with it when
     they complete (:func:`s3stream.engine.sequencer.fail_stream`)."""
+    reservation: str = ""
+    """While RESERVED: what holds the stream (named in the ConflictError of a refused append)."""
 
     def check_writable(self) -> None:
         if self.status is Status.FENCED:
             raise self.error or FencedError(f"stream {self.stream_id} is fenced")
+        if self.status is Status.RESERVED:
+            raise ConflictError(
+                f"stream {self.stream_id} is reserved by {self.reservation}: no appends until it is released"
+            )
         if self.status is not Status.OPEN:
             raise ClosedError(f"stream {self.stream_id} is {self.status.value}")
 
@@ -115,7 +123,7 @@ class StreamHandle:
             raise ClosedError(f"stream {self.stream_id} is closed")
 
     def fence(self, error: S3StreamError) -> None:
-        """Refuse later appends and reads with ``error`` (an open or closing stream only)."""
-        if self.status is Status.OPEN or self.status is Status.CLOSING:
+        """Refuse later appends and reads with ``error`` (an open, reserved or closing stream only)."""
+        if self.status is Status.OPEN or self.status is Status.CLOSING or self.status is Status.RESERVED:
             self.status = Status.FENCED
             self.error = error

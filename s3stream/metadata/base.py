@@ -9,7 +9,7 @@ Error mapping (code -> exception kind):
 STREAM_NOT_EXIST, OBJECT_NOT_EXIST, NODE_EPOCH_NOT_EXIST, KEY_NOT_EXIST -> NotFoundError;
 STREAM_FENCED, NODE_EPOCH_EXPIRED, NODE_FENCED -> FencedError;
 STREAM_NOT_CLOSED, STREAM_NOT_OPENED, OFFSET_NOT_MATCHED, COMPACTED_OBJECTS_NOT_FOUND,
-OBJECT_NOT_COMMITTED, KEY_EXIST, STREAM_INNER_ERROR -> ConflictError;
+OBJECT_NOT_COMMITTED, KEY_EXIST, KV_CONDITION_FAILED, STREAM_INNER_ERROR -> ConflictError;
 bad arguments -> InvalidArgumentError.
 
 Where we differ from (or pin down) AutoMQ: no failover mode, fast close or historical WAL
@@ -211,6 +211,35 @@ class KvWrite:
     overwrite: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class CommittedObject:
+    """One prepared object of a :class:`CommitObjectsRequest`: a StreamSet object (``ranges`` sorted by
+    stream id, one per stream) or, with ``stream_object``, a stream object (exactly one range)."""
+
+    object_id: ObjectId
+    object_size: int
+    ranges: tuple[StreamOffsetRange, ...]
+    stream_object: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CommitObjectsRequest:
+    """An external commit (objects written outside the WAL, e.g. by Spark executors): see
+    :meth:`MetadataStore.commit_objects`.
+
+    ``stream_epochs``: the epoch each stream named by a range must have now (other streams listed are
+    checked too). ``kv_expect``: key -> the value it must hold now (None: absent). ``release_ids``:
+    PREPARED ids to mark destroyed (the objects of losing attempts)."""
+
+    node_id: NodeId
+    node_epoch: int
+    objects: tuple[CommittedObject, ...]
+    stream_epochs: Mapping[StreamId, int]
+    kv_puts: Mapping[str, bytes] = field(default_factory=dict)
+    kv_expect: Mapping[str, bytes | None] = field(default_factory=dict)
+    release_ids: tuple[ObjectId, ...] = ()
+
+
 class MetadataStore(Protocol):
     """Transactional metadata: every method is one atomic operation."""
 
@@ -310,6 +339,19 @@ class MetadataStore(Protocol):
         smallest source order id, data time = the smallest source data time). Committing a COMMITTED
         object again is a no-op; a stream object of a deleted stream is marked destroyed at once.
         All or nothing."""
+        ...
+
+    async def commit_objects(self, request: CommitObjectsRequest) -> None:
+        """Commit prepared objects written outside the WAL, in ONE transaction, all or nothing: each
+        stream's ranges, in request order, tile ``[end offset, new end offset)`` (else
+        OFFSET_NOT_MATCHED); every stream named is OPENED (STREAM_NOT_OPENED), at the request's epoch
+        (lower stored: STREAM_INNER_ERROR, higher: STREAM_FENCED) and its last range owned by the
+        node (STREAM_FENCED); StreamSet objects get order ids at commit, in request order, above
+        every order id issued before, so they order after every StreamSet object committed earlier;
+        ``kv_expect`` must hold (else ConflictError(KV_CONDITION_FAILED)), then ``kv_puts`` are
+        written and ``release_ids`` marked destroyed (a COMMITTED one: ConflictError; a missing one
+        is skipped). A retry of a commit that happened (every object COMMITTED and every put key
+        holding its value) is a no-op."""
         ...
 
     async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None:

@@ -16,8 +16,9 @@ from s3stream.clock import Clock
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
 from s3stream.metadata import controller as ctl
-from s3stream.metadata import node_ops, object_ops, queries, stream_ops
+from s3stream.metadata import external_ops, node_ops, object_ops, queries, stream_ops
 from s3stream.metadata.base import (
+    CommitObjectsRequest,
     CommitStreamObjectRequest,
     CommitStreamSetObjectRequest,
     KvWrite,
@@ -223,6 +224,9 @@ class TransactionalStore(abc.ABC):
 
     async def commit_stream_object(self, request: CommitStreamObjectRequest) -> None:
         await self._write_now(partial(object_ops.commit_stream_object, req=request))
+
+    async def commit_objects(self, request: CommitObjectsRequest) -> None:
+        await self._write_now(partial(external_ops.commit_objects, req=request))
 
     async def get_objects(
         self, *, stream_id: StreamId, start_offset: int, end_offset: int, limit: int

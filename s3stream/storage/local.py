@@ -315,14 +315,15 @@ class LocalObjectStorage:
         await self._run(self._put_sync, key, data, if_absent)
         self.stats.record("put", memoryview(data).nbytes)
 
-    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None, if_absent: bool = False) -> Upload:
         """``buffer_max_bytes`` is validated and otherwise ignored: an upload never holds more than
-        ``UPLOAD_BUFFER_MAX_BYTES`` pending plus the write in hand (larger writes go to the file)."""
+        ``UPLOAD_BUFFER_MAX_BYTES`` pending plus the write in hand (larger writes go to the file).
+        ``if_absent``: ``complete`` publishes only if the key does not exist (else ConflictError)."""
         validate_key(key)
         check_buffer_max_bytes(buffer_max_bytes)
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
-        return _LocalUpload(self, key)
+        return _LocalUpload(self, key, if_absent=if_absent)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         validate_key(key)
@@ -363,9 +364,10 @@ class LocalObjectStorage:
 class _LocalUpload:
     """Streams into a temporary file next to the key; published by rename on :meth:`complete`."""
 
-    def __init__(self, storage: LocalObjectStorage, key: str) -> None:
+    def __init__(self, storage: LocalObjectStorage, key: str, *, if_absent: bool = False) -> None:
         self.key = key
         self._storage = storage
+        self._if_absent = if_absent
         self._path = storage._path(key)
         self._fd = -1
         self._temp: Path | None = None
@@ -416,7 +418,7 @@ class _LocalUpload:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
-            self._storage._publish(self.key, self._path, self._temp, if_absent=False)
+            self._storage._publish(self.key, self._path, self._temp, if_absent=self._if_absent)
         except OSError as exc:
             raise _os_error(exc, f"complete {self.key!r}") from exc
 

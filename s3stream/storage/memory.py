@@ -78,13 +78,14 @@ class MemoryObjectStorage:
         self._publish(key, snapshot, if_absent=if_absent)
         self.stats.record("put", len(snapshot))
 
-    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None, if_absent: bool = False) -> Upload:
         """``buffer_max_bytes`` is validated and otherwise ignored: the twin's upload holds the whole
-        object until ``complete`` (the twin is the store; it has no parts to size)."""
+        object until ``complete`` (the twin is the store; it has no parts to size). ``if_absent``:
+        ``complete`` publishes only if the key does not exist (else ConflictError)."""
         validate_key(key)
         check_buffer_max_bytes(buffer_max_bytes)
         self._check_open()
-        return _MemoryUpload(self, key)
+        return _MemoryUpload(self, key, if_absent=if_absent)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         validate_key(key)
@@ -147,9 +148,10 @@ class MemoryObjectStorage:
 class _MemoryUpload:
     """Buffers writes and copies; the object appears only when :meth:`complete` returns."""
 
-    def __init__(self, storage: MemoryObjectStorage, key: str) -> None:
+    def __init__(self, storage: MemoryObjectStorage, key: str, *, if_absent: bool = False) -> None:
         self.key = key
         self._storage = storage
+        self._if_absent = if_absent
         self._buffer = bytearray()
         self._done = False
 
@@ -179,7 +181,7 @@ class _MemoryUpload:
         self._done = True
         data = bytes(self._buffer)
         self._buffer = bytearray()
-        self._storage._publish(self.key, data, if_absent=False)
+        self._storage._publish(self.key, data, if_absent=self._if_absent)
         self._storage.stats.record("put", len(data))
         return len(data)
 

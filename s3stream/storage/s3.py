@@ -137,14 +137,15 @@ class S3ObjectStorage(S3Client):
             md5.update(memoryview(buffer)[start:end])
         return info.etag == md5.hexdigest()
 
-    def upload(self, key: str, *, buffer_max_bytes: int | None = None) -> Upload:
+    def upload(self, key: str, *, buffer_max_bytes: int | None = None, if_absent: bool = False) -> Upload:
         """See :class:`~s3stream.storage.s3upload.S3Upload`; ``buffer_max_bytes`` picks smaller or
-        fewer parts in flight (:func:`~s3stream.storage.s3upload.upload_shape`)."""
+        fewer parts in flight (:func:`~s3stream.storage.s3upload.upload_shape`). ``if_absent``: a
+        create-only upload (``If-None-Match: *`` on its PUT or CompleteMultipartUpload)."""
 
         full = self.full_key(key)
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
-        return S3Upload(self, key, full, buffer_max_bytes=buffer_max_bytes)
+        return S3Upload(self, key, full, buffer_max_bytes=buffer_max_bytes, if_absent=if_absent)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         full = self.full_key(key)

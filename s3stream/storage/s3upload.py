@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from s3stream.errors import ClosedError, InvalidArgumentError, NotFoundError, S3StreamError
+from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, NotFoundError, S3StreamError
 from s3stream.storage.base import (
     MAX_PART_COUNT,
     MAX_PART_SIZE_BYTES,
@@ -154,10 +154,18 @@ class S3Upload:
     """See the module docstring. Created by :meth:`S3ObjectStorage.upload`."""
 
     def __init__(
-        self, storage: UploadTarget, key: str, full_key: str, *, buffer_max_bytes: int | None = None
+        self,
+        storage: UploadTarget,
+        key: str,
+        full_key: str,
+        *,
+        buffer_max_bytes: int | None = None,
+        if_absent: bool = False,
     ) -> None:
         self.key = key
         self._storage = storage
+        self._if_absent = if_absent
+        """Create-only: the PUT or CompleteMultipartUpload carries ``If-None-Match: *``."""
         self._config = storage.config
         self._full_key = full_key
         self.shape = upload_shape(
@@ -474,7 +482,7 @@ class S3Upload:
         if self._staged:
             self._seal_page()
             await self._read_staged_copies()
-            await self._storage.put_pieces(self._full_key, self.key, self._pieces)
+            await self._storage.put_pieces(self._full_key, self.key, self._pieces, if_absent=self._if_absent)
             self._drop_buffers()
             return
         await self._send_part()
@@ -485,6 +493,17 @@ class S3Upload:
         assert [p["PartNumber"] for p in parts] == list(range(1, self._next_part))
         upload_id = self._upload_id
         attempts = 0
+        extra = {"IfNoneMatch": "*"} if self._if_absent else {}
+        if self._if_absent:
+            # Ceph RGW (16.2 here) ignores If-None-Match on CompleteMultipartUpload and replaces
+            # the object: a HEAD first refuses an existing key there. Only two completes of one key
+            # racing between the HEAD and the complete both publish (where the header is ignored).
+            try:
+                await self._storage.head(self.key)
+            except NotFoundError:
+                pass
+            else:
+                raise ConflictError(f"create-only upload of {self.key!r}: the object exists")
 
         async def attempt(client: Any) -> None:
             nonlocal attempts
@@ -494,12 +513,14 @@ class S3Upload:
                 Key=self._full_key,
                 UploadId=upload_id,
                 MultipartUpload={"Parts": parts},
+                **extra,
             )
 
         try:
             await self._storage.call("CompleteMultipartUpload", repr(self.key), attempt)
-        except NotFoundError:
-            # NoSuchUpload on a retry: the first attempt may have completed with its answer lost.
+        except (NotFoundError, ConflictError):
+            # NoSuchUpload (or, create-only, the object exists) on a retry: the first attempt may
+            # have completed with its answer lost.
             if attempts < 2 or (await self._storage.head(self.key)).size_bytes != self._size_bytes:
                 raise
         self._upload_id = None  # completed: nothing left to abort

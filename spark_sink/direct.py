@@ -1,0 +1,345 @@
+"""The direct path of :class:`~spark_sink.sink.S3StreamSink`: executors write objects, the driver commits.
+
+Per micro-batch (``docs/spark-sink.md`` section "Direct writes"):
+
+1. skip: (query, topic)'s direct progress record names this batch or a later one, or the driver
+   path's record names it complete -> nothing to do (a replay of a committed batch);
+2. check: every partition's stream ends at the topic's committed end (else a foreign or unfinished
+   write sits past it: ``ConflictError``, nothing written);
+3. persist the normalized rows; **count pass** (one small row per task and partition); plan every
+   task's absolute base offsets (:func:`~spark_sink.direct_protocol.plan_bases`);
+4. prepare ``tasks x SLOTS_PER_TASK`` object ids; **write pass**: each task attempt encodes its rows
+   with absolute offsets and uploads one object under its slot's id, returning a description;
+5. check the descriptions tile every partition's range (:func:`~spark_sink.direct_protocol.check_tiling`);
+   commit every object, the stream ends, the progress record and the committed record in ONE
+   ``commit_objects`` transaction, conditional on both records still holding what step 1 read, and
+   release the other prepared ids; unpersist.
+
+The engine's ``commit_external`` reserves the topic's streams, waits for the appends in flight, uploads
+whatever the WAL holds of them and checks their ends before the transaction: data the driver appended
+through the WAL is never overtaken. The driver handles only O(tasks x partitions) values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from s3stream.errors import ConflictError, InvalidArgumentError
+from s3stream.facade import SyncClient, SyncStream
+from s3stream.ids import ObjectId, StreamId
+from s3stream.metadata.base import CommittedObject, StreamOffsetRange
+from spark_sink.direct_protocol import (
+    DirectProgress,
+    ObjectDescription,
+    OffsetPlan,
+    SlotTable,
+    TaskCount,
+    WrittenRange,
+    check_tiling,
+    committed_after_direct,
+    direct_committed_key,
+    direct_progress_key,
+    load_committed,
+    plan_bases,
+)
+from spark_sink.direct_tasks import (
+    COUNT_DDL,
+    WRITE_DDL,
+    CountFunction,
+    DirectOptions,
+    TaskObserver,
+    WriteFunction,
+    no_task_observer,
+)
+from spark_sink.encode import EncodeOptions
+from spark_sink.protocol import Committed, committed_key, load_progress
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The KV records a direct commit reads and expects unchanged (None: absent), and the committed
+    record they give."""
+
+    raw: dict[str, bytes | None]
+    committed: Committed
+
+
+@dataclass(frozen=True, slots=True)
+class DirectStats:
+    """What one direct micro-batch did."""
+
+    batch_id: int
+    rows: int
+    tasks: int
+    objects: int
+    stream_objects: int
+    bytes_written: int
+    skipped: bool
+    count_s: float
+    write_s: float
+    commit_s: float
+
+
+def _run(client: SyncClient, coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, client.loop).result()
+
+
+class DirectWriter:
+    """Runs micro-batches on the direct path for one sink (its client, topic and streams)."""
+
+    def __init__(
+        self,
+        *,
+        client: SyncClient,
+        topic: str,
+        streams: list[SyncStream],
+        bucket_uri: str,
+        namespace: str,
+        prepared_ttl_ms: int,
+        observer: Callable[[str], None],
+        task_observer: TaskObserver | None = None,
+    ) -> None:
+        self.client = client
+        self.topic = topic
+        self.streams = streams
+        self.bucket_uri = bucket_uri
+        self.namespace = namespace
+        self.prepared_ttl_ms = prepared_ttl_ms
+        self.observer = observer
+        self.task_observer = task_observer
+
+    def _kv_get(self, key: str) -> bytes | None:
+        return kv_get(self.client, key)
+
+    def snapshot(self, query_id: str) -> _Snapshot:
+        """The records the commit is conditional on, read once before anything is planned."""
+        keys = (
+            direct_progress_key(query_id, self.topic),
+            direct_committed_key(self.topic),
+            committed_key(self.topic),
+        )
+        raw = {k: self._kv_get(k) for k in keys}
+        committed = load_committed(raw.__getitem__, self.topic, len(self.streams))
+        return _Snapshot(raw, committed)
+
+    def already_committed(self, query_id: str, batch_id: int, snap: _Snapshot) -> bool:
+        """True when micro-batch ``batch_id`` of ``query_id`` is committed on either path."""
+        key = direct_progress_key(query_id, self.topic)
+        raw = snap.raw[key]
+        if raw is not None and DirectProgress.decode(raw, key=key).batch_id >= batch_id:
+            return True
+        wal_progress = load_progress(self._kv_get, query_id, self.topic, snap.committed)
+        if wal_progress is None:
+            return False
+        return wal_progress.batch_id > batch_id or (
+            wal_progress.batch_id == batch_id and wal_progress.complete
+        )
+
+    def check_ends(self, committed: Committed, batch_id: int) -> None:
+        for p, (stream, want) in enumerate(zip(self.streams, committed.ends, strict=True)):
+            got = stream.next_offset
+            if got != want:
+                raise ConflictError(
+                    f"micro-batch {batch_id}: partition {p} of topic {self.topic!r} ends at offset {got}, "
+                    f"its committed end is {want}: another writer appended to the topic, or a micro-batch "
+                    "of the driver path is unfinished; nothing of this micro-batch was written"
+                )
+
+    def write(self, rows: DataFrame, encode: EncodeOptions, *, query_id: str) -> DirectStats:
+        """Write the normalized ``rows`` of micro-batch ``encode.batch_id`` (see the module docstring)."""
+        batch_id = encode.batch_id
+        t0 = time.perf_counter()
+        snap = self.snapshot(query_id)
+        committed = snap.committed
+        if self.already_committed(query_id, batch_id, snap):
+            self.observer(f"skip:{batch_id}")
+            return DirectStats(batch_id, 0, 0, 0, 0, 0, True, 0.0, 0.0, 0.0)
+        self.check_ends(committed, batch_id)
+        from pyspark import StorageLevel
+
+        persisted = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = self._count(persisted, encode)
+            plan = plan_bases(counts, committed.ends)
+            self.observer(f"after_count:{batch_id}")
+            t1 = time.perf_counter()
+            if not plan.tasks:
+                self.observer(f"after_batch:{batch_id}")
+                return DirectStats(batch_id, 0, 0, 0, 0, 0, False, t1 - t0, 0.0, 0.0)
+            slots = self._prepare(plan)
+            self.observer(f"after_prepare:{batch_id}")
+            described = self._write_objects(persisted, encode, plan, slots)
+            self.observer(f"after_upload:{batch_id}")
+            t2 = time.perf_counter()
+            winners = check_tiling(plan, slots, described)
+            self.observer(f"before_commit:{batch_id}")
+            self._commit(snap, plan, slots, winners, query_id=query_id, batch_id=batch_id)
+            self.observer(f"after_batch:{batch_id}")
+            t3 = time.perf_counter()
+        finally:
+            persisted.unpersist()
+        return DirectStats(
+            batch_id=batch_id,
+            rows=plan.record_count,
+            tasks=len(plan.tasks),
+            objects=len(winners),
+            stream_objects=sum(1 for w in winners if w.stream_object),
+            bytes_written=sum(w.size_bytes for w in winners),
+            skipped=False,
+            count_s=t1 - t0,
+            write_s=t2 - t1,
+            commit_s=t3 - t2,
+        )
+
+    def _count(self, rows: DataFrame, encode: EncodeOptions) -> list[TaskCount]:
+        out: list[TaskCount] = []
+        for row in rows.mapInArrow(CountFunction(encode), COUNT_DDL).collect():
+            if row["error"] is not None:
+                raise InvalidArgumentError(str(row["error"]))
+            out.append(TaskCount(row["task"], row["partition"], row["records"], row["payload_bytes"]))
+        return out
+
+    def _prepare(self, plan: OffsetPlan) -> SlotTable:
+        tasks = plan.tasks
+        first = self.client.prepare_objects(SlotTable(0, tasks).id_count, ttl_ms=self.prepared_ttl_ms)
+        return SlotTable(int(first), tasks)
+
+    def _write_objects(
+        self, rows: DataFrame, encode: EncodeOptions, plan: OffsetPlan, slots: SlotTable
+    ) -> list[ObjectDescription]:
+        options = DirectOptions(
+            encode=encode,
+            bucket_uri=self.bucket_uri,
+            namespace=self.namespace,
+            stream_ids=tuple(int(s.stream_id) for s in self.streams),
+            stream_epochs=tuple(s.stream.epoch for s in self.streams),
+            bases=dict(plan.bases),
+            counts=dict(plan.counts),
+            slots=slots,
+            task_observer=self.task_observer or no_task_observer,
+        )
+        out: list[ObjectDescription] = []
+        for row in rows.mapInArrow(WriteFunction(options), WRITE_DDL).collect():
+            if row["error"] is not None:
+                raise ConflictError(str(row["error"]))
+            ranges = tuple(
+                WrittenRange(int(p), int(s), int(e), int(b)) for p, s, e, b in json.loads(row["ranges"])
+            )
+            out.append(
+                ObjectDescription(
+                    row["task"],
+                    row["slot"],
+                    row["object_id"],
+                    row["size_bytes"],
+                    row["stream_object"],
+                    ranges,
+                )
+            )
+        return out
+
+    def _commit(
+        self,
+        snap: _Snapshot,
+        plan: OffsetPlan,
+        slots: SlotTable,
+        winners: list[ObjectDescription],
+        *,
+        query_id: str,
+        batch_id: int,
+    ) -> None:
+        """ONE ``commit_objects``: the winners in task order, the stream ends, the progress and
+        committed records (conditional on what :meth:`snapshot` read), the other slots' ids released."""
+        stream_ids = [StreamId(int(s.stream_id)) for s in self.streams]
+        objects = [
+            CommittedObject(
+                ObjectId(w.object_id),
+                w.size_bytes,
+                tuple(
+                    sorted(
+                        (
+                            StreamOffsetRange(
+                                stream_ids[r.partition], r.start_offset, r.end_offset, r.size_bytes
+                            )
+                            for r in w.ranges
+                        ),
+                        key=lambda r: r.stream_id,
+                    )
+                ),
+                w.stream_object,
+            )
+            for w in winners
+        ]
+        used = {w.object_id for w in winners}
+        progress_key = direct_progress_key(query_id, self.topic)
+        new_committed = committed_after_direct(snap.committed, plan, query_id=query_id, batch_id=batch_id)
+        self.client.commit_objects(
+            self.streams,
+            objects,
+            kv_puts={
+                progress_key: DirectProgress(batch_id).encode(),
+                direct_committed_key(self.topic): new_committed.encode(),
+            },
+            # not the driver path's record (a WAL key): it moves only by an abandon, which needs
+            # records past the committed ends, and the continuity check refuses any such record
+            kv_expect={k: v for k, v in snap.raw.items() if k != committed_key(self.topic)},
+            release_ids=[ObjectId(i) for i in slots.all_ids() if i not in used],
+        )
+
+
+def kv_get(client: SyncClient, key: str) -> bytes | None:
+    """A KV value read from the metadata store (direct-path keys are not the engine KV client's)."""
+    return _run(client, client.client.engine.metadata.kv_get(key))
+
+
+def direct_batch_committed(client: SyncClient, query_id: str, topic: str, batch_id: int) -> bool:
+    """Whether the direct path committed micro-batch ``batch_id`` (or a later one) of ``query_id``."""
+    key = direct_progress_key(query_id, topic)
+    raw = kv_get(client, key)
+    return raw is not None and DirectProgress.decode(raw, key=key).batch_id >= batch_id
+
+
+def read_committed_record(client: SyncClient, topic: str, partition_count: int) -> Committed:
+    """The topic's committed record, whichever path wrote it last (:func:`load_committed`)."""
+    return load_committed(lambda key: kv_get(client, key), topic, partition_count)
+
+
+def direct_target(client: SyncClient, bucket_uri: str | None, direct: bool | None) -> str | None:
+    """The bucket URI the executors write to, or None for the driver path.
+
+    ``direct=None``: the direct path when the objects are on S3 (``bucket_uri``, else the storage the
+    data dir recorded). ``direct=True`` also takes a ``file://`` bucket or the data dir's own objects
+    folder (executors on this machine only); an in-memory store cannot be shared: ``InvalidArgumentError``.
+    """
+    from s3stream.binding import recorded_storage_of
+    from s3stream.storage.local import LocalObjectStorage
+    from s3stream.storage.uri import parse_bucket_uri
+
+    engine = client.client.engine
+    uri = bucket_uri
+    if uri is None:
+        recorded = _run(client, recorded_storage_of(engine.metadata))
+        uri = None if recorded is None else recorded.bucket_uri
+    if uri is None:
+        if direct and isinstance(engine.storage, LocalObjectStorage):
+            return f"file://{engine.storage.root}"
+        if direct:
+            raise InvalidArgumentError("direct=True needs objects the executors can reach: give bucket_uri=")
+        return None
+    protocol = parse_bucket_uri(uri).protocol
+    if protocol == "s3":
+        return uri
+    if not direct:
+        return None
+    if protocol == "mem":
+        raise InvalidArgumentError(f"direct=True: the executors cannot reach the in-memory bucket {uri!r}")
+    return uri

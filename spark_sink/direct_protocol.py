@@ -1,0 +1,251 @@
+"""The direct path's exactly-once protocol, pure: offset plan, attempt slots, tiling check, commit contents.
+
+On the direct path the executors write a micro-batch's objects themselves and the driver commits them
+(``docs/spark-sink.md`` section "Direct writes"). What the driver decides, and checks before the one
+metadata transaction that makes a micro-batch visible, lives here as plain functions over small
+values, so each rule is a unit test:
+
+- :class:`DirectProgress` (version 3): the last micro-batch of (query, topic) committed on the direct
+  path. It lives under :func:`direct_progress_key`, in the KV namespace no WAL record ever writes: an
+  engine's WAL replay can never put an older value back over it.
+- :func:`plan_bases`: from the count pass's (task, partition) -> records, every task's absolute base
+  offset per partition: tasks in task order, each partition continuing at its committed end.
+- :class:`SlotTable`: the object ids prepared up front, ``slots_per_task`` per task; a task attempt
+  takes the slot of its (stage attempt, task attempt), so retries and speculative attempts never write
+  the same object key.
+- :func:`check_tiling`: the winners' object descriptions cover every partition's planned range
+  exactly, in task order (a missing, extra or shifted range is a ``ConflictError``, nothing committed).
+- :func:`load_committed`: a topic's committed record is the newer of the one the driver path writes
+  through the WAL and the one the direct path writes in its commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from s3stream.engine.kvlog import DIRECT_KV_PREFIX
+from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
+from spark_sink.protocol import Committed, committed_key
+
+DIRECT_PROGRESS_VERSION = 3
+"""Version 3: the direct path's progress record (versions 1-2 are the driver path's chunk records)."""
+DIRECT_KV_NAMESPACE = f"{DIRECT_KV_PREFIX}spark_sink/"
+"""Prefix of every key the direct path writes: under the engine's direct-commit prefix, which its KV
+path (the WAL) refuses, so these keys are written only by ``commit_objects``."""
+SLOTS_PER_TASK = 16
+"""Object ids prepared per task. A task attempt writes under the first slot from its attempt number
+(``TaskContext.attemptNumber``: retries and speculative copies count up) whose create-only upload
+succeeds; PySpark gives no stage attempt number, so a stage re-attempt starts again at slot 0 and
+moves past the slots earlier attempts took. An attempt past the last slot fails the micro-batch
+safely (nothing committed; the replay prepares new ids)."""
+
+
+def direct_progress_key(query_id: str, topic: str) -> str:
+    """The KV key of (query, topic)'s :class:`DirectProgress`."""
+    return f"{DIRECT_KV_NAMESPACE}query/{query_id}/topic/{topic}/progress"
+
+
+def direct_committed_key(topic: str) -> str:
+    """The KV key of the committed record a direct micro-batch writes (same format as the driver
+    path's, :class:`~spark_sink.protocol.Committed`)."""
+    return f"{DIRECT_KV_NAMESPACE}topic/{topic}/committed"
+
+
+@dataclass(frozen=True, slots=True)
+class DirectProgress:
+    """The last micro-batch of a query on a topic that the direct path committed."""
+
+    batch_id: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"version": DIRECT_PROGRESS_VERSION, "batch_id": self.batch_id}, separators=(",", ":")
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes, *, key: str) -> DirectProgress:
+        try:
+            obj = json.loads(raw)
+            if obj["version"] != DIRECT_PROGRESS_VERSION:
+                raise ValueError(f"version {obj['version']}")
+            batch_id = obj["batch_id"]
+            if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+                raise ValueError(f"batch_id {batch_id!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptionError(f"bad direct progress record: {exc}", source=f"kv:{key}") from exc
+        return cls(batch_id)
+
+
+def load_committed(get: Callable[[str], bytes | None], topic: str, partition_count: int) -> Committed:
+    """The topic's committed record: the newer of the driver path's and the direct path's.
+
+    Both only move forward (every partition's end at least the previous record's, discarded ranges
+    only added), and each path starts from the newer one, so the newer is the one with the larger
+    total of ends (on a tie: more discarded ranges). Nothing committed: ends 0.
+    """
+    best = Committed.empty(partition_count)
+    for key in (committed_key(topic), direct_committed_key(topic)):
+        raw = get(key)
+        if raw is None:
+            continue
+        record = Committed.decode(raw, key=key, partition_count=partition_count)
+        if (sum(record.ends), len(record.discarded)) > (sum(best.ends), len(best.discarded)):
+            best = record
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCount:
+    """One row of the count pass: ``records`` rows (``payload_bytes`` of keys and values) of Spark
+    partition ``task`` go to topic partition ``partition``."""
+
+    task: int
+    partition: int
+    records: int
+    payload_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetPlan:
+    """Where each task's records go: ``bases[(task, partition)]`` is the absolute offset of the first
+    record task ``task`` writes to ``partition``; the batch ends at ``ends``."""
+
+    start_ends: tuple[int, ...]
+    ends: tuple[int, ...]
+    bases: Mapping[tuple[int, int], int]
+    counts: Mapping[tuple[int, int], int]
+
+    @property
+    def tasks(self) -> tuple[int, ...]:
+        """The tasks with records, in task order."""
+        return tuple(sorted({t for t, _ in self.counts}))
+
+    @property
+    def record_count(self) -> int:
+        return sum(self.counts.values())
+
+    def task_partitions(self, task: int) -> tuple[int, ...]:
+        """The partitions ``task`` writes to, in order."""
+        return tuple(sorted(p for t, p in self.counts if t == task))
+
+
+def plan_bases(counts: Sequence[TaskCount], start_ends: Sequence[int]) -> OffsetPlan:
+    """Every (task, partition)'s base offset: partition ``p`` continues at ``start_ends[p]`` with the
+    tasks' records in task order (a deterministic layout: the replay of a micro-batch whose rows
+    are the same plans the same offsets)."""
+    partition_count = len(start_ends)
+    merged: dict[tuple[int, int], int] = {}
+    for c in counts:
+        if not 0 <= c.partition < partition_count:
+            raise InvalidArgumentError(f"count row for partition {c.partition} of {partition_count}")
+        if c.records < 0 or c.task < 0:
+            raise InvalidArgumentError(f"bad count row {c}")
+        if c.records:
+            merged[(c.task, c.partition)] = merged.get((c.task, c.partition), 0) + c.records
+    nxt = list(start_ends)
+    bases: dict[tuple[int, int], int] = {}
+    for task, partition in sorted(merged):
+        bases[(task, partition)] = nxt[partition]
+        nxt[partition] += merged[(task, partition)]
+    return OffsetPlan(tuple(start_ends), tuple(nxt), bases, merged)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotTable:
+    """Object ids prepared for a micro-batch: task ``t``'s slot ``s`` is ``first_id + index(t) *
+    slots_per_task + s`` where ``index`` is ``t``'s position among the planned tasks."""
+
+    first_id: int
+    tasks: tuple[int, ...]
+    slots_per_task: int = SLOTS_PER_TASK
+
+    @property
+    def id_count(self) -> int:
+        return len(self.tasks) * self.slots_per_task
+
+    def object_id(self, task: int, slot: int) -> int:
+        assert 0 <= slot < self.slots_per_task
+        return self.first_id + self.tasks.index(task) * self.slots_per_task + slot
+
+    def all_ids(self) -> range:
+        return range(self.first_id, self.first_id + self.id_count)
+
+
+def attempt_slots(task_attempt: int, slots_per_task: int = SLOTS_PER_TASK) -> range:
+    """The slots a task attempt tries in order (empty past the last slot)."""
+    return range(min(max(task_attempt, 0), slots_per_task), slots_per_task)
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenRange:
+    """One partition's records inside an uploaded object: ``[start_offset, end_offset)``."""
+
+    partition: int
+    start_offset: int
+    end_offset: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectDescription:
+    """What an executor reports for the object its task attempt uploaded (a few dozen bytes per range)."""
+
+    task: int
+    slot: int
+    object_id: int
+    size_bytes: int
+    stream_object: bool
+    ranges: tuple[WrittenRange, ...]
+
+
+def check_tiling(
+    plan: OffsetPlan, slots: SlotTable, objects: Sequence[ObjectDescription]
+) -> list[ObjectDescription]:
+    """The objects to commit, in task order, after checking they are exactly the plan.
+
+    One object per planned task, its id the one of its slot, its ranges the task's planned ranges
+    (partition order, each ``[base, base + count)``); so every partition's range ``[start end, end)``
+    is tiled in task order. Anything else is a :class:`ConflictError` naming the first difference.
+    """
+    by_task: dict[int, ObjectDescription] = {}
+    for o in objects:
+        if o.task in by_task:
+            raise ConflictError(
+                f"two objects reported for Spark partition {o.task}: {by_task[o.task]} and {o}"
+            )
+        by_task[o.task] = o
+    if set(by_task) != set(plan.tasks):
+        raise ConflictError(
+            f"objects reported for Spark partitions {sorted(by_task)}, the count pass planned {list(plan.tasks)}"
+        )
+    out: list[ObjectDescription] = []
+    for task in plan.tasks:
+        o = by_task[task]
+        if o.object_id != slots.object_id(task, o.slot):
+            raise ConflictError(f"Spark partition {task} reported object id {o.object_id} for slot {o.slot}")
+        want = [
+            (p, plan.bases[(task, p)], plan.bases[(task, p)] + plan.counts[(task, p)])
+            for p in plan.task_partitions(task)
+        ]
+        got = [(r.partition, r.start_offset, r.end_offset) for r in o.ranges]
+        if got != want:
+            raise ConflictError(
+                f"Spark partition {task} wrote ranges {got}, the plan is {want}: the micro-batch's rows "
+                "changed between the count pass and the write pass"
+            )
+        if o.stream_object != (len(want) == 1):
+            raise ConflictError(
+                f"Spark partition {task}: stream_object={o.stream_object} for {len(want)} ranges"
+            )
+        out.append(o)
+    return out
+
+
+def committed_after_direct(
+    committed: Committed, plan: OffsetPlan, *, query_id: str, batch_id: int
+) -> Committed:
+    """The committed record a direct micro-batch writes: the plan's ends, the discarded ranges kept."""
+    assert plan.start_ends == committed.ends
+    return Committed(plan.ends, query_id, batch_id, committed.discarded)

@@ -4,7 +4,8 @@ The source never opens an engine: the driver and every executor use an ``s3strea
 (:func:`s3stream.open_reader_sync`: read-only metadata, ranged GETs of objects), so it runs beside
 the writer's process, on other machines, and any number of times.
 
-A snapshot reads the topic's committed record first and the streams' metadata after it; a
+A snapshot reads the topic's committed record (the newer of the driver path's and the direct
+path's, :func:`~spark_sink.direct_protocol.load_committed`) first and the streams' metadata after it; a
 partition's readable end is ``min(committed end, uploaded end)``. Both only grow, so the snapshot
 never names a record past the committed end (read-committed), and every offset below the readable
 end is in an uploaded object the executors can fetch.
@@ -17,7 +18,7 @@ import threading
 
 from s3stream.errors import NotFoundError
 from s3stream.remote import SyncReader
-from spark_sink.protocol import Committed, committed_key
+from spark_sink.direct_protocol import load_committed
 from spark_sink.source_options import SourceOptions
 from spark_sink.source_plan import SizedRange, TopicSnapshot
 from spark_sink.topic import topic_from_kv
@@ -73,13 +74,8 @@ def topic_snapshot(reader: SyncReader, topic: str) -> TopicSnapshot:
     found = topic_from_kv(reader.kv_get, topic)
     if found is None:
         raise NotFoundError(f"s3stream source: topic {topic!r} does not exist (no sink has created it)")
-    key = committed_key(topic)
-    raw = reader.kv_get(key)
-    committed = (
-        Committed.empty(found.partition_count)
-        if raw is None
-        else Committed.decode(raw, key=key, partition_count=found.partition_count)
-    )
+    # the newer of the driver path's and the direct path's committed records
+    committed = load_committed(reader.kv_get, topic, found.partition_count)
     starts: list[int] = []
     ends: list[int] = []
     for p, sid in enumerate(found.stream_ids):

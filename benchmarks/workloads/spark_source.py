@@ -108,19 +108,27 @@ def measure_source(ctx: Context) -> list[Result]:
         )
 
         def stream_once() -> None:
-            shutil.rmtree(work / "ckpt", ignore_errors=True)
-            query = (
-                spark.readStream.format("s3stream")
-                .options(**options, startingOffsets="earliest")
-                .load()
-                .writeStream.format("noop")
-                .option("checkpointLocation", str(work / "ckpt"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
+            from pyspark.errors import StreamingQueryException
 
-        stream_s = _best_s(stream_once)
+            for attempt in range(3):
+                shutil.rmtree(work / "ckpt", ignore_errors=True)
+                query = (
+                    spark.readStream.format("s3stream")
+                    .options(**options, startingOffsets="earliest")
+                    .load()
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", str(work / "ckpt"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                try:
+                    query.awaitTermination()
+                    return
+                except StreamingQueryException as exc:
+                    # Spark gives the driver's Python source worker a fixed 10 s to start
+                    if "Python worker failed to connect back" not in str(exc) or attempt == 2:
+                        raise
+
         ctx.status("spark source: parquet")
         parquet_s = _best_s(
             lambda: spark.read.parquet(str(work / "parquet")).write.format("noop").mode("overwrite").save()
@@ -133,6 +141,8 @@ def measure_source(ctx: Context) -> list[Result]:
             )
         finally:
             client.close()
+        ctx.status("spark source: s3stream source, streaming")
+        stream_s = _best_s(stream_once)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     writer = stream.writeStream.foreachBatch(write).option("checkpointLocation", args.checkpoint)
     if args.kill_at_batch is None:
         writer = writer.trigger(availableNow=True)
-    for attempt in range(3):
+    for attempt in range(5):
         query = writer.start()
         try:
             query.awaitTermination()
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         except StreamingQueryException as exc:
             # Spark gives the driver's Python source worker a fixed 10 s to start: on a loaded
             # machine that can fail; the query restarts from its checkpoint (nothing else is retried)
-            if "Python worker failed to connect back" not in str(exc) or attempt == 2:
+            if "Python worker failed to connect back" not in str(exc) or attempt == 4:
                 raise
     print(json.dumps({"event": "stopped"}), flush=True)
     spark.stop()

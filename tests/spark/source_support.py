@@ -96,7 +96,7 @@ WORKER_START_FLAKE = "Python worker failed to connect back"
 connect back; on a heavily loaded machine its start-up can take longer. Only that failure is retried."""
 
 
-def await_query(start: Callable[[], Any], *, attempts: int = 3, timeout_s: float = 600) -> Any:
+def await_query(start: Callable[[], Any], *, attempts: int = 5, timeout_s: float = 600) -> Any:
     """Start a query and wait for it to end (``Trigger.AvailableNow``); restart it from its checkpoint
     when it failed because its Python worker did not start in time. Returns the finished query."""
     from pyspark.errors import StreamingQueryException

@@ -134,13 +134,24 @@ def measure_source(ctx: Context) -> list[Result]:
             lambda: spark.read.parquet(str(work / "parquet")).write.format("noop").mode("overwrite").save()
         )
         ctx.status("spark source: read_topic")
-        client = open_sync(engine, bucket_uri=bucket_uri if ctx.s3 is not None else None, config=config)
-        try:
-            read_topic_s = _best_s(
-                lambda: read_topic(spark, client, TOPIC).write.format("noop").mode("overwrite").save()
-            )
-        finally:
-            client.close()
+        read_topic_s = float("inf")
+        for _ in range(2):  # a client opens a topic's streams once: a new client per run
+            client = open_sync(engine, bucket_uri=bucket_uri if ctx.s3 is not None else None, config=config)
+            try:
+                read_topic_s = min(
+                    read_topic_s,
+                    _best_s(
+                        lambda c=client: (
+                            read_topic(spark, c, TOPIC).write.format("noop").mode("overwrite").save()
+                        ),
+                        repeats=1,
+                    ),
+                )
+            finally:
+                client.close()
+        ctx.notes.append(
+            f"spark source: {count} rows, source {source_s:.2f} s, parquet {parquet_s:.2f} s, read_topic {read_topic_s:.2f} s"
+        )
         ctx.status("spark source: s3stream source, streaming")
         stream_s = _best_s(stream_once)
     finally:

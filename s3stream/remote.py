@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from s3stream.engine.reader import ObjectStreamReader, ReaderStats
 from s3stream.errors import ClosedError, InvalidArgumentError, OffsetOutOfRangeError
@@ -39,6 +39,8 @@ from s3stream.facade import _LoopThread
 from s3stream.ids import StreamId
 from s3stream.metadata.base import MetadataStore, StreamMetadata
 from s3stream.model import FetchedBatch
+
+T = TypeVar("T")
 
 FETCH_MAX_BYTES_DEFAULT = 1 << 20
 """``max_bytes`` of a fetch that gives none (``Stream.fetch``'s default)."""
@@ -109,6 +111,14 @@ class Reader:
         # A StreamRecordBatch is a FetchedBatch (as Stream.fetch returns them); the list is this call's.
         return cast(list[FetchedBatch], records)
 
+    async def kv_get(self, key: str) -> bytes | None:
+        """The KV value of ``key`` in the metadata now (what ``KVClient.get`` returns on a writer that
+        shares it), or None."""
+        self._check_open()
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"key must be a str, got {type(key).__name__}")
+        return await self.metadata.kv_get(key)
+
     def stats(self) -> ReaderStats:
         """The object read path's counters (reads, re-plans after replaced objects, block hits and misses)."""
         return self._reader.stats()
@@ -160,6 +170,13 @@ class SyncReader:
         max_bytes: int = FETCH_MAX_BYTES_DEFAULT,
     ) -> list[FetchedBatch]:
         return self._run.run(self.reader.fetch(stream_id, start_offset, end_offset, max_bytes))
+
+    def kv_get(self, key: str) -> bytes | None:
+        return self._run.run(self.reader.kv_get(key))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` (a call on :attr:`reader` or its metadata) on the reader's loop; its result."""
+        return self._run.run(coro)
 
     def close(self) -> None:
         """Close the reader, then stop the loop thread."""

@@ -1,6 +1,6 @@
 """Spark Structured Streaming into s3stream: a foreachBatch sink, a reader, the Kafka payload codec.
 
-``from spark_sink import S3StreamSink, read_topic, run_demo, abandon_unfinished`` (imported lazily: the codec and the
+``from spark_sink import S3StreamSink, S3StreamDataSource, read_topic, run_demo, abandon_unfinished`` (imported lazily: the codec and the
 protocol modules work without pyspark). Documentation: ``docs/spark-sink.md``.
 """
 
@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["S3StreamSink", "abandon_unfinished", "read_records", "read_topic", "run_demo"]
+__all__ = [
+    "S3StreamDataSource",
+    "S3StreamSink",
+    "abandon_unfinished",
+    "read_records",
+    "read_topic",
+    "run_demo",
+]
 
 _LAZY = {
     "S3StreamSink": "spark_sink.sink",
+    "S3StreamDataSource": "spark_sink.source",
     "read_topic": "spark_sink.reader",
     "read_records": "spark_sink.reader",
     "run_demo": "spark_sink.demo",

@@ -8,9 +8,15 @@
    key-hash routing), checkpoint under ``data_dir/checkpoint`` -- a second run continues from there;
 3. reads the topic back into a DataFrame with :func:`~spark_sink.reader.read_topic` and shows it:
    rows per partition, offsets, a sample, and the check that every row Spark committed is stored
-   exactly once.
+   exactly once;
+4. streams the topic out again while step 2 runs: a second Structured Streaming query reads it with
+   the ``s3stream`` source (:class:`~spark_sink.source.S3StreamDataSource`, a reader of the engine's
+   metadata and objects beside the writer) into parquet files under ``data_dir/out``, checkpoint
+   ``data_dir/checkpoint-out``; once the writer is closed it catches up, and the parquet files must
+   hold exactly the stored records.
 
-Returns 0 when the stored rows are exactly the committed micro-batches, 1 otherwise.
+Returns 0 when the stored rows are exactly the committed micro-batches and the streamed-out rows
+are exactly the stored ones, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ TOPIC = "demo"
 PARTITIONS = 3
 ROWS_PER_BATCH = 500
 BATCHES_PER_RUN = 4
+UPLOAD_INTERVAL_MS = 500
+"""The demo engine uploads its WAL blocks this soon, so the streaming-out query sees them quickly."""
 
 
 def _events(spark: Any) -> Any:
@@ -69,9 +77,11 @@ def _committed_batches(checkpoint: Path) -> int:
 def run_demo(data_dir: str | os.PathLike[str]) -> int:
     from pyspark.sql import functions as F
 
+    from s3stream.config import Config
     from spark_sink.reader import read_topic
     from spark_sink.session import local_session
     from spark_sink.sink import S3StreamSink
+    from spark_sink.source import S3StreamDataSource
 
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -83,8 +93,12 @@ def run_demo(data_dir: str | os.PathLike[str]) -> int:
     first = _committed_batches(checkpoint)
     target = first + BATCHES_PER_RUN
     done = threading.Event()
+    spark.dataSource.register(S3StreamDataSource)
+    engine = (root / "engine").resolve()
+    out_query: Any = None
     try:
-        with S3StreamSink(root / "engine", topic=TOPIC, partitions=PARTITIONS) as sink:
+        config = Config.from_sources(wal_upload_interval_ms=UPLOAD_INTERVAL_MS)
+        with S3StreamSink(engine, topic=TOPIC, partitions=PARTITIONS, config=config) as sink:
 
             def write(df: Any, batch_id: int) -> None:
                 sink(df, batch_id)
@@ -107,7 +121,11 @@ def run_demo(data_dir: str | os.PathLike[str]) -> int:
             while not done.wait(0.2):
                 if not query.isActive:
                     query.awaitTermination()
+                if out_query is None and sink.history:  # the topic exists: stream it out meanwhile
+                    out_query = _stream_out(spark, engine, root)
             query.stop()
+            if out_query is None:
+                out_query = _stream_out(spark, engine, root)
             committed = _committed_batches(checkpoint)
 
             stored = read_topic(spark, sink, TOPIC).cache()
@@ -129,7 +147,20 @@ def run_demo(data_dir: str | os.PathLike[str]) -> int:
                 stored.select(F.get_json_object(F.col("value").cast("string"), "$.seq")).distinct().count()
             )
             stored.unpersist()
+        # the sink is closed: every committed record is uploaded, so the second query catches up
+        out_query.processAllAvailable()
+        out_query.stop()
+        streamed = spark.read.parquet(str(root / "out"))
+        streamed_total = streamed.count()
+        streamed_distinct = streamed.select("partition", "offset").distinct().count()
+        print(
+            f"\nstreamed topic {TOPIC!r} out with the s3stream source into {root / 'out'}: "
+            f"{streamed_total} records, {streamed_distinct} distinct (partition, offset)"
+        )
+        streamed.groupBy("partition").count().orderBy("partition").show()
     finally:
+        if out_query is not None and out_query.isActive:
+            out_query.stop()
         spark.stop()
     expected_low, expected_high = committed * ROWS_PER_BATCH, (committed + 1) * ROWS_PER_BATCH
     ok = distinct == total and expected_low <= total <= expected_high and total % ROWS_PER_BATCH == 0
@@ -142,4 +173,26 @@ def run_demo(data_dir: str | os.PathLike[str]) -> int:
             f"  (micro-batch {committed} reached the engine but the query stopped before Spark's commit: "
             "the next run replays it and the sink skips it)"
         )
-    return 0 if ok else 1
+    streamed_ok = streamed_total == total == streamed_distinct
+    print(
+        f"the streaming read holds {streamed_total} of the {total} stored records: "
+        + ("exactly the stored records." if streamed_ok else "MISMATCH")
+    )
+    return 0 if ok and streamed_ok else 1
+
+
+def _stream_out(spark: Any, engine: Path, root: Path) -> Any:
+    """Start the second query: topic ``demo`` read by the ``s3stream`` source, written to parquet."""
+    return (
+        spark.readStream.format("s3stream")
+        .option("topic", TOPIC)
+        .option("metadataUrl", "sqlite://" + str(engine / "metadata.db"))
+        .option("bucketUri", (engine / "objects").as_uri())
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(root / "out"))
+        .option("checkpointLocation", str(root / "checkpoint-out"))
+        .trigger(processingTime="1 second")
+        .start()
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from s3stream.errors import CorruptionError, InvalidArgumentError
@@ -50,14 +51,20 @@ class Topic:
 
 def describe_topic(client: SyncClient, topic: str) -> Topic | None:
     """The topic's streams, or None if it was never created."""
+    return topic_from_kv(client.kv.get, topic)
+
+
+def topic_from_kv(get: Callable[[str], bytes | None], topic: str) -> Topic | None:
+    """The topic's streams read through ``get`` (a KV lookup: a client's, or a reader's of shared
+    metadata), or None if it was never created (or its creation was interrupted)."""
     check_topic_name(topic)
-    raw = client.kv.get(topic_key(topic))
+    raw = get(topic_key(topic))
     if raw is None:
         return None
     count = _decode_topic(raw, topic)
     ids: list[StreamId] = []
     for i in range(count):
-        sid = client.kv.get(partition_key(topic, i))
+        sid = get(partition_key(topic, i))
         if sid is None:
             return None  # creation was interrupted: ensure_topic finishes it
         ids.append(_decode_stream_id(sid, partition_key(topic, i)))

@@ -278,4 +278,6 @@ def _driver_rss(ctx: Context) -> Result:
 
 
 async def run(ctx: Context) -> list[Result]:
-    return await asyncio.to_thread(_measure, ctx)
+    from benchmarks.workloads.spark_source import measure_source
+
+    return await asyncio.to_thread(_measure, ctx) + await asyncio.to_thread(measure_source, ctx)

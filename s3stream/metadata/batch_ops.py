@@ -16,12 +16,20 @@ arguments (InvalidArgumentError) and a fenced node session (FencedError with a n
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from s3stream.errors import ErrorCode, FencedError, InvalidArgumentError, S3StreamError
 from s3stream.ids import NodeId, StreamId
 from s3stream.metadata import stream_ops
-from s3stream.metadata.base import StreamMetadata, StreamOutcome
-from s3stream.metadata.controller import GET_LIMIT_MAX, Txn, check_int, check_node, node_epoch_check
+from s3stream.metadata.base import NodeInfo, StreamMetadata, StreamOutcome
+from s3stream.metadata.controller import (
+    GET_LIMIT_MAX,
+    StateView,
+    Txn,
+    check_int,
+    check_node,
+    node_epoch_check,
+)
 
 BATCH_STREAMS_MAX = GET_LIMIT_MAX
 """Streams one open_streams or close_streams call may name."""
@@ -50,12 +58,47 @@ def check_requests(requests: Sequence[tuple[StreamId, int]]) -> list[tuple[Strea
     return pairs
 
 
+class _NodeReadCache:
+    """A transaction's view that reads each node row once: the per-stream rules read the caller's
+    node (and the nodes their rows name) for every stream, and no open or close writes a node row,
+    so within one batch a node row read once stays what the transaction sees."""
+
+    def __init__(self, view: StateView) -> None:
+        self._view = view
+        self._epochs: dict[NodeId, int | None] = {}
+        self._nodes: dict[NodeId, NodeInfo | None] = {}
+
+    def node_epoch(self, node_id: NodeId) -> int | None:
+        if node_id not in self._epochs:
+            self._epochs[node_id] = self._view.node_epoch(node_id)
+        return self._epochs[node_id]
+
+    def node(self, node_id: NodeId) -> NodeInfo | None:
+        if node_id not in self._nodes:
+            self._nodes[node_id] = self._view.node(node_id)
+        return self._nodes[node_id]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+
 def _each(
     txn: Txn, pairs: list[tuple[StreamId, int]], op: Callable[[StreamId, int], StreamMetadata | None]
 ) -> list[StreamOutcome]:
     """Run ``op`` per stream; a stream-level refusal drops that stream's changes (the view does not
     see the transaction's own writes, and streams of a batch are distinct, so the others are
     unaffected); a node-level fence propagates and aborts the batch."""
+    view = txn.view
+    txn.view = cast(StateView, _NodeReadCache(view))
+    try:
+        return _run_each(txn, pairs, op)
+    finally:
+        txn.view = view
+
+
+def _run_each(
+    txn: Txn, pairs: list[tuple[StreamId, int]], op: Callable[[StreamId, int], StreamMetadata | None]
+) -> list[StreamOutcome]:
     outcomes: list[StreamOutcome] = []
     for sid, epoch in pairs:
         mark = len(txn.changes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from s3stream.engine.client import Stream
 from s3stream.engine.stream import StreamHandle
 from s3stream.errors import ConflictError, NotOwnerError
 from s3stream.ids import NodeId, StreamId
@@ -62,7 +63,7 @@ async def test_a_move_of_fifty_streams_closes_them_in_one_batch_and_opens_them_i
     store.single.clear()
     events_two = two.client.streams.assignments()
     await one.client.streams.reassign(ids, 2, timeout_s=30)
-    gained = {}
+    gained: dict[StreamId, Stream] = {}
     while len(gained) < 50:
         event = await next_event(events_two)
         assert event.stream is not None

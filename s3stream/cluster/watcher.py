@@ -9,7 +9,8 @@ One :class:`ClusterWatcher` per node polls the shared metadata every ``s3.cluste
   in one batch), then a "lost" event is published. A stream this node still holds OPENED in metadata
   without an open handle (a close that failed after its upload) is closed in metadata the same way.
 - **gains** a stream an assignment row sends to this node once it is CLOSED: it is opened at its
-  stored epoch + 1 (the open removes the row in the same transaction) and a "gained" event carries
+  stored epoch + 1 (the open removes the row in the same transaction; all gains of one poll in one
+  metadata transaction, :meth:`~s3stream.engine.core.Engine.open_streams`) and a "gained" event carries
   the open :class:`~s3stream.engine.client.Stream`.
 - **takes over** a dead node when a RUNNING takeover names this session as taker: the
   :data:`TakeoverRunner` runs it (once per attempt at a time; a failed run is retried after
@@ -29,24 +30,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from s3stream.cluster.events import AssignmentEvent, AssignmentHub
 from s3stream.engine.client import Stream
 from s3stream.engine.core import NODE_FENCE_CODES, Engine, Status, StreamHandle
 from s3stream.errors import FencedError, NotFoundError, S3StreamError
 from s3stream.ids import StreamId
-from s3stream.metadata.base import Assignment, MetadataStore, StreamState, TakeoverInfo, TakeoverState
+from s3stream.metadata.base import (
+    Assignment,
+    MetadataStore,
+    StreamMetadata,
+    StreamState,
+    TakeoverInfo,
+    TakeoverState,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TakeoverRunner = Callable[[TakeoverInfo], Awaitable[Sequence[StreamId]]]
 """Runs the takeover of a dead node assigned to this node's session (the taker's work, see
 ``s3stream.cluster.takeover``); returns the streams it took over and closed (this node opens them next)."""
 
-GAINS_MAX = 8
-"""Stream opens of one poll in flight at once (they overlap on a multi-connection store)."""
+DESCRIBES_MAX = 8
+"""Stream reads of one gain in flight at once (they overlap on a multi-connection store)."""
+GAINS_BATCH_MAX = 1000
+"""Streams opened by one metadata transaction of a gain (``open_streams``)."""
 RUNNER_RETRY_S = 1.0
 """Wait before a failed takeover run is started again (while the takeover still names this session)."""
 RUN_FAILURES_MAX = 3
@@ -276,41 +288,41 @@ class ClusterWatcher:
             self.hub.publish(AssignmentEvent("lost", sid))
 
     async def _gain(self, stream_ids: list[StreamId]) -> None:
-        """Open each stream that is CLOSED now at its stored epoch + 1 (the others wait for a later
-        poll); up to :data:`GAINS_MAX` at once."""
-        slots = asyncio.Semaphore(GAINS_MAX)
+        """Open the streams that are CLOSED now, each at its stored epoch + 1, in one metadata
+        transaction (``Engine.open_streams``); the others wait for a later poll."""
+        slots = asyncio.Semaphore(DESCRIBES_MAX)
 
-        async def gain(sid: StreamId) -> None:
+        async def describe(sid: StreamId) -> StreamMetadata | None:
             async with slots:
-                await self._gain_one(sid)
+                try:
+                    return await self.metadata.describe_stream(sid)
+                except NotFoundError:
+                    return None
 
-        await asyncio.gather(*(gain(sid) for sid in stream_ids))
-
-    async def _gain_one(self, sid: StreamId) -> None:
-        try:
-            meta = await self.metadata.describe_stream(sid)
-        except NotFoundError:
-            self._adopt.discard(sid)
-            return
-        if meta.state is not StreamState.CLOSED:
-            if sid in self._adopt and meta.ranges and meta.ranges[-1].node_id != self.node_id:
-                self._adopt.discard(sid)  # another node opened it first
-            return
-        if sid in self.engine.streams:
-            return
-        try:
-            handle = await self.engine.open_stream(sid, meta.epoch + 1)
-        except FencedError as exc:
-            if exc.code in NODE_FENCE_CODES:
-                raise
-            log.info("stream %d: gain deferred: %s", sid, exc)
-            return
-        except S3StreamError as exc:  # NotOwnerError, a race with another open: a later poll decides
-            log.info("stream %d: gain deferred: %s", sid, exc)
-            return
-        self._adopt.discard(sid)
-        log.info("stream %d gained at epoch %d", sid, handle.epoch)
-        self.hub.publish(AssignmentEvent("gained", sid, Stream(self.engine, handle)))
+        metas = await asyncio.gather(*(describe(sid) for sid in stream_ids))
+        requests: list[tuple[StreamId, int]] = []
+        for sid, meta in zip(stream_ids, metas, strict=True):
+            if meta is None:
+                self._adopt.discard(sid)
+                continue
+            if meta.state is not StreamState.CLOSED:
+                if sid in self._adopt and meta.ranges and meta.ranges[-1].node_id != self.node_id:
+                    self._adopt.discard(sid)  # another node opened it first
+                continue
+            if sid in self.engine.streams:
+                continue
+            requests.append((sid, meta.epoch + 1))
+        for chunk in _chunks(requests, GAINS_BATCH_MAX):
+            for sid, result in await self.engine.open_streams(chunk):
+                if isinstance(result, FencedError) and result.code in NODE_FENCE_CODES:
+                    raise result
+                if isinstance(result, S3StreamError):
+                    # NotOwnerError, a stream fence, a race with another open: a later poll decides
+                    log.info("stream %d: gain deferred: %s", sid, result)
+                    continue
+                self._adopt.discard(sid)
+                log.info("stream %d gained at epoch %d", sid, result.epoch)
+                self.hub.publish(AssignmentEvent("gained", sid, Stream(self.engine, result)))
 
     async def _poll_takeovers(self) -> None:
         for takeover in await self.metadata.list_takeovers():
@@ -359,6 +371,11 @@ class ClusterWatcher:
         self._adopt.update(taken)
         if taken:
             self.wake()
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _run_key(takeover: TakeoverInfo) -> tuple[int, int, int]:

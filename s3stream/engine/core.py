@@ -59,8 +59,6 @@ NODE_FENCE_CODES = frozenset(
 )
 """Codes of a FencedError that fences the whole node (its session), not one stream."""
 
-MOVE_CLOSES_MAX = 8
-"""Stream closes of one move in flight at once (the metadata closes overlap on a multi-connection store)."""
 TICK_S = 0.05
 """Period of the background ticker (time-triggered uploads, the WAL append watchdog)."""
 
@@ -355,15 +353,56 @@ class Engine:
             if handle.status is not Status.CLOSING and self.streams.get(handle.stream_id) is handle:
                 del self.streams[handle.stream_id]
 
+    async def open_streams(
+        self, requests: Sequence[tuple[StreamId, int]]
+    ) -> list[tuple[StreamId, StreamHandle | S3StreamError]]:
+        """:meth:`open_stream` of many ``(stream_id, epoch)`` pairs with one metadata transaction
+        (``MetadataStore.open_streams``): per request, in order, the open handle or the error the
+        single open would have raised. A node-level fence is raised (and fences the engine)."""
+        self._check_alive()
+        refused: dict[StreamId, S3StreamError] = {}
+        asked: list[tuple[StreamId, int]] = []
+        for stream_id, epoch in requests:
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                raise InvalidArgumentError(f"epoch must be a non-negative int, got {epoch!r}")
+            existing = self.streams.get(stream_id)
+            if existing is not None and existing.status in (Status.OPEN, Status.CLOSING, Status.RESERVED):
+                refused[stream_id] = ConflictError(f"stream {stream_id} is already open in this client")
+            else:
+                asked.append((stream_id, epoch))
+        opened: dict[StreamId, StreamHandle | S3StreamError] = dict(refused)
+        if asked:
+            with self._fence_on_node_error():
+                outcomes = await self.metadata.open_streams(
+                    node_id=self.node_id, node_epoch=self.node_epoch, requests=asked
+                )
+            for (stream_id, epoch), outcome in zip(asked, outcomes, strict=True):
+                if outcome.error is not None or outcome.stream is None:
+                    opened[stream_id] = outcome.error or ConflictError(f"stream {stream_id}: no metadata")
+                    continue
+                meta = outcome.stream
+                handle = StreamHandle(
+                    stream_id=stream_id,
+                    epoch=epoch,
+                    start_offset=meta.start_offset,
+                    next_offset=meta.end_offset,
+                    confirm_offset=meta.end_offset,
+                )
+                self.streams[stream_id] = handle
+                opened[stream_id] = handle
+        return [(stream_id, opened[stream_id]) for stream_id, _ in requests]
+
     async def move_streams(self, handles: Sequence[StreamHandle], to_node_id: int) -> list[StreamHandle]:
         """Give up streams reassigned to ``to_node_id``: at once every later append of them raises
         MovedError naming that node; the appends in flight finish (acknowledged or failed as usual);
-        then each is closed as by :meth:`close_stream` (its data forced up, closed in metadata). All
-        of them stop taking appends before the first upload, so one upload carries their data.
+        then their data is forced up (one upload carries all of them: they all stop taking appends
+        before it) and those uploaded are closed in one metadata transaction
+        (``MetadataStore.close_streams``).
 
-        Returns the handles no longer open here (CLOSED, or FENCED: a stream-level refusal). A close
-        that failed or timed out leaves its stream *closing* with ``moved_to`` set; a later call
-        retries it. A node-level fence is raised."""
+        Returns the handles no longer open here (CLOSED, or FENCED: a stream-level refusal). A stream
+        whose upload timed out (``s3.close.timeout.ms``) stays *closing* with ``moved_to`` set; a
+        later call retries it. A stream whose upload or metadata close failed otherwise is dropped
+        here as by :meth:`close_stream` (the watcher closes such strays). A node-level fence is raised."""
         self._check_alive()
         moving = []
         for handle in handles:
@@ -373,22 +412,54 @@ class Engine:
                 handle.status = Status.CLOSING  # appends refused from here on, with MovedError
                 handle.close_timed_out = False
                 moving.append(handle)
-        slots = asyncio.Semaphore(MOVE_CLOSES_MAX)
-
-        async def close(handle: StreamHandle) -> None:
-            async with slots:
-                try:
-                    await self._finish_close(handle, was_fenced=False)
-                except FencedError as exc:
-                    if exc.code in NODE_FENCE_CODES:
-                        raise
-                    log.warning("stream %d: move to node %d refused: %s", handle.stream_id, to_node_id, exc)
-                except S3StreamError as exc:
-                    log.warning("stream %d: move to node %d: close failed (retried): %s",
-                                handle.stream_id, to_node_id, exc)  # fmt: skip
-
-        await asyncio.gather(*(close(h) for h in moving))
+        try:
+            drains = [d for d in (wait_drained(h) for h in moving) if d is not None]
+            if drains:
+                await asyncio.gather(*drains, return_exceptions=True)
+            ready = []
+            if self._supervisor.failed is None:
+                uploaded = await asyncio.gather(*(self._move_upload(h, to_node_id) for h in moving))
+                ready = [
+                    h for h, ok in zip(moving, uploaded, strict=True) if ok and h.status is Status.CLOSING
+                ]
+            if ready:
+                with self._fence_on_node_error():
+                    outcomes = await self.metadata.close_streams(
+                        node_id=self.node_id,
+                        node_epoch=self.node_epoch,
+                        requests=[(h.stream_id, h.epoch) for h in ready],
+                    )
+                for handle, outcome in zip(ready, outcomes, strict=True):
+                    if outcome.error is not None:
+                        log.warning("stream %d: move to node %d refused: %s",
+                                    handle.stream_id, to_node_id, outcome.error)  # fmt: skip
+        except S3StreamError as exc:
+            if isinstance(exc, FencedError) and exc.code in NODE_FENCE_CODES:
+                raise
+            log.warning("move of %d streams to node %d: close failed (retried): %s",
+                        len(moving), to_node_id, exc)  # fmt: skip
+        finally:
+            for handle in moving:
+                if handle.status is Status.CLOSING and not handle.close_timed_out:
+                    handle.status = Status.CLOSED
+                if handle.status is not Status.CLOSING and self.streams.get(handle.stream_id) is handle:
+                    del self.streams[handle.stream_id]
         return [h for h in moving if h.status is not Status.CLOSING]
+
+    async def _move_upload(self, handle: StreamHandle, to_node_id: int) -> bool:
+        """Force one moving stream's data up within ``s3.close.timeout.ms``; whether it went up."""
+        try:
+            async with asyncio.timeout(self.config.close_timeout_ms / 1000):
+                await self.force_upload(handle.stream_id)
+        except TimeoutError:
+            handle.close_timed_out = True
+            log.warning("stream %d: move to node %d: upload still running after s3.close.timeout.ms "
+                        "(%d ms), retried", handle.stream_id, to_node_id, self.config.close_timeout_ms)  # fmt: skip
+            return False
+        except S3StreamError as exc:
+            log.warning("stream %d: move to node %d: upload failed: %s", handle.stream_id, to_node_id, exc)
+            return False
+        return True
 
     async def trim_stream(self, handle: StreamHandle, new_start_offset: int) -> None:
         handle.check_writable()

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from s3stream.errors import S3StreamError
 from s3stream.ids import NodeId, ObjectId, StreamId
 
 
@@ -170,6 +171,18 @@ class Assignment:
     from_node_id: int
     """The owner when requested; -1: the stream was not open anywhere."""
     requested_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """One stream's result in a batched open or close (``open_streams``, ``close_streams``):
+    exactly one of success (``error`` None; ``stream`` the opened stream's metadata, None for a
+    close) and refusal (``error`` the typed error the single-stream call would have raised; that
+    stream wrote nothing)."""
+
+    stream_id: StreamId
+    stream: StreamMetadata | None
+    error: S3StreamError | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +394,21 @@ class MetadataStore(Protocol):
     ) -> None:
         """Ownership checked (docs/automq-model.md section 7); closing a CLOSED stream is a no-op. The caller
         uploads its data first."""
+        ...
+
+    async def open_streams(
+        self, *, node_id: NodeId, node_epoch: int, requests: Sequence[tuple[StreamId, int]]
+    ) -> list[StreamOutcome]:
+        """``open_stream`` of each ``(stream_id, epoch)`` (distinct streams) in one transaction, one
+        outcome per request in order: a stream refused keeps its state, the others open. The whole
+        call raises, writing nothing, for bad arguments or a fenced node session."""
+        ...
+
+    async def close_streams(
+        self, *, node_id: NodeId, node_epoch: int, requests: Sequence[tuple[StreamId, int]]
+    ) -> list[StreamOutcome]:
+        """``close_stream`` of each ``(stream_id, epoch)`` in one transaction; outcomes as
+        :meth:`open_streams`. The caller uploads the streams' data first."""
         ...
 
     async def trim_stream(

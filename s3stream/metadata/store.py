@@ -15,7 +15,7 @@ from typing import TypeVar
 from s3stream.clock import Clock
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
-from s3stream.metadata import cluster_ops, external_ops, node_ops, object_ops, queries, stream_ops
+from s3stream.metadata import batch_ops, cluster_ops, external_ops, node_ops, object_ops, queries, stream_ops
 from s3stream.metadata import controller as ctl
 from s3stream.metadata.base import (
     Assignment,
@@ -31,6 +31,7 @@ from s3stream.metadata.base import (
     S3ObjectMetadata,
     StreamMetadata,
     StreamObject,
+    StreamOutcome,
     StreamSetObject,
     TakeoverInfo,
 )
@@ -196,6 +197,22 @@ class TransactionalStore(abc.ABC):
                 stream_id=stream_id,
                 epoch=epoch,
             )
+        )
+
+    async def open_streams(
+        self, *, node_id: NodeId, node_epoch: int, requests: Sequence[tuple[StreamId, int]]
+    ) -> list[StreamOutcome]:
+        pairs = batch_ops.check_requests(requests)
+        return await self._write_now(
+            partial(batch_ops.open_streams, node_id=node_id, node_epoch=node_epoch, requests=pairs)
+        )
+
+    async def close_streams(
+        self, *, node_id: NodeId, node_epoch: int, requests: Sequence[tuple[StreamId, int]]
+    ) -> list[StreamOutcome]:
+        pairs = batch_ops.check_requests(requests)
+        return await self._write(
+            partial(batch_ops.close_streams, node_id=node_id, node_epoch=node_epoch, requests=pairs)
         )
 
     async def trim_stream(

@@ -481,3 +481,101 @@ class ClusterContract:
             node_id=N1, taker_node_id=N2, taker_node_epoch=b.node_epoch, wal_end_offset=7
         )
         assert await store.kv_applied_offset(N1) == 6
+
+    # -- batched opens and closes (open_streams, close_streams) -------------------------------------
+
+    async def test_open_streams_opens_many_with_per_stream_outcomes(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a, b, c = await session(store, N1), await session(store, N2), await session(store, N3)
+        moved = [await new_stream(store, a) for _ in range(3)]
+        await commit(store, a, moved[0], 0, 10)
+        elsewhere = await new_stream(store, c)  # open on a live third node
+        to_c = await store.create_stream(node_id=N1, node_epoch=a.node_epoch)  # CLOSED, row targets c
+        fenced = await store.create_stream(node_id=N1, node_epoch=a.node_epoch)
+        await open_as(store, a, fenced, 5)
+        await store.close_stream(node_id=N1, node_epoch=a.node_epoch, stream_id=fenced, epoch=5)
+        await store.request_reassign(stream_ids=[*moved], to_node_id=N2)
+        await store.request_reassign(stream_ids=[to_c], to_node_id=N3)
+        closed = await store.close_streams(
+            node_id=N1, node_epoch=a.node_epoch, requests=[(sid, 0) for sid in moved]
+        )
+        assert [(o.stream_id, o.stream, o.error) for o in closed] == [(sid, None, None) for sid in moved]
+        before_refused = [await store.describe_stream(sid) for sid in (elsewhere, to_c, fenced)]
+        outcomes = await store.open_streams(
+            node_id=N2,
+            node_epoch=b.node_epoch,
+            requests=[(moved[0], 1), (elsewhere, 1), (moved[1], 1), (to_c, 1), (fenced, 4), (moved[2], 1)],
+        )
+        assert [o.stream_id for o in outcomes] == [moved[0], elsewhere, moved[1], to_c, fenced, moved[2]]
+        ok = {o.stream_id: o.stream for o in outcomes if o.error is None}
+        assert sorted(ok) == sorted(moved)
+        first = ok[moved[0]]
+        assert first is not None
+        assert (first.state, first.epoch, first.ranges[-1].node_id, first.ranges[-1].start_offset) == (
+            StreamState.OPENED,
+            1,
+            N2,
+            10,
+        )
+        errors = {o.stream_id: o.error for o in outcomes if o.error is not None}
+        for refused_by_c in (errors[elsewhere], errors[to_c]):  # open on c; moving to c
+            assert isinstance(refused_by_c, NotOwnerError)
+            assert refused_by_c.owner_node_id == N3
+        assert isinstance(errors[fenced], FencedError)
+        assert errors[fenced].code == ErrorCode.STREAM_FENCED
+        # the opened streams' rows went in the same transaction; the refused ones wrote nothing
+        assert [r.stream_id for r in await store.list_assignments()] == [to_c]
+        assert [await store.describe_stream(sid) for sid in (elsewhere, to_c, fenced)] == before_refused
+        for sid in moved:
+            meta = await store.describe_stream(sid)
+            assert (meta.state, meta.epoch, meta.ranges[-1].node_id) == (StreamState.OPENED, 1, N2)
+        # a retried batch is a retry of each open (same epoch, same owner)
+        again = await store.open_streams(
+            node_id=N2, node_epoch=b.node_epoch, requests=[(sid, 1) for sid in moved]
+        )
+        assert [o.error for o in again] == [None, None, None]
+
+    async def test_close_streams_checks_ownership_per_stream(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a, b = await session(store, N1), await session(store, N2)
+        mine = [await new_stream(store, a) for _ in range(2)]
+        theirs = await new_stream(store, b)
+        outcomes = await store.close_streams(
+            node_id=N1,
+            node_epoch=a.node_epoch,
+            requests=[(mine[0], 0), (theirs, 0), (mine[1], 0), (StreamId(99), 0)],
+        )
+        assert [o.error is None for o in outcomes] == [True, False, True, False]
+        assert isinstance(outcomes[1].error, FencedError)
+        assert isinstance(outcomes[3].error, NotFoundError)
+        states = [(await store.describe_stream(sid)).state for sid in (*mine, theirs)]
+        assert states == [StreamState.CLOSED, StreamState.CLOSED, StreamState.OPENED]
+        again = await store.close_streams(node_id=N1, node_epoch=a.node_epoch, requests=[(mine[0], 0)])
+        assert again[0].error is None, "closing a CLOSED stream is a no-op"
+
+    async def test_batches_refuse_bad_arguments_and_a_fenced_session_whole(
+        self, store: TransactionalStore, clock: FakeClock
+    ) -> None:
+        a = await session(store, N1)
+        sid = await store.create_stream(node_id=N1, node_epoch=a.node_epoch)
+        other = await store.create_stream(node_id=N1, node_epoch=a.node_epoch)
+        before = await cluster_state(store)
+        for requests in ([(sid, 0), (sid, 1)], [(sid, -1)], [(sid, 0), (StreamId(-3), 0)]):
+            with pytest.raises(InvalidArgumentError):
+                await store.open_streams(node_id=N1, node_epoch=a.node_epoch, requests=requests)
+            with pytest.raises(InvalidArgumentError):
+                await store.close_streams(node_id=N1, node_epoch=a.node_epoch, requests=requests)
+        again = await session(store, N1)  # a new epoch: the old session is fenced
+        with pytest.raises(FencedError) as info:
+            await store.open_streams(node_id=N1, node_epoch=a.node_epoch, requests=[(sid, 0), (other, 0)])
+        assert info.value.code in (ErrorCode.NODE_EPOCH_EXPIRED, ErrorCode.NODE_FENCED)
+        after = await cluster_state(store)
+        assert after[0] == before[0]
+        assert after[2:] == before[2:]
+        assert await store.open_streams(node_id=N1, node_epoch=again.node_epoch, requests=[]) == []
+        opened = await store.open_streams(
+            node_id=N1, node_epoch=again.node_epoch, requests=[(sid, 0), (other, 0)]
+        )
+        assert [o.error for o in opened] == [None, None]

@@ -83,7 +83,8 @@ class DirectOptions:
     """What the write pass's tasks need (pickled into the task closure): a few values per task."""
 
     encode: EncodeOptions
-    bucket_uri: str
+    bucket_uri: str = field(repr=False)
+    """May carry S3 credentials: never in a repr (a log line or an error message)."""
     namespace: str
     stream_ids: tuple[int, ...]
     """Index = partition."""

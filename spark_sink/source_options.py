@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from s3stream.errors import InvalidArgumentError
 from spark_sink.topic import check_topic_name
@@ -43,8 +43,10 @@ class SourceOptions:
     """The checked options. ``starting`` / ``ending`` are :data:`OffsetSpec` values."""
 
     topic: str
-    metadata_url: str
-    bucket_uri: str | None
+    metadata_url: str = field(repr=False)
+    """May carry a database password: never in a repr (a log line or an error message)."""
+    bucket_uri: str | None = field(repr=False)
+    """May carry S3 credentials: never in a repr."""
     namespace: str | None
     starting: OffsetSpec
     ending: OffsetSpec

@@ -138,3 +138,17 @@ def test_plan_ranges_skips_discarded_and_refuses_unreadable() -> None:
         plan_ranges(snap, (10, 0), (101, 0))
     with pytest.raises(InvalidArgumentError, match="start offset 30 > end offset 20"):
         plan_ranges(snap, (30, 0), (20, 0))
+
+
+def test_the_options_repr_shows_no_credential() -> None:
+    options = parse_options(
+        {
+            "topic": "t",
+            "metadataUrl": "postgresql://u:pg-secret-1@h/db",
+            "bucketUri": "0@s3://b?accessKey=a&secretKey=s3-secret-2",
+        },
+        streaming=True,
+    )
+    shown = repr(options)
+    assert "pg-secret-1" not in shown, shown
+    assert "s3-secret-2" not in shown, shown

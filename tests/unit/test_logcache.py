@@ -99,7 +99,9 @@ def test_cached_records_are_invisible_to_the_garbage_collector_and_come_back_who
     tracked = len(gc.get_objects())
     for base in range(3, 3003):  # columns: no object per record the collector tracks
         cache.put_plain(1, 0, base, 1, payload, -1)
-    assert len(gc.get_objects()) - tracked < 10
+    # one tracked object per record would add 3,000; the margin is for other threads (a background
+    # loop another test left running) allocating between the two counts
+    assert len(gc.get_objects()) - tracked < 500
     assert cache.get(1, 3001, 3003, max_bytes=1 << 20)[-1] == StreamRecordBatch(1, 0, 3002, 1, payload)
 
 

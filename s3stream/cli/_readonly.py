@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,6 @@ from s3stream.engine.reader import ObjectStreamReader
 from s3stream.engine.walbody import decode_body
 from s3stream.errors import (
     CorruptionError,
-    InvalidArgumentError,
     NotFoundError,
 )
 from s3stream.ids import StreamId
@@ -45,37 +43,13 @@ from s3stream.objectformat import ObjectReaderCache
 from s3stream.record import StreamRecordBatch
 from s3stream.storage.base import ObjectStorage
 from wal.errors import WalCorruptionError
-from wal.format import WAL_HEADER_SIZE, WalHeader, decode_wal_header
+from wal.readonly import HEADER_PROBE_BYTES, ReadOnlyFile, newest_header
 from wal.recovery import Layout, Scanner
 
 READER_CACHE_BYTES = 4 * 1024 * 1024
 """Object index cache of the view's object reader."""
 BLOCK_CACHE_BYTES = 16 * 1024 * 1024
 """Data block cache of the view's object reader."""
-WAL_BLOCK_BYTES_DEFAULT = 4096
-"""Where the second WAL header slot is looked for when the first one is not valid."""
-
-
-class _ReadOnlyFile:
-    """The WAL scanner's Device over a file opened O_RDONLY (no lock: the owner may be running)."""
-
-    mode = "read-only"
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-        self.size_bytes = os.fstat(self._fd).st_size
-
-    def read_into(self, pos: int, buf: memoryview) -> int:
-        return os.preadv(self._fd, [buf], pos)
-
-    def write(self, pos: int, data: object) -> None:
-        raise InvalidArgumentError("the WAL is open read-only")
-
-    def sync(self) -> None:
-        raise InvalidArgumentError("the WAL is open read-only")
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 @dataclass
@@ -86,19 +60,11 @@ class WalView:
     notes: list[str] = field(default_factory=list)
 
 
-def _newest_header(head: bytes) -> WalHeader | None:
-    first = decode_wal_header(head[:WAL_HEADER_SIZE])
-    block = first.block_size if first is not None else WAL_BLOCK_BYTES_DEFAULT
-    second = decode_wal_header(head[block : block + WAL_HEADER_SIZE]) if len(head) >= block * 2 else None
-    valid = [h for h in (first, second) if h is not None]
-    return max(valid, key=lambda h: h.seq) if valid else None
-
-
 def scan_wal(path: str) -> WalView:
     """Every batch of the WAL at ``path`` (blocking: run it in a thread). Writes nothing."""
     view = WalView()
     try:
-        device = _ReadOnlyFile(path)
+        device = ReadOnlyFile(path)
     except FileNotFoundError:
         view.notes.append(f"no WAL at {path}: records not yet uploaded cannot be shown")
         return view
@@ -108,9 +74,9 @@ def scan_wal(path: str) -> WalView:
         )
         return view
     try:
-        head = bytearray(2 * 65536)
+        head = bytearray(HEADER_PROBE_BYTES)
         got = device.read_into(0, memoryview(head))
-        header = _newest_header(bytes(head[:got]))
+        header = newest_header(bytes(head[:got]))
         if header is None:
             view.notes.append(f"the WAL {path} has no valid header: records not yet uploaded are not shown")
             return view

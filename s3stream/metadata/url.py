@@ -90,6 +90,8 @@ def parse_metadata_url(url: str) -> MetadataURL:
                 "(sqlite:///var/lib/s3stream/metadata.db) or use sqlite:relative/path.db"
             )
         path = urllib.parse.unquote(path)
+        if path.startswith("//"):  # sqlite:////abs/path (SQLAlchemy's spelling): one leading slash
+            path = "/" + path.lstrip("/")
         if not path or path == ":memory:" or path.endswith("/"):
             raise InvalidArgumentError(f"metadata URL {url[:200]!r} names no database file")
         return MetadataURL("sqlite", url, sqlite_path=path)

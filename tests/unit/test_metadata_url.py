@@ -53,3 +53,16 @@ def test_sqlite_urls(url: str, kind: str, path: str) -> None:
 def test_bad_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidArgumentError):
         parse_metadata_url(url)
+
+
+async def test_four_slashes_name_the_same_absolute_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from s3stream.metadata.url import open_metadata_store
+
+    db = Path(str(tmp_path)) / "m.db"
+    parsed = parse_metadata_url("sqlite:///" + str(db))
+    assert parsed.sqlite_path == str(db)
+    store = await open_metadata_store(parsed)  # a file: URI with an authority was refused by SQLite
+    await store.close()
+    assert db.exists()

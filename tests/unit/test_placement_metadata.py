@@ -12,7 +12,7 @@ import pytest
 
 from s3stream.ids import ObjectId
 from s3stream.metadata import sqlite_copy, sqlite_schema
-from s3stream.metadata.changes import PutPlacement, RemovePlacements
+from s3stream.metadata.changes import Change, PutPlacement, RemovePlacements
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
 from tests.support.metadata_contract import FakeClock
@@ -56,5 +56,5 @@ async def test_a_version_5_file_migrates_to_6_keeping_its_objects(tmp_path: Path
 
 
 def test_placement_changes_are_copied_to_the_bucket() -> None:
-    changes = [PutPlacement(ObjectId(1), 2), RemovePlacements(ObjectId(1))]
+    changes: list[Change] = [PutPlacement(ObjectId(1), 2), RemovePlacements(ObjectId(1))]
     assert sqlite_copy.copied_changes(changes) == changes

@@ -6,6 +6,7 @@ recorded placement."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 
 from benchmarks.harness import ensure_bucket
 from s3stream.assembly import open_client, open_reader
+from s3stream.buckets.storage import MultiBucketStorage
+from s3stream.metadata.base import ObjectState
 from s3stream.storage.base import ObjectStorage
 from tests.support.buckets_e2e import CONFIG, ingest, read_all, run_scenario
 from tests.support.s3 import S3TestServer, delete_prefix
@@ -104,5 +107,43 @@ async def test_a_replicated_bucket_emptied_by_hand_loses_no_record(
     try:
         reopened = [await client.streams.open_stream(i, epoch=1) for i in ids]
         assert [await read_all(s) for s in reopened] == before
+    finally:
+        await client.close()
+
+
+async def test_failover_with_an_unreachable_primary_loses_nothing_and_reports_it(
+    tmp_path: Path,
+    s3_server: S3TestServer,
+    second: S3TestServer,
+    s3_prefix: str,
+    inspect: dict[int, ObjectStorage],
+    unused_tcp_port: int,
+) -> None:
+    dead = dataclasses.replace(s3_server, endpoint=f"http://127.0.0.1:{unused_tcp_port}")
+    buckets = bucket_list(dead, second, s3_prefix)
+    config = CONFIG.replace(data_buckets_strategy="failover", data_buckets_request_timeout_ms=300)
+    client = await open_client(tmp_path, bucket_uri=buckets, config=config)
+    try:
+        storage = client.engine.storage
+        assert isinstance(storage, MultiBucketStorage)
+        streams = [await client.streams.create_and_open_stream() for _ in range(2)]
+        started = time.monotonic()
+        await ingest(client, streams, 4)  # no error reaches the appends or the uploads
+        elapsed_s = time.monotonic() - started
+        print(f"ingest with a dead primary: {elapsed_s:.2f} s")
+        before = [await read_all(s) for s in streams]
+        assert sum(len(r) for r in before) == 2 * 4 * 5
+        stats = storage.stats()
+        assert not stats[0].healthy
+        assert stats[0].errors_recent >= config.data_buckets_failover_errors
+        assert "secretKey" not in stats[0].last_error
+        assert s3_server.secret_key not in stats[0].last_error
+        assert stats[1].uploads_recent >= 4
+        committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
+        placements = await client.engine.metadata.placements([o.object_id for o in committed])
+        assert all(1 in placements[o.object_id] for o in committed)
+        assert len([info async for info in inspect[1].list("")]) >= 4
+        # each of the first uploads waits out the dead bucket's deadline (0.6 s) once, then none do
+        assert elapsed_s < 10
     finally:
         await client.close()

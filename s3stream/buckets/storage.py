@@ -66,6 +66,7 @@ class MultiBucketStorage(ObjectStorage):
         self.placement = PlacementLog(self.bucket_ids[0], metadata)
         self._names = names or {b: f"bucket {b}" for b in self.bucket_ids}
         self._closed = False
+        self._write_probes = True
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{b}@{self._names[b]}" for b in self.bucket_ids)
@@ -78,12 +79,18 @@ class MultiBucketStorage(ObjectStorage):
         """The metadata store that records object placement (and hands out object ids)."""
         self.placement.attach(metadata)
 
-    def start(self) -> None:
-        """Start the health probes (on the running loop)."""
+    def start(self, *, write_probes: bool = True) -> None:
+        """Start the health probes (on the running loop). ``write_probes=False`` (a reader, which writes
+        nothing): a probe is a HEAD of the probe key, where an answer, NotFound included, is success."""
+        self._write_probes = write_probes
         self.health.start(self._probe)
 
     async def _probe(self, bucket_id: int) -> None:
-        await self._buckets[bucket_id].put(PROBE_KEY, b"probe")
+        if self._write_probes:
+            await self._buckets[bucket_id].put(PROBE_KEY, b"probe")
+            return
+        with contextlib.suppress(NotFoundError):
+            await self._buckets[bucket_id].head(PROBE_KEY)
 
     def stats(self) -> dict[int, BucketStats]:
         """Per bucket: healthy, recent errors, the last error (redacted), recent uploads, write share."""

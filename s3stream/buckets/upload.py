@@ -91,6 +91,7 @@ class MultiBucketUpload(Upload):
             if isinstance(error, asyncio.CancelledError) or not await self._move(bucket_id, error):
                 await self.abort()
                 raise error
+            # moved: the loop runs the step on the new bucket
 
     async def _move(self, failed: int, error: BaseException) -> bool:
         """Switch a one-bucket upload from ``failed`` to the next bucket and replay; False: cannot."""
@@ -106,12 +107,17 @@ class MultiBucketUpload(Upload):
         with contextlib.suppress(Exception):
             await old.abort()
         upload = self._uploads[target] = self._open(target)
-        for data, source, start, end in self._ops:
-            if data is not None:
-                await upload.write(data)
-            else:
-                assert source is not None
-                await self._owner.copy_into(upload, target, source, start, end)
+        try:
+            for data, source, start, end in self._ops:
+                if data is not None:
+                    await upload.write(data)
+                else:
+                    assert source is not None
+                    await self._owner.copy_into(upload, target, source, start, end)
+        except BaseException as replay_error:
+            self._owner.health.record_error(target, replay_error)
+            await self.abort()
+            raise
         return True
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -124,9 +130,18 @@ class MultiBucketUpload(Upload):
         await self._each(lambda b, u: self._owner.copy_into(u, b, source_key, start, end))
         self._log((None, source_key, start, end), 0)
 
-    async def complete(self) -> int:
-        if self._object_id is not None:
+    async def _record(self) -> None:
+        """Record the current targets as the object's placement (before any of them publishes it)."""
+        if self._object_id is None:
+            return
+        try:
             await self._owner.placement.record(self._object_id, self.targets)
+        except BaseException:
+            await self.abort()
+            raise
+
+    async def complete(self) -> int:
+        await self._record()
         while True:
             items = list(self._uploads.items())
             results = await asyncio.gather(*(u.complete() for _, u in items), return_exceptions=True)
@@ -144,8 +159,7 @@ class MultiBucketUpload(Upload):
             bucket_id, error = failed[0]
             done = [b for (b, _), r in zip(items, results, strict=True) if not isinstance(r, BaseException)]
             if not isinstance(error, asyncio.CancelledError) and await self._move(bucket_id, error):
-                if self._object_id is not None:
-                    await self._owner.placement.record(self._object_id, self.targets)
+                await self._record()
                 continue
             await self._undo(done)
             if isinstance(error, S3StreamError | asyncio.CancelledError):

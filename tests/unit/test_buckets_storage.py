@@ -231,3 +231,54 @@ async def test_objects_need_the_metadata_store_attached() -> None:
         storage.upload("00000000/ns/0")
     await storage.put("plain/key", b"ok")  # other keys need no placement
     await storage.close()
+
+
+async def test_a_write_that_fails_moves_the_upload_and_replays_what_was_written() -> None:
+    rig = make_rig("failover")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"first-")
+    rig.fail(0, "upload.write")
+    await upload.write(bytearray(b"second"))
+    await upload.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"first-second"
+
+
+async def test_an_object_too_large_to_replay_is_not_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    import s3stream.buckets.upload as upload_module
+
+    monkeypatch.setattr(upload_module, "REPLAY_BYTES_MAX", 4)
+    rig = make_rig("failover")
+    rig.fail(0, "upload.complete")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"too large")
+    with pytest.raises(UnavailableError):
+        await upload.complete()
+    assert rig.holders(key) == []
+
+
+async def test_a_failed_placement_record_publishes_nothing() -> None:
+    rig = make_rig("round_robin")
+    _, key = await rig.new_key()
+    await rig.metadata.close()
+    upload = rig.storage.upload(key)
+    await upload.write(b"x")
+    with pytest.raises(Exception, match="closed"):
+        await upload.complete()
+    assert rig.holders(key) == []
+
+
+async def test_a_readers_probes_write_nothing() -> None:
+    rig = make_rig("failover", errors_max=1)
+    rig.storage.health.record_error(0, UnavailableError("down"))
+    rig.storage.start(write_probes=False)
+    try:
+        for _ in range(3):
+            await rig.storage.health.probe_now()
+    finally:
+        await rig.storage.close()
+    assert rig.storage.health.is_healthy(0)
+    assert rig.faulty[0].calls["put"] == 0
+    assert rig.faulty[0].calls["head"] == 3

@@ -244,21 +244,28 @@ class MultiBucketStorage(ObjectStorage):
         """Every key under ``prefix`` in any bucket, in key order, each key once (the first bucket's
         entry in list order when several hold it)."""
         iterators = [self._buckets[b].list(prefix).__aiter__() for b in self.bucket_ids]
-        heap: list[tuple[str, int, ObjectInfo]] = []
-        for index, iterator in enumerate(iterators):
-            with contextlib.suppress(StopAsyncIteration):
-                info = await anext(iterator)
-                heap.append((info.key, index, info))
-        heapq.heapify(heap)
-        last_key: str | None = None
-        while heap:
-            key, index, info = heapq.heappop(heap)
-            if key != last_key:
-                yield info
-                last_key = key
-            with contextlib.suppress(StopAsyncIteration):
-                nxt = await anext(iterators[index])
-                heapq.heappush(heap, (nxt.key, index, nxt))
+        try:
+            heap: list[tuple[str, int, ObjectInfo]] = []
+            for index, iterator in enumerate(iterators):
+                with contextlib.suppress(StopAsyncIteration):
+                    info = await anext(iterator)
+                    heap.append((info.key, index, info))
+            heapq.heapify(heap)
+            last_key: str | None = None
+            while heap:
+                key, index, info = heapq.heappop(heap)
+                if key != last_key:
+                    yield info
+                    last_key = key
+                with contextlib.suppress(StopAsyncIteration):
+                    nxt = await anext(iterators[index])
+                    heapq.heappush(heap, (nxt.key, index, nxt))
+        finally:  # a caller that stops early (or a bucket that failed) leaves no listing open
+            for iterator in iterators:
+                close = getattr(iterator, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
 
     # -- maintenance and lifecycle -------------------------------------------------------------
     async def abort_incomplete_uploads(self, older_than_s: float = 3600.0) -> int:

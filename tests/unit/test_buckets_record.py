@@ -18,7 +18,8 @@ def test_a_list_is_recorded_without_credentials_each_entry_with_its_id() -> None
     recorded = without_secrets(f"{A},{B}")
     assert "SK" not in recorded
     assert "AK" not in recorded
-    assert recorded.startswith("0@s3://a?") and ",1@s3://b?" in recorded
+    assert recorded.startswith("0@s3://a?")
+    assert ",1@s3://b?" in recorded
     assert recorded_bucket_ids(recorded) == (0, 1)
     assert recorded_bucket_ids("s3://a?region=r") == (0,)
     assert recorded_bucket_ids(None) == (0,)

@@ -4,8 +4,10 @@ Object keys (:func:`s3stream.objectformat.parse_object_key`) are placed by the s
 placement recorded in metadata before they are published (:mod:`s3stream.buckets.upload`); reads go
 to the buckets the placement names, healthy ones first, falling back to the next on an error or a
 missing key, and read the placement again once before giving up. Other keys (the metadata copy,
-markers) go to every bucket under replication, else to the first healthy bucket in list order, and
-are read from the buckets in list order until found. ``delete`` goes to every bucket (a missing key is
+markers) go to every healthy bucket under replication (a ``put`` succeeds once one bucket holds the
+key, so a bucket that is down does not stall metadata writes), else to the first healthy bucket in
+list order, and are read from the buckets in list order until found (``list`` is the union, so a key
+missing from one bucket is still listed and read from another). ``delete`` goes to every bucket (a missing key is
 a no-op; a bucket that fails fails the call, and GC retries it), ``list`` is the union over all
 buckets in key order, each key once: so GC, the orphan scan and the prepared-object reaper cover
 every bucket without knowing there are several.
@@ -104,11 +106,14 @@ class MultiBucketStorage(ObjectStorage):
         return self.strategy.choose(self.bucket_ids, self._healthy)
 
     def _targets(self, object_id: ObjectId | None) -> tuple[int, ...]:
-        """The strategy's choice for an object; for another key every bucket under replication, else
-        the first healthy bucket in list order."""
-        if object_id is not None or self.strategy.name == "replication":
+        """The strategy's choice for an object. Another key (the metadata copy): under replication
+        every healthy bucket (every bucket when none is), else the first healthy bucket in list order."""
+        if object_id is not None:
             return self.choose()
-        return (next((b for b in self.bucket_ids if self._healthy(b)), self.bucket_ids[0]),)
+        healthy = tuple(b for b in self.bucket_ids if self._healthy(b))
+        if self.strategy.name == "replication":
+            return healthy or self.bucket_ids
+        return healthy[:1] or self.bucket_ids[:1]
 
     def next_bucket(self, tried: Sequence[int]) -> int | None:
         return self.strategy.next_after(self.bucket_ids, self._healthy, tried)
@@ -140,16 +145,14 @@ class MultiBucketStorage(ObjectStorage):
             failed = [(b, r) for b, r in zip(targets, results, strict=True) if isinstance(r, BaseException)]
             for bucket_id, error in failed:
                 self.health.record_error(bucket_id, error)
-            if not failed:
-                for bucket_id in targets:
-                    self.health.record_upload(bucket_id)
+            done = [b for b, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)]
+            for bucket_id in done:
+                self.health.record_upload(bucket_id)
+            if not failed or (object_id is None and done):  # another key: one bucket holding it is enough
                 return
             error = failed[0][1]
             if len(targets) > 1 or len(tried) > 1 or not _retriable(error):
                 if len(targets) > 1 and not if_absent:  # replication: all or nothing
-                    done = [
-                        b for b, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)
-                    ]
                     await self._delete_from(done, [key])
                 raise error
             nxt = self.next_bucket(tried)

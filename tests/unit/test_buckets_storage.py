@@ -282,3 +282,23 @@ async def test_a_readers_probes_write_nothing() -> None:
     assert rig.storage.health.is_healthy(0)
     assert rig.faulty[0].calls["put"] == 0
     assert rig.faulty[0].calls["head"] == 3
+
+
+async def test_under_replication_a_down_bucket_does_not_stall_other_keys() -> None:
+    rig = make_rig("replication", errors_max=1)
+    rig.fail(1, "put")
+    await rig.storage.put("metadata-copy/log-1", b"log")  # held by bucket 0: enough for a copy key
+    assert rig.holders("metadata-copy/log-1") == [0]
+    assert not rig.storage.health.is_healthy(1)
+    await rig.storage.put("metadata-copy/log-2", b"log2")
+    assert rig.faulty[1].calls["put"] == 1  # the unhealthy bucket is not asked again
+    rig.heal(1)
+    assert [i.key async for i in rig.storage.list("metadata-copy/")] == [
+        "metadata-copy/log-1",
+        "metadata-copy/log-2",
+    ]
+    assert await rig.storage.get("metadata-copy/log-2") == b"log2"
+    rig.fail(0, "put")
+    rig.fail(1, "put")
+    with pytest.raises(UnavailableError):
+        await rig.storage.put("metadata-copy/log-3", b"log3")

@@ -43,3 +43,18 @@ def test_fetch_reads_records_from_both_buckets(tmp_path: Path, capsys: pytest.Ca
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["offset"] for row in rows] == expected
+
+
+def test_the_spark_sink_takes_the_driver_path_over_several_buckets(tmp_path: Path) -> None:
+    from s3stream.assembly import open_sync
+    from s3stream.errors import InvalidArgumentError
+    from spark_sink.direct import direct_target
+
+    buckets = f"0@file://{tmp_path}/b0,1@file://{tmp_path}/b1"
+    client = open_sync(tmp_path / "data", bucket_uri=buckets, config=CONFIG)
+    try:
+        assert direct_target(client, None, None) is None  # executors could not record placement
+        with pytest.raises(InvalidArgumentError, match="several buckets"):
+            direct_target(client, None, True)
+    finally:
+        client.close()

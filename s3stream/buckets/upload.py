@@ -8,11 +8,12 @@ Invariants:
 * Replication: ``complete()`` returns only once every bucket holds the object. Should one fail, the
   others are aborted (or, if already published, deleted) and the call raises: the caller's retry
   uploads the object again.
-* One-bucket strategies: a write, copy or complete that fails as the bucket not answering
-  (:func:`~s3stream.buckets.health.counts_as_error`) moves the object once to the next bucket the
-  strategy names, replaying what was written so far. Replay needs the written bytes, so they are
-  kept up to ``REPLAY_BYTES_MAX``; a larger object that fails is not moved (the caller retries it
-  whole, by then on a healthy bucket).
+* Failover: a write, copy or complete that fails as the bucket not answering
+  (:func:`~s3stream.buckets.health.counts_as_error`) moves the object once to the next bucket in list
+  order, replaying what was written so far. Replay needs the written bytes, so they are kept (by
+  reference when they are ``bytes``) up to ``REPLAY_BYTES_MAX``; a larger object that fails is not
+  moved (the caller retries it whole, by then on a healthy bucket). Round robin and sharding do not
+  move an upload: the caller's retry is placed anew, on another bucket.
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ class MultiBucketUpload(Upload):
         self._replicated = len(targets) > 1
         self._tried: list[int] = []
         self._uploads: dict[int, Upload] = {t: self._open(t) for t in targets}
-        self._ops: list[_Op] | None = None if self._replicated else []
+        # only failover moves an upload (the others place the retry elsewhere anyway): the replay copy
+        # costs memory, so nothing is kept where it is never replayed
+        self._ops: list[_Op] | None = (
+            [] if owner.strategy.name == "failover" and not self._replicated else None
+        )
         self._op_bytes = 0
         self._moves = 0
 

@@ -302,3 +302,19 @@ async def test_under_replication_a_down_bucket_does_not_stall_other_keys() -> No
     rig.fail(1, "put")
     with pytest.raises(UnavailableError):
         await rig.storage.put("metadata-copy/log-3", b"log3")
+
+
+async def test_round_robin_does_not_move_an_upload_its_retry_goes_to_the_next_bucket() -> None:
+    rig = make_rig("round_robin")
+    rig.fail(0, "upload.complete")
+    _, key = await rig.new_key()
+    first = rig.storage.upload(key)
+    assert first.targets == (0,)  # type: ignore[attr-defined]
+    await first.write(b"data")
+    with pytest.raises(UnavailableError):
+        await first.complete()
+    retry = rig.storage.upload(key)  # the upload pipeline's retry of the same object
+    await retry.write(b"data")
+    await retry.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"data"

@@ -31,6 +31,8 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
+from s3stream.buckets.monitor import BucketsMonitor
+from s3stream.buckets.storage import MultiBucketStorage
 from s3stream.clock import lease_clock_s
 from s3stream.cluster.controller import CONTROLLER_LEASE, FailoverController
 from s3stream.cluster.events import AssignmentHub
@@ -152,12 +154,14 @@ async def open_client(
                 recorded = await asyncio.to_thread(_recorded_storage, root)
             else:
                 recorded = await binding.recorded_storage_of(metadata)
+            if bucket_uri is None and config.data_buckets:
+                bucket_uri = config.data_buckets  # s3.data.buckets: one bucket or a list
             bucket_uri = binding.storage_to_open(recorded, bucket_uri, namespace=config.namespace)
         created.dirs += await _make_data_dir(root)
         if storage is None:
             if bucket_uri is None:
                 created.dirs += await asyncio.to_thread(_missing_dirs, root / binding.LOCAL_OBJECTS_DIR)
-            storage = await binding.open_storage(root, bucket_uri)
+            storage = await binding.open_storage(root, bucket_uri, config)
             closers.append(storage.close)
             storage_reachable = await binding.check_access(storage)  # before the WAL is created
         else:
@@ -206,6 +210,9 @@ async def open_client(
             recorded=record_storage,
             reachable=storage_reachable,
         )
+        monitor = await _start_buckets(storage, metadata, config, bucket_uri=bucket_uri, node_id=node_id)
+        if monitor is not None:
+            closers.append(monitor.close)
         reader = build_reader(config, metadata, storage)  # closed by the engine
         engine = Engine(
             config,
@@ -307,6 +314,8 @@ async def open_client(
         client.components.update(controller=controller, controller_election=controller_election, taker=taker)
     if copy is not None:
         client.components["metadata_copy"] = copy
+    if monitor is not None:
+        client.components["buckets_monitor"] = monitor
     return client
 
 
@@ -449,8 +458,11 @@ async def open_reader(
             raise InvalidArgumentError(
                 f"the metadata {parsed.describe()} records no object storage: give bucket_uri="
             )
-        storage = await binding.open_storage(Path(), uri)
+        storage = await binding.open_storage(Path(), uri, config)
         closers.append(storage.close)
+        if isinstance(storage, MultiBucketStorage):  # reads follow the recorded placement
+            storage.attach(metadata)
+            storage.start()
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):
@@ -471,9 +483,33 @@ def open_reader_sync(
 def _is_bucket(bucket_uri: str | None) -> bool:
     """Whether the objects are in an S3 bucket (a local ``objects/`` folder or ``file://`` path is lost
     with the disk that holds the metadata, so a copy there would not help)."""
+    from s3stream.buckets.spec import is_bucket_list, parse_bucket_list
     from s3stream.storage.uri import parse_bucket_uri
 
+    if bucket_uri is not None and is_bucket_list(bucket_uri):
+        return parse_bucket_list(bucket_uri)[0].protocol == "s3"
     return bucket_uri is not None and parse_bucket_uri(bucket_uri).protocol == "s3"
+
+
+async def _start_buckets(
+    storage: ObjectStorage,
+    metadata: MetadataStore,
+    config: Config,
+    *,
+    bucket_uri: str | None,
+    node_id: NodeId,
+) -> BucketsMonitor | None:
+    """Several buckets: attach the metadata that records object placement, record buckets the list
+    adds, start the health probes and the monitor (live weights, published health). Before the engine
+    starts, so recovery's uploads are placed. None for a single bucket (nothing to do)."""
+    if not isinstance(storage, MultiBucketStorage):
+        return None
+    storage.attach(metadata)
+    await binding.record_added_buckets(metadata, bucket_uri)
+    storage.start()
+    monitor = BucketsMonitor(storage, metadata, node_id=node_id, poll_ms=config.data_buckets_weights_poll_ms)
+    await monitor.start()
+    return monitor
 
 
 async def _start_metadata_copy(

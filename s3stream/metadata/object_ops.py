@@ -34,6 +34,7 @@ from s3stream.metadata.changes import (
     PutStreamObject,
     PutStreamSetObject,
     RemoveObject,
+    RemovePlacements,
     RemoveStreamObject,
     RemoveStreamSetObject,
     SetCounter,
@@ -349,4 +350,5 @@ def remove_objects(txn: Txn, object_ids: Sequence[ObjectId]) -> None:
             continue
         if obj.state != ObjectState.MARK_DESTROYED:
             raise ConflictError(f"object {object_id} is {obj.state.name}, not MARK_DESTROYED")
+        txn.write(RemovePlacements(object_id))
         txn.write(RemoveObject(object_id))

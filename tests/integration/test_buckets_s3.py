@@ -1,0 +1,149 @@
+"""Each placement strategy end to end over two real buckets on the Ceph RGW (the test bucket and a
+second one beside it): appends, uploads, reads, compaction, GC and the orphan scan leave no orphan in
+either bucket; a replicated bucket emptied by hand loses no record; a remote reader reads through the
+recorded placement."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import ensure_bucket
+from s3stream.assembly import open_client, open_reader
+from s3stream.buckets.storage import MultiBucketStorage
+from s3stream.metadata.base import ObjectState
+from s3stream.storage.base import ObjectStorage
+from tests.support.buckets_e2e import CONFIG, ingest, read_all, run_scenario
+from tests.support.s3 import S3TestServer, delete_prefix
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def second(s3_server: S3TestServer, s3_prefix: str) -> AsyncIterator[S3TestServer]:
+    """A second bucket on the same server (created if missing); the test's prefix is emptied after."""
+    other = dataclasses.replace(s3_server, bucket=f"{s3_server.bucket}-b")
+    await ensure_bucket(other.bench_target())
+    yield other
+    delete_prefix(other, s3_prefix)
+
+
+def bucket_list(first: S3TestServer, second: S3TestServer, prefix: str) -> str:
+    return f"{first.uri(prefix)},{second.uri(prefix).replace('0@', '1@', 1)}"
+
+
+@pytest.fixture
+async def inspect(
+    s3_server: S3TestServer, second: S3TestServer, s3_prefix: str
+) -> AsyncIterator[dict[int, ObjectStorage]]:
+    """A plain storage per bucket, to look at what each holds."""
+    stores: dict[int, ObjectStorage] = {0: s3_server.storage(s3_prefix), 1: second.storage(s3_prefix)}
+    yield stores
+    for store in stores.values():
+        await store.close()
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "failover", "replication", "sharding"])
+async def test_each_strategy_end_to_end_on_two_buckets(
+    tmp_path: Path,
+    strategy: str,
+    s3_server: S3TestServer,
+    second: S3TestServer,
+    s3_prefix: str,
+    inspect: dict[int, ObjectStorage],
+) -> None:
+    weights = {"data_buckets_weights": "0:1,1:3"} if strategy == "sharding" else {}
+    seen = await run_scenario(
+        tmp_path, bucket_list(s3_server, second, s3_prefix), strategy, inspect, **weights
+    )
+    ingest0, ingest1 = (len(seen["ingest"][b]) for b in (0, 1))
+    if strategy == "round_robin":
+        assert abs(ingest0 - ingest1) <= 1
+    elif strategy == "failover":
+        assert (ingest0, ingest1) == (ingest0, 0)
+        assert ingest0 >= 4
+    elif strategy == "replication":
+        assert seen["ingest"][0] == seen["ingest"][1]
+        assert seen["end"][0] == seen["end"][1]
+    else:
+        assert ingest1 == 3 * ingest0
+
+
+async def test_a_replicated_bucket_emptied_by_hand_loses_no_record(
+    tmp_path: Path,
+    s3_server: S3TestServer,
+    second: S3TestServer,
+    s3_prefix: str,
+    inspect: dict[int, ObjectStorage],
+) -> None:
+    buckets = bucket_list(s3_server, second, s3_prefix)
+    config = CONFIG.replace(data_buckets_strategy="replication")
+    client = await open_client(tmp_path, bucket_uri=buckets, config=config)
+    try:
+        streams = [await client.streams.create_and_open_stream() for _ in range(2)]
+        await ingest(client, streams, 3)
+        before = [await read_all(s) for s in streams]
+        ids = [s.stream_id for s in streams]
+    finally:
+        await client.close()
+    emptied = [info.key async for info in inspect[1].list("")]
+    assert len(emptied) >= 3
+    await inspect[1].delete(emptied)
+    assert [info.key async for info in inspect[1].list("")] == []
+    reader = await open_reader(
+        bucket_uri=buckets, metadata_url=f"sqlite://{tmp_path / 'metadata.db'}", config=config
+    )
+    try:
+        for stream_id, records in zip(ids, before, strict=True):
+            got = await reader.fetch(stream_id, 0, records[-1][0] + 1, max_bytes=64 << 20)
+            assert [(b.base_offset, b.payload) for b in got] == records
+    finally:
+        await reader.close()
+    client = await open_client(tmp_path, bucket_uri=buckets, config=config)
+    try:
+        reopened = [await client.streams.open_stream(i, epoch=1) for i in ids]
+        assert [await read_all(s) for s in reopened] == before
+    finally:
+        await client.close()
+
+
+async def test_failover_with_an_unreachable_primary_loses_nothing_and_reports_it(
+    tmp_path: Path,
+    s3_server: S3TestServer,
+    second: S3TestServer,
+    s3_prefix: str,
+    inspect: dict[int, ObjectStorage],
+    unused_tcp_port: int,
+) -> None:
+    dead = dataclasses.replace(s3_server, endpoint=f"http://127.0.0.1:{unused_tcp_port}")
+    buckets = bucket_list(dead, second, s3_prefix)
+    config = CONFIG.replace(data_buckets_strategy="failover", data_buckets_request_timeout_ms=300)
+    client = await open_client(tmp_path, bucket_uri=buckets, config=config)
+    try:
+        storage = client.engine.storage
+        assert isinstance(storage, MultiBucketStorage)
+        streams = [await client.streams.create_and_open_stream() for _ in range(2)]
+        started = time.monotonic()
+        await ingest(client, streams, 4)  # no error reaches the appends or the uploads
+        elapsed_s = time.monotonic() - started
+        print(f"ingest with a dead primary: {elapsed_s:.2f} s")
+        before = [await read_all(s) for s in streams]
+        assert sum(len(r) for r in before) == 2 * 4 * 5
+        stats = storage.stats()
+        assert not stats[0].healthy
+        assert stats[0].errors_recent >= config.data_buckets_failover_errors
+        assert "secretKey" not in stats[0].last_error
+        assert s3_server.secret_key not in stats[0].last_error
+        assert stats[1].uploads_recent >= 4
+        committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
+        placements = await client.engine.metadata.placements([o.object_id for o in committed])
+        assert all(1 in placements[o.object_id] for o in committed)
+        assert len([info async for info in inspect[1].list("")]) >= 4
+        # each of the first uploads waits out the dead bucket's deadline (0.6 s) once, then none do
+        assert elapsed_s < 10
+    finally:
+        await client.close()

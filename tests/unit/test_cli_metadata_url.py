@@ -24,7 +24,7 @@ from s3stream.cli.produce import generated_payload
 from tests.support.configs import SMALL_TOML, cli_data_dir_args
 
 SECRET = "hunter2-not-for-output"
-READ_COMMANDS = (["streams"], ["objects"], ["fetch", "--stream", "0"], ["nodes"])
+READ_COMMANDS = (["streams"], ["objects"], ["fetch", "--stream", "0"], ["nodes"], ["buckets"])
 
 
 def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -47,6 +47,7 @@ def required_args(path: tuple[str, ...]) -> list[str]:
         ("inspect", "object"): ["x"],
         ("restore",): ["--bucket-uri", "file:///x", "--data-dir", "d"],
         ("reassign",): ["--stream", "0", "--to-node", "1"],
+        ("buckets", "set-weights"): ["0:1,1:1"],
     }.get(path, [])
 
 

@@ -8,7 +8,8 @@ round robin over ``streams`` streams until ``total_bytes`` are acknowledged, the
 everything (``force_upload``). Figures, each beside its baseline from the same run:
 
 - **round robin upload MB/s**: payload / (first append to everything committed), 2 buckets each
-  throttled to ``rate_mib_s`` vs 1 bucket throttled the same (goal >= 1.8x: bandwidth adds up).
+  throttled to ``rate_mib_s`` (default 4 MiB/s) vs 1 bucket throttled the same (goal >= 1.8x:
+  bandwidth adds up). The extras give the request bytes each bucket's proxy forwarded per run.
 - **replication upload MB/s**: the same with ``replication`` over the 2 buckets (every object in
   both) vs the 1 bucket: what a second copy costs (reported, no goal).
 - **failover s**: ``failover`` over 2 unthrottled buckets while records are appended at a steady
@@ -49,6 +50,11 @@ GOAL_FAILOVER_S = 5.0
 FAILOVER_WAIT_S_MAX = 60.0
 """How long the failover run waits for a commit on the standby before it reports a failure."""
 THROUGHPUT_REQUEST_TIMEOUT_MS = 30_000
+RATE_MIB_S_DEFAULT = 4.0
+"""Each proxy's throttle: low enough that the bucket's bandwidth, not this machine's CPU (engine,
+proxies and the S3 server share it), is what limits a run; ``--param rate_mib_s=N`` changes it."""
+COMMITS_SHOWN_MAX = 10
+"""Commits after the failure listed in the failover figure's extras (ms after it, bucket ids)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,9 @@ def failover_result(
             "goal_s_max": GOAL_FAILOVER_S,
             "commits_before": len(before),
             "append_stall_ms_max": round(stall_ms_max, 1),
+            "commits_after_ms": [
+                [at - failed_at_ms, list(buckets)] for at, buckets in sorted(commits) if at >= failed_at_ms
+            ][:COMMITS_SHOWN_MAX],
         },
     )
 
@@ -230,8 +239,8 @@ async def run(ctx: Context) -> list[Result]:
         ctx.notes.append("buckets: skipped (needs an S3 target: the fault proxies forward HTTP)")
         return []
     target = ctx.s3
-    rate_mib_s = ctx.param("rate_mib_s", ctx.scale(quick=8.0, full=16.0))
-    total_bytes = ctx.param("total_mib", ctx.scale(quick=48, full=192)) * MiB
+    rate_mib_s = ctx.param("rate_mib_s", RATE_MIB_S_DEFAULT)
+    total_bytes = ctx.param("total_mib", ctx.scale(quick=32, full=96)) * MiB
     record_bytes = 64 * 1024
     proxies = [FaultProxy.start(target.endpoint) for _ in range(2)]
     try:
@@ -251,22 +260,27 @@ async def run(ctx: Context) -> list[Result]:
             total_bytes=8 * MiB, record_bytes=record_bytes,
         )  # fmt: skip
         runs: dict[str, Run] = {}
+        sent: dict[str, list[int]] = {}
+        """Request body bytes each bucket's proxy forwarded during each run."""
         for name, count, strategy in (
             ("single", 1, "round_robin"),
             ("round_robin", 2, "round_robin"),
             ("replication", 2, "replication"),
         ):
             ctx.status(f"buckets: {name} over {count} bucket(s), {total_bytes // MiB} MiB")
+            before = [(await asyncio.to_thread(p.state))["bytes_up"] for p in proxies]
             runs[name] = await _upload_run(
                 ctx.scratch(name), bucket_list(name, count), _config(strategy, **timeout),
                 total_bytes=total_bytes, record_bytes=record_bytes,
             )  # fmt: skip
+            after = [(await asyncio.to_thread(p.state))["bytes_up"] for p in proxies]
+            sent[name] = [b - a for a, b in zip(before, after, strict=True)][:count]
         results = throughput_results(
             single=runs["single"],
             round_robin=runs["round_robin"],
             replication=runs["replication"],
             rate_mib_s=rate_mib_s,
-            extra={"payload_bytes": total_bytes, "record_bytes": record_bytes},
+            extra={"payload_bytes": total_bytes, "record_bytes": record_bytes, "bytes_up_per_bucket": sent},
         )
         for proxy in proxies:
             await asyncio.to_thread(proxy.heal)

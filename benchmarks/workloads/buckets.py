@@ -17,7 +17,11 @@ everything (``force_upload``). Figures, each beside its baseline from the same r
   the time from that moment to the commit of the first object placed on the standby (the objects'
   ``committed_at_ms``; goal <= 5 s). Its baseline is the median gap between commits before the
   failure (how often an object is committed at all). The extras give the longest append stall seen
-  during the outage (appends must not stop).
+  during the outage (appends must not stop) and the commits after the failure. Measured twice: with
+  the data dir's SQLite metadata, whose copy (every metadata write waits until the copy holds it)
+  goes to the first healthy bucket, the primary, until that is marked unhealthy; and with the
+  metadata in PostgreSQL (``--metadata-url``, else ``S3STREAM_TEST_PG_URL``, else
+  ``scripts/postgres``; a fresh schema), which has no copy in the buckets.
 
 The throughput runs set ``s3.data.buckets.request.timeout.ms`` to 30 s (a throttled object takes
 seconds; the 2 s default is for failover); the failover run keeps the default. Needs an S3 target.
@@ -38,6 +42,7 @@ from urllib.parse import quote
 
 from benchmarks.core import Context, Result, S3Target
 from benchmarks.fault_proxy import FaultProxy
+from benchmarks.pgserver import pg_schema, resolve_pg_url
 from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.metadata.base import ObjectState
@@ -178,14 +183,22 @@ async def _upload_run(
 
 
 async def _failover_run(
-    ctx: Context, data_dir: Path, bucket_list: str, primary: FaultProxy, *, rate_bytes_per_s: int
+    ctx: Context,
+    data_dir: Path,
+    bucket_list: str,
+    primary: FaultProxy,
+    *,
+    rate_bytes_per_s: int,
+    metadata_url: str = "",
 ) -> Result:
-    """Steady appends; blackhole ``primary`` once a few objects are committed; measure (see module doc)."""
+    """Steady appends; blackhole ``primary`` once a few objects are committed; measure (see module doc).
+    ``metadata_url``: shared metadata (no metadata copy in the buckets), else the data dir's SQLite."""
     config = _config(
         "failover",
         wal_upload_threshold_bytes=256 * 1024,
         wal_upload_interval_ms=200,
         data_buckets_probe_interval_ms=200,
+        metadata_url=metadata_url,
     )
     client = await open_client(str(data_dir), bucket_uri=bucket_list, config=config)
     metadata = client.engine.metadata
@@ -284,12 +297,24 @@ async def run(ctx: Context) -> list[Result]:
         )
         for proxy in proxies:
             await asyncio.to_thread(proxy.heal)
-        ctx.status("buckets: failover")
-        results.append(
-            await _failover_run(
-                ctx, ctx.scratch("failover"), bucket_list("failover", 2), proxies[0], rate_bytes_per_s=2 * MiB
-            )
+        ctx.status("buckets: failover, metadata in the data dir (SQLite, its copy in the buckets)")
+        sqlite = await _failover_run(
+            ctx, ctx.scratch("failover"), bucket_list("failover", 2), proxies[0], rate_bytes_per_s=2 * MiB
         )
+        results.append(sqlite)
+        ctx.status("buckets: failover, metadata in PostgreSQL")
+        async with pg_schema(resolve_pg_url(ctx.metadata_url, ctx.status), "buckets") as url:
+            shared = await _failover_run(
+                ctx,
+                ctx.scratch("failover-pg"),
+                bucket_list("failover-pg", 2),
+                proxies[0],
+                rate_bytes_per_s=2 * MiB,
+                metadata_url=url,
+            )
+        shared.metric = shared.metric.replace("(s)", "(s), metadata in PostgreSQL")
+        sqlite.metric = sqlite.metric.replace("(s)", "(s), metadata in SQLite + its copy in the buckets")
+        results.append(shared)
         return results
     finally:
         for proxy in proxies:

@@ -462,7 +462,7 @@ async def open_reader(
         closers.append(storage.close)
         if isinstance(storage, MultiBucketStorage):  # reads follow the recorded placement
             storage.attach(metadata)
-            storage.start()
+            storage.start(write_probes=False)  # a reader writes nothing
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):

@@ -61,3 +61,11 @@ def check_against_record(
     if not added:
         return None
     return ",".join(_with_id(e) for e in (*old, *added))
+
+
+def recorded_bucket_ids(recorded_uri: str | None) -> tuple[int, ...]:
+    """The bucket ids of a storage record's URI, in list order (a single bucket: its id, 0 if none;
+    the local ``objects/`` folder, None: ``(0,)``)."""
+    if recorded_uri is None:
+        return (0,)
+    return tuple(e.bucket_id for e in parse_bucket_list(recorded_uri))

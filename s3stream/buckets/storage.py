@@ -4,8 +4,10 @@ Object keys (:func:`s3stream.objectformat.parse_object_key`) are placed by the s
 placement recorded in metadata before they are published (:mod:`s3stream.buckets.upload`); reads go
 to the buckets the placement names, healthy ones first, falling back to the next on an error or a
 missing key, and read the placement again once before giving up. Other keys (the metadata copy,
-markers) go to every bucket under replication, else to the first healthy bucket in list order, and
-are read from the buckets in list order until found. ``delete`` goes to every bucket (a missing key is
+markers) go to every healthy bucket under replication (a ``put`` succeeds once one bucket holds the
+key, so a bucket that is down does not stall metadata writes), else to the first healthy bucket in
+list order, and are read from the buckets in list order until found (``list`` is the union, so a key
+missing from one bucket is still listed and read from another). ``delete`` goes to every bucket (a missing key is
 a no-op; a bucket that fails fails the call, and GC retries it), ``list`` is the union over all
 buckets in key order, each key once: so GC, the orphan scan and the prepared-object reaper cover
 every bucket without knowing there are several.
@@ -66,6 +68,7 @@ class MultiBucketStorage(ObjectStorage):
         self.placement = PlacementLog(self.bucket_ids[0], metadata)
         self._names = names or {b: f"bucket {b}" for b in self.bucket_ids}
         self._closed = False
+        self._write_probes = True
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{b}@{self._names[b]}" for b in self.bucket_ids)
@@ -78,12 +81,18 @@ class MultiBucketStorage(ObjectStorage):
         """The metadata store that records object placement (and hands out object ids)."""
         self.placement.attach(metadata)
 
-    def start(self) -> None:
-        """Start the health probes (on the running loop)."""
+    def start(self, *, write_probes: bool = True) -> None:
+        """Start the health probes (on the running loop). ``write_probes=False`` (a reader, which writes
+        nothing): a probe is a HEAD of the probe key, where an answer, NotFound included, is success."""
+        self._write_probes = write_probes
         self.health.start(self._probe)
 
     async def _probe(self, bucket_id: int) -> None:
-        await self._buckets[bucket_id].put(PROBE_KEY, b"probe")
+        if self._write_probes:
+            await self._buckets[bucket_id].put(PROBE_KEY, b"probe")
+            return
+        with contextlib.suppress(NotFoundError):
+            await self._buckets[bucket_id].head(PROBE_KEY)
 
     def stats(self) -> dict[int, BucketStats]:
         """Per bucket: healthy, recent errors, the last error (redacted), recent uploads, write share."""
@@ -97,11 +106,14 @@ class MultiBucketStorage(ObjectStorage):
         return self.strategy.choose(self.bucket_ids, self._healthy)
 
     def _targets(self, object_id: ObjectId | None) -> tuple[int, ...]:
-        """The strategy's choice for an object; for another key every bucket under replication, else
-        the first healthy bucket in list order."""
-        if object_id is not None or self.strategy.name == "replication":
+        """The strategy's choice for an object. Another key (the metadata copy): under replication
+        every healthy bucket (every bucket when none is), else the first healthy bucket in list order."""
+        if object_id is not None:
             return self.choose()
-        return (next((b for b in self.bucket_ids if self._healthy(b)), self.bucket_ids[0]),)
+        healthy = tuple(b for b in self.bucket_ids if self._healthy(b))
+        if self.strategy.name == "replication":
+            return healthy or self.bucket_ids
+        return healthy[:1] or self.bucket_ids[:1]
 
     def next_bucket(self, tried: Sequence[int]) -> int | None:
         return self.strategy.next_after(self.bucket_ids, self._healthy, tried)
@@ -133,16 +145,14 @@ class MultiBucketStorage(ObjectStorage):
             failed = [(b, r) for b, r in zip(targets, results, strict=True) if isinstance(r, BaseException)]
             for bucket_id, error in failed:
                 self.health.record_error(bucket_id, error)
-            if not failed:
-                for bucket_id in targets:
-                    self.health.record_upload(bucket_id)
+            done = [b for b, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)]
+            for bucket_id in done:
+                self.health.record_upload(bucket_id)
+            if not failed or (object_id is None and done):  # another key: one bucket holding it is enough
                 return
             error = failed[0][1]
             if len(targets) > 1 or len(tried) > 1 or not _retriable(error):
                 if len(targets) > 1 and not if_absent:  # replication: all or nothing
-                    done = [
-                        b for b, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)
-                    ]
                     await self._delete_from(done, [key])
                 raise error
             nxt = self.next_bucket(tried)
@@ -237,21 +247,28 @@ class MultiBucketStorage(ObjectStorage):
         """Every key under ``prefix`` in any bucket, in key order, each key once (the first bucket's
         entry in list order when several hold it)."""
         iterators = [self._buckets[b].list(prefix).__aiter__() for b in self.bucket_ids]
-        heap: list[tuple[str, int, ObjectInfo]] = []
-        for index, iterator in enumerate(iterators):
-            with contextlib.suppress(StopAsyncIteration):
-                info = await anext(iterator)
-                heap.append((info.key, index, info))
-        heapq.heapify(heap)
-        last_key: str | None = None
-        while heap:
-            key, index, info = heapq.heappop(heap)
-            if key != last_key:
-                yield info
-                last_key = key
-            with contextlib.suppress(StopAsyncIteration):
-                nxt = await anext(iterators[index])
-                heapq.heappush(heap, (nxt.key, index, nxt))
+        try:
+            heap: list[tuple[str, int, ObjectInfo]] = []
+            for index, iterator in enumerate(iterators):
+                with contextlib.suppress(StopAsyncIteration):
+                    info = await anext(iterator)
+                    heap.append((info.key, index, info))
+            heapq.heapify(heap)
+            last_key: str | None = None
+            while heap:
+                key, index, info = heapq.heappop(heap)
+                if key != last_key:
+                    yield info
+                    last_key = key
+                with contextlib.suppress(StopAsyncIteration):
+                    nxt = await anext(iterators[index])
+                    heapq.heappush(heap, (nxt.key, index, nxt))
+        finally:  # a caller that stops early (or a bucket that failed) leaves no listing open
+            for iterator in iterators:
+                close = getattr(iterator, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
 
     # -- maintenance and lifecycle -------------------------------------------------------------
     async def abort_incomplete_uploads(self, older_than_s: float = 3600.0) -> int:

@@ -8,11 +8,12 @@ Invariants:
 * Replication: ``complete()`` returns only once every bucket holds the object. Should one fail, the
   others are aborted (or, if already published, deleted) and the call raises: the caller's retry
   uploads the object again.
-* One-bucket strategies: a write, copy or complete that fails as the bucket not answering
-  (:func:`~s3stream.buckets.health.counts_as_error`) moves the object once to the next bucket the
-  strategy names, replaying what was written so far. Replay needs the written bytes, so they are
-  kept up to ``REPLAY_BYTES_MAX``; a larger object that fails is not moved (the caller retries it
-  whole, by then on a healthy bucket).
+* Failover: a write, copy or complete that fails as the bucket not answering
+  (:func:`~s3stream.buckets.health.counts_as_error`) moves the object once to the next bucket in list
+  order, replaying what was written so far. Replay needs the written bytes, so they are kept (by
+  reference when they are ``bytes``) up to ``REPLAY_BYTES_MAX``; a larger object that fails is not
+  moved (the caller retries it whole, by then on a healthy bucket). Round robin and sharding do not
+  move an upload: the caller's retry is placed anew, on another bucket.
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ class MultiBucketUpload(Upload):
         self._replicated = len(targets) > 1
         self._tried: list[int] = []
         self._uploads: dict[int, Upload] = {t: self._open(t) for t in targets}
-        self._ops: list[_Op] | None = None if self._replicated else []
+        # only failover moves an upload (the others place the retry elsewhere anyway): the replay copy
+        # costs memory, so nothing is kept where it is never replayed
+        self._ops: list[_Op] | None = (
+            [] if owner.strategy.name == "failover" and not self._replicated else None
+        )
         self._op_bytes = 0
         self._moves = 0
 
@@ -91,6 +96,7 @@ class MultiBucketUpload(Upload):
             if isinstance(error, asyncio.CancelledError) or not await self._move(bucket_id, error):
                 await self.abort()
                 raise error
+            # moved: the loop runs the step on the new bucket
 
     async def _move(self, failed: int, error: BaseException) -> bool:
         """Switch a one-bucket upload from ``failed`` to the next bucket and replay; False: cannot."""
@@ -106,12 +112,17 @@ class MultiBucketUpload(Upload):
         with contextlib.suppress(Exception):
             await old.abort()
         upload = self._uploads[target] = self._open(target)
-        for data, source, start, end in self._ops:
-            if data is not None:
-                await upload.write(data)
-            else:
-                assert source is not None
-                await self._owner.copy_into(upload, target, source, start, end)
+        try:
+            for data, source, start, end in self._ops:
+                if data is not None:
+                    await upload.write(data)
+                else:
+                    assert source is not None
+                    await self._owner.copy_into(upload, target, source, start, end)
+        except BaseException as replay_error:
+            self._owner.health.record_error(target, replay_error)
+            await self.abort()
+            raise
         return True
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -124,9 +135,18 @@ class MultiBucketUpload(Upload):
         await self._each(lambda b, u: self._owner.copy_into(u, b, source_key, start, end))
         self._log((None, source_key, start, end), 0)
 
-    async def complete(self) -> int:
-        if self._object_id is not None:
+    async def _record(self) -> None:
+        """Record the current targets as the object's placement (before any of them publishes it)."""
+        if self._object_id is None:
+            return
+        try:
             await self._owner.placement.record(self._object_id, self.targets)
+        except BaseException:
+            await self.abort()
+            raise
+
+    async def complete(self) -> int:
+        await self._record()
         while True:
             items = list(self._uploads.items())
             results = await asyncio.gather(*(u.complete() for _, u in items), return_exceptions=True)
@@ -144,8 +164,7 @@ class MultiBucketUpload(Upload):
             bucket_id, error = failed[0]
             done = [b for (b, _), r in zip(items, results, strict=True) if not isinstance(r, BaseException)]
             if not isinstance(error, asyncio.CancelledError) and await self._move(bucket_id, error):
-                if self._object_id is not None:
-                    await self._owner.placement.record(self._object_id, self.targets)
+                await self._record()
                 continue
             await self._undo(done)
             if isinstance(error, S3StreamError | asyncio.CancelledError):

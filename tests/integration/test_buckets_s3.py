@@ -5,7 +5,9 @@ recorded placement."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from benchmarks.harness import ensure_bucket
 from s3stream.assembly import open_client, open_reader
 from s3stream.buckets.storage import MultiBucketStorage
+from s3stream.cli import main
 from s3stream.metadata.base import ObjectState
 from s3stream.storage.base import ObjectStorage
 from tests.support.buckets_e2e import CONFIG, ingest, read_all, run_scenario
@@ -145,5 +148,40 @@ async def test_failover_with_an_unreachable_primary_loses_nothing_and_reports_it
         assert len([info async for info in inspect[1].list("")]) >= 4
         # each of the first uploads waits out the dead bucket's deadline (0.6 s) once, then none do
         assert elapsed_s < 10
+    finally:
+        await client.close()
+
+
+async def test_a_data_dir_lost_with_its_metadata_is_restored_with_its_placements(
+    tmp_path: Path,
+    s3_server: S3TestServer,
+    second: S3TestServer,
+    s3_prefix: str,
+    inspect: dict[int, ObjectStorage],
+) -> None:
+    buckets = bucket_list(s3_server, second, s3_prefix)
+    config = CONFIG.replace(data_buckets_strategy="round_robin")
+    lost, restored = tmp_path / "lost", tmp_path / "restored"
+    client = await open_client(lost, bucket_uri=buckets, config=config)
+    try:
+        streams = [await client.streams.create_and_open_stream() for _ in range(2)]
+        await ingest(client, streams, 4)
+        before = [await read_all(s) for s in streams]
+        ids = [s.stream_id for s in streams]
+        committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
+        placed = await client.engine.metadata.placements([o.object_id for o in committed])
+    finally:
+        await client.close()
+    assert {b for bs in placed.values() for b in bs} == {0, 1}  # objects in both buckets
+    shutil.rmtree(lost)
+    toml = tmp_path / "s3stream.toml"
+    toml.write_text(f'"s3.namespace" = "{config.namespace}"\n')
+    argv = ["restore", "--bucket-uri", buckets, "--data-dir", str(restored), "--config", str(toml), "--json"]
+    assert await asyncio.to_thread(main, argv) == 0
+    client = await open_client(restored, config=config)  # the recorded bucket list
+    try:
+        assert await client.engine.metadata.placements(list(placed)) == placed
+        reopened = [await client.streams.open_stream(i, epoch=1) for i in ids]
+        assert [await read_all(s) for s in reopened] == before
     finally:
         await client.close()

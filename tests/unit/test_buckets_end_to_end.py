@@ -4,17 +4,19 @@ replicated bucket emptied by hand loses no record; a list that drops or moves a 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
 import pytest
 
 from s3stream.assembly import open_client
+from s3stream.buckets.monitor import WEIGHTS_KEY
 from s3stream.errors import ConflictError
 from s3stream.storage.base import ObjectStorage
 from s3stream.storage.local import LocalObjectStorage
 from s3stream.storage.uri import open_storage
-from tests.support.buckets_e2e import CONFIG, ingest, read_all, run_scenario
+from tests.support.buckets_e2e import CONFIG, ingest, object_keys, read_all, run_scenario
 
 
 def two_buckets() -> tuple[str, dict[int, ObjectStorage]]:
@@ -81,5 +83,26 @@ async def test_a_later_open_may_add_a_bucket_but_not_drop_or_move_one(tmp_path: 
     client = await open_client(tmp_path, config=CONFIG)  # the recorded list, the third bucket included
     try:
         assert client.engine.storage.bucket_ids == (0, 1, 2)  # type: ignore[attr-defined]
+    finally:
+        await client.close()
+
+
+async def test_weights_changed_in_the_kv_apply_to_a_running_node(tmp_path: Path) -> None:
+    bucket_list, buckets = two_buckets()
+    config = CONFIG.replace(
+        data_buckets_strategy="sharding", data_buckets_weights="0:1,1:0", data_buckets_weights_poll_ms=20
+    )
+    client = await open_client(tmp_path, bucket_uri=bucket_list, config=config)
+    try:
+        stream = await client.streams.create_and_open_stream()
+        await ingest(client, [stream], 2)
+        assert len(await object_keys(buckets[1], config.namespace)) == 0
+        await client.engine.metadata.kv_put(WEIGHTS_KEY, b"0:0,1:1")  # what `buckets set-weights` writes
+        await asyncio.sleep(0.2)
+        before = await object_keys(buckets[0], config.namespace)
+        await ingest(client, [stream], 3)
+        assert await object_keys(buckets[0], config.namespace) == before
+        assert len(await object_keys(buckets[1], config.namespace)) == 3
+        assert len(await read_all(stream)) == 5 * 5
     finally:
         await client.close()

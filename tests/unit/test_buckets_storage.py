@@ -231,3 +231,90 @@ async def test_objects_need_the_metadata_store_attached() -> None:
         storage.upload("00000000/ns/0")
     await storage.put("plain/key", b"ok")  # other keys need no placement
     await storage.close()
+
+
+async def test_a_write_that_fails_moves_the_upload_and_replays_what_was_written() -> None:
+    rig = make_rig("failover")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"first-")
+    rig.fail(0, "upload.write")
+    await upload.write(bytearray(b"second"))
+    await upload.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"first-second"
+
+
+async def test_an_object_too_large_to_replay_is_not_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    import s3stream.buckets.upload as upload_module
+
+    monkeypatch.setattr(upload_module, "REPLAY_BYTES_MAX", 4)
+    rig = make_rig("failover")
+    rig.fail(0, "upload.complete")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"too large")
+    with pytest.raises(UnavailableError):
+        await upload.complete()
+    assert rig.holders(key) == []
+
+
+async def test_a_failed_placement_record_publishes_nothing() -> None:
+    rig = make_rig("round_robin")
+    _, key = await rig.new_key()
+    await rig.metadata.close()
+    upload = rig.storage.upload(key)
+    await upload.write(b"x")
+    with pytest.raises(Exception, match="closed"):
+        await upload.complete()
+    assert rig.holders(key) == []
+
+
+async def test_a_readers_probes_write_nothing() -> None:
+    rig = make_rig("failover", errors_max=1)
+    rig.storage.health.record_error(0, UnavailableError("down"))
+    rig.storage.start(write_probes=False)
+    try:
+        for _ in range(3):
+            await rig.storage.health.probe_now()
+    finally:
+        await rig.storage.close()
+    assert rig.storage.health.is_healthy(0)
+    assert rig.faulty[0].calls["put"] == 0
+    assert rig.faulty[0].calls["head"] == 3
+
+
+async def test_under_replication_a_down_bucket_does_not_stall_other_keys() -> None:
+    rig = make_rig("replication", errors_max=1)
+    rig.fail(1, "put")
+    await rig.storage.put("metadata-copy/log-1", b"log")  # held by bucket 0: enough for a copy key
+    assert rig.holders("metadata-copy/log-1") == [0]
+    assert not rig.storage.health.is_healthy(1)
+    await rig.storage.put("metadata-copy/log-2", b"log2")
+    assert rig.faulty[1].calls["put"] == 1  # the unhealthy bucket is not asked again
+    rig.heal(1)
+    assert [i.key async for i in rig.storage.list("metadata-copy/")] == [
+        "metadata-copy/log-1",
+        "metadata-copy/log-2",
+    ]
+    assert await rig.storage.get("metadata-copy/log-2") == b"log2"
+    rig.fail(0, "put")
+    rig.fail(1, "put")
+    with pytest.raises(UnavailableError):
+        await rig.storage.put("metadata-copy/log-3", b"log3")
+
+
+async def test_round_robin_does_not_move_an_upload_its_retry_goes_to_the_next_bucket() -> None:
+    rig = make_rig("round_robin")
+    rig.fail(0, "upload.complete")
+    _, key = await rig.new_key()
+    first = rig.storage.upload(key)
+    assert first.targets == (0,)  # type: ignore[attr-defined]
+    await first.write(b"data")
+    with pytest.raises(UnavailableError):
+        await first.complete()
+    retry = rig.storage.upload(key)  # the upload pipeline's retry of the same object
+    await retry.write(b"data")
+    await retry.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"data"

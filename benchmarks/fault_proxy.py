@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from aiohttp import ClientSession, ClientTimeout, HttpVersion11, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, HttpVersion11, TCPConnector, web
 from multidict import CIMultiDict
 
 CONTROL_PREFIX = "/__fault/"
@@ -175,15 +175,20 @@ class Proxy:
             if request.transport is not None:
                 request.transport.abort()
             raise asyncio.CancelledError  # nothing can be written on an aborted connection
-        await _continue(request)
-        if mode == "error":
-            await self._drain(request)
-            return web.Response(
-                status=self.state.error_status,
-                body=_error_body(self.state.error_status),
-                content_type="application/xml",
-            )
-        return await self._forward(request)
+        try:
+            await _continue(request)
+            if mode == "error":
+                await self._drain(request)
+                return web.Response(
+                    status=self.state.error_status,
+                    body=_error_body(self.state.error_status),
+                    content_type="application/xml",
+                )
+            return await self._forward(request)
+        except ConnectionResetError as exc:  # the client hung up (its timeout): no one to answer
+            raise asyncio.CancelledError from exc
+        except ClientError as exc:  # the upstream failed: the client sees a gateway error
+            return web.Response(status=502, text=f"upstream: {type(exc).__name__}: {exc}")
 
     def _control(self, request: web.BaseRequest) -> web.Response:
         action = request.path[len(CONTROL_PREFIX) :]
@@ -249,10 +254,15 @@ class Proxy:
                 if key.lower() not in HOP_BY_HOP:
                     response.headers.add(key, value)
             await response.prepare(request)
-            while chunk := await upstream.content.read(CHUNK_BYTES):
-                await self.state.down.take(len(chunk))
-                self.state.bytes_down += len(chunk)
-                await response.write(chunk)
+            try:
+                while chunk := await upstream.content.read(CHUNK_BYTES):
+                    await self.state.down.take(len(chunk))
+                    self.state.bytes_down += len(chunk)
+                    await response.write(chunk)
+            except ClientError as exc:  # the upstream broke off mid-body: so does the proxy
+                if request.transport is not None:
+                    request.transport.abort()
+                raise asyncio.CancelledError from exc
             await response.write_eof()
             return response
 

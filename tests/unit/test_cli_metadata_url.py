@@ -43,11 +43,11 @@ def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
 def required_args(path: tuple[str, ...]) -> list[str]:
     """Enough arguments for the parser to accept the subcommand."""
     return {
+        ("buckets", "set-weights"): ["0:1,1:1"],
         ("fetch",): ["--stream", "0"],
         ("inspect", "object"): ["x"],
         ("restore",): ["--bucket-uri", "file:///x", "--data-dir", "d"],
         ("reassign",): ["--stream", "0", "--to-node", "1"],
-        ("buckets", "set-weights"): ["0:1,1:1"],
     }.get(path, [])
 
 

@@ -12,10 +12,12 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from benchmarks.fault_proxy import FaultProxy
 from s3stream import assembly
 from s3stream.buckets.monitor import WEIGHTS_KEY
 from s3stream.buckets.storage import MultiBucketStorage
@@ -24,11 +26,15 @@ from s3stream.cli import main
 from s3stream.errors import S3StreamError
 from s3stream.metadata.base import ObjectState
 from s3stream.metadata.url import open_metadata_store
+from s3stream.model import RecordBatch
 from s3stream.objectformat import parse_object_key
 from tests.support.configs import small_config
+from tests.support.fault_proxy import proxied
 from tests.support.s3 import S3TestServer
 
 WEIGHTS_APPLIED_S_MAX = 5.0
+REPORT_WAIT_S_MAX = 30.0
+"""Nodes publish their bucket figures every 5 s; a blackholed bucket needs 3 timeouts to be unhealthy."""
 
 
 def s3_list(server: S3TestServer, prefix: str) -> str:
@@ -181,3 +187,47 @@ async def test_a_running_node_applies_new_weights_without_a_restart(tmp_path: Pa
             await asyncio.sleep(0.05)
     finally:
         await client.close()
+
+
+async def test_buckets_shows_a_blackholed_bucket_unhealthy_as_its_node_reports_it(
+    s3_server: S3TestServer,
+    s3_prefix: str,
+    tmp_path: Path,
+    fault_proxies: Callable[[], FaultProxy],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A running node whose primary stops answering publishes it; ``buckets`` (another reader of the
+    data dir's metadata, while the node runs) shows it unhealthy with its error, without credentials,
+    and the standby taking the new writes."""
+    proxies = [fault_proxies(), fault_proxies()]
+    bucket_list = ",".join(
+        proxied(s3_server, p).uri(f"{s3_prefix}{n}/").replace("0@", f"{i}@", 1)
+        for i, (p, n) in enumerate(zip(proxies, "ab", strict=True))
+    )
+    config = small_config(data_buckets_strategy="failover", data_buckets_request_timeout_ms=300)
+    client = await assembly.open_client(str(tmp_path / "data"), bucket_uri=bucket_list, config=config)
+    try:
+        storage = client.engine.storage
+        assert isinstance(storage, MultiBucketStorage)
+        stream = await client.streams.create_and_open_stream()
+        await asyncio.to_thread(proxies[0].blackhole)
+        deadline_s = time.monotonic() + REPORT_WAIT_S_MAX
+        rows: list[dict[str, object]] = []
+        while not rows or rows[0]["health"] != "unhealthy" or not rows[1]["uploads_recent"]:
+            assert time.monotonic() < deadline_s, rows
+            await stream.append(RecordBatch(b"x" * 1000))
+            await client.engine.force_upload(None)
+            capsys.readouterr()
+            argv = ["buckets", "--data-dir", str(tmp_path / "data"), "--json"]
+            assert await asyncio.to_thread(main, argv) == 0
+            rows = json.loads(capsys.readouterr().out)
+    finally:
+        await asyncio.to_thread(proxies[0].heal)
+        await client.close()
+    assert int(str(rows[0]["errors_recent"])) >= config.data_buckets_failover_errors
+    assert "Timeout" in str(rows[0]["last_error"])
+    text = json.dumps(rows)
+    for secret in (s3_server.secret_key, s3_server.access_key):
+        assert secret not in text
+    assert rows[1]["health"] == "healthy"
+    assert float(str(rows[1]["write_share"])) > 0

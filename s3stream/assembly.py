@@ -436,6 +436,8 @@ async def open_reader(
     config = config or Config.from_sources()
     if bucket_uri is not None and (not isinstance(bucket_uri, str) or not bucket_uri):
         raise InvalidArgumentError(f"bucket_uri must be a non-empty str or None, got {bucket_uri!r}")
+    if bucket_uri is None and config.data_buckets:
+        bucket_uri = config.data_buckets  # s3.data.buckets, as for open_client
     if metadata_url is None:
         metadata_url = config.metadata_url
         if not metadata_url:

@@ -1,7 +1,10 @@
 """Which buckets are healthy: errors counted in a window, probes that bring a bucket back, stats.
 
 A bucket becomes **unhealthy** once ``errors_max`` errors or timeouts (UnavailableError, TimeoutError)
-happened within ``window_ms``. Requests that answer (NotFound included) are not errors. An unhealthy
+happened within ``window_ms``. Until then a bucket whose last error is younger than a call deadline
+(twice ``request_timeout_ms``) is **suspect**: still healthy, but new writes go to the other buckets
+while any is neither unhealthy nor suspect, so a dead bucket costs one deadline, not one per write
+until the threshold. Requests that answer (NotFound included) are not errors. An unhealthy
 bucket takes no new objects (the strategies skip it) but is still read when it holds an object that
 no healthy bucket has. The :class:`BucketHealth` component (``start()`` / ``close()``) probes every
 unhealthy bucket every ``probe_interval_ms`` (a small PUT of a reserved key, under
@@ -93,6 +96,14 @@ class BucketHealth:
     # -- state ---------------------------------------------------------------------------------
     def is_healthy(self, bucket_id: int) -> bool:
         return self._buckets[bucket_id].healthy
+
+    def is_suspect(self, bucket_id: int) -> bool:
+        """Whether the bucket failed within the last call deadline (twice the request timeout). Below
+        the unhealthy threshold such a bucket still counts as healthy, but new writes prefer the others
+        meanwhile: the failing call already waited out its deadline, and the next one would likely
+        wait again before the threshold is reached."""
+        errors = self._buckets[bucket_id].errors
+        return bool(errors) and errors[-1] > self._clock_s() - 2 * self.request_timeout_s
 
     def record_error(self, bucket_id: int, exc: BaseException) -> None:
         """Count ``exc`` against the bucket if it is one (:func:`counts_as_error`)."""

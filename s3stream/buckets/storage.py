@@ -102,24 +102,39 @@ class MultiBucketStorage(ObjectStorage):
     def _healthy(self, bucket_id: int) -> bool:
         return self.health.is_healthy(bucket_id)
 
+    def _preferred(self, bucket_id: int) -> bool:
+        """Healthy and without an error in the last call deadline (see BucketHealth.is_suspect)."""
+        return self.health.is_healthy(bucket_id) and not self.health.is_suspect(bucket_id)
+
+    def _usable(self) -> Callable[[int], bool]:
+        """What the strategies count as healthy now: the preferred buckets while there is one, else
+        the healthy ones."""
+        if any(self._preferred(b) for b in self.bucket_ids):
+            return self._preferred
+        return self._healthy
+
     def choose(self) -> tuple[int, ...]:
-        return self.strategy.choose(self.bucket_ids, self._healthy)
+        return self.strategy.choose(self.bucket_ids, self._usable())
 
     def _targets(self, object_id: ObjectId | None) -> tuple[int, ...]:
         """The strategy's choice for an object. Another key (the metadata copy): under replication
-        every healthy bucket (every bucket when none is), else the first healthy bucket in list order."""
+        every healthy bucket (every bucket when none is), else the first usable bucket in list order."""
         if object_id is not None:
             return self.choose()
         healthy = tuple(b for b in self.bucket_ids if self._healthy(b))
         if self.strategy.name == "replication":
             return healthy or self.bucket_ids
-        return healthy[:1] or self.bucket_ids[:1]
+        usable = self._usable()
+        return tuple(b for b in self.bucket_ids if usable(b))[:1] or self.bucket_ids[:1]
 
     def next_bucket(self, tried: Sequence[int]) -> int | None:
-        return self.strategy.next_after(self.bucket_ids, self._healthy, tried)
+        return self.strategy.next_after(self.bucket_ids, self._usable(), tried)
 
     def _read_order(self, bucket_ids: Sequence[int]) -> list[int]:
-        return sorted(bucket_ids, key=lambda b: (not self._healthy(b), self.bucket_ids.index(b)))
+        return sorted(
+            bucket_ids,
+            key=lambda b: (not self._healthy(b), not self._preferred(b), self.bucket_ids.index(b)),
+        )
 
     async def _holders(self, key: str, *, fresh: bool = False) -> list[int]:
         object_id = _object_id(key)

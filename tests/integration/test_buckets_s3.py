@@ -185,3 +185,61 @@ async def test_a_data_dir_lost_with_its_metadata_is_restored_with_its_placements
         assert [await read_all(s) for s in reopened] == before
     finally:
         await client.close()
+
+
+async def test_a_merge_copies_server_side_only_within_the_target_bucket(
+    tmp_path: Path,
+    s3_server: S3TestServer,
+    second: S3TestServer,
+    s3_prefix: str,
+    inspect: dict[int, ObjectStorage],
+) -> None:
+    from compaction.compactor import Compactor
+    from s3stream import RecordBatch
+
+    # multipart from the first byte (as a merge of large stream objects is)
+    buckets = ",".join(
+        f"{u}&multipartThresholdBytes=0" for u in bucket_list(s3_server, second, s3_prefix).split(",")
+    )
+    config = CONFIG.replace(data_buckets_strategy="round_robin", stream_object_split_size_bytes=1)
+    client = await open_client(tmp_path, bucket_uri=buckets, config=config)
+    try:
+        storage = client.engine.storage
+        assert isinstance(storage, MultiBucketStorage)
+        stream = await client.streams.create_and_open_stream()
+        for _ in range(3):
+            for _ in range(6):
+                await stream.append(RecordBatch(b"x" * (1 << 20)))
+            await client.engine.force_upload(None)
+        sources = await client.engine.metadata.get_stream_objects(
+            stream_id=stream.stream_id, start_offset=0, end_offset=-1, limit=100
+        )
+        assert len(sources) == 3
+        placed = await client.engine.metadata.placements([o.object_id for o in sources])
+        source_buckets = [placed[o.object_id][0] for o in sources]
+        assert sorted(set(source_buckets)) == [0, 1]
+        before = await read_all(stream)
+        stats = {b: storage.bucket(b).stats for b in (0, 1)}  # type: ignore[attr-defined]
+        for s in stats.values():
+            s.reset()
+        e = client.engine
+        report = await Compactor(
+            config, e.metadata, e.storage, node_id=e.node_id, node_epoch=e.node_epoch
+        ).run_once(stream_objects=True)
+        assert report.problems == ()
+        assert report.stream_objects_merged == 3
+        (merged,) = await e.metadata.get_stream_objects(
+            stream_id=stream.stream_id, start_offset=0, end_offset=-1, limit=100
+        )
+        (target,) = (await e.metadata.placements([merged.object_id]))[merged.object_id]
+        same = source_buckets.count(target)
+        other = 1 - target
+        # the target bucket's upload is handed a copy (UploadPartCopy where its part layout allows) for
+        # each source it holds; the other bucket's sources are read and written, never copied
+        assert stats[target].counts["copy"] == same
+        assert stats[other].counts["copy"] == 0
+        assert stats[other].counts["upload_part_copy"] == 0
+        assert stats[other].bytes["get"] >= (3 - same) * 6 * (1 << 20)  # read, then written to the target
+        assert await read_all(stream) == before
+    finally:
+        await client.close()

@@ -46,7 +46,10 @@ async def test_failover_moves_a_failing_upload_to_the_standby_within_the_same_co
 async def test_failover_marks_the_primary_unhealthy_after_the_threshold_and_probes_bring_it_back() -> None:
     rig = make_rig("failover", errors_max=3)
     rig.fail(0)
-    before = [await rig.write(b"x") for _ in range(3)]
+    before = []
+    for _ in range(3):
+        before.append(await rig.write(b"x"))
+        rig.clock.now_s += 4.5  # past the call deadline: the primary is no longer suspect, tried again
     assert not rig.storage.health.is_healthy(0)
     assert all(rig.holders(key) == [1] for _, key in before)
     calls = rig.faulty[0].calls["upload.complete"]
@@ -64,6 +67,22 @@ async def test_failover_marks_the_primary_unhealthy_after_the_threshold_and_prob
     assert rig.storage.health.is_healthy(0)
     _, key = await rig.write(b"z")
     assert rig.holders(key) == [0]
+
+
+async def test_after_one_failure_new_writes_skip_the_primary_for_a_call_deadline() -> None:
+    rig = make_rig("failover", errors_max=3)
+    rig.fail(0, "upload.complete", times=1)
+    _, moved = await rig.write(b"a")
+    assert rig.holders(moved) == [1]
+    assert rig.storage.health.is_healthy(0)  # one error: below the threshold, but suspect
+    _, direct = await rig.write(b"b")
+    assert rig.holders(direct) == [1]
+    assert rig.faulty[0].calls["upload.complete"] == 1  # not asked again meanwhile
+    await rig.storage.put("metadata-copy/x", b"c")  # other keys too
+    assert rig.holders("metadata-copy/x") == [1]
+    rig.clock.now_s += 4.5  # the deadline (2 x the 2 s request timeout) passed
+    _, back = await rig.write(b"d")
+    assert rig.holders(back) == [0]
 
 
 async def test_objects_in_a_failed_bucket_read_again_when_it_returns() -> None:

@@ -58,7 +58,7 @@ THROUGHPUT_REQUEST_TIMEOUT_MS = 30_000
 UPLOAD_INFLIGHT_MAX = 8
 """``s3.wal.upload.inflight.max`` of the throughput runs, both sides (``--param inflight=N``). Uploads
 commit in order, so with the default 4 each of 2 buckets had 2 objects in flight and round robin
-reached 1.78-1.84x; with 8 (4 per bucket) 1.91x."""
+reached 1.78-1.84x; with 8 (4 per bucket) 1.91-1.96x."""
 RATE_MIB_S_DEFAULT = 4.0
 """Each proxy's throttle: low enough that the bucket's bandwidth, not this machine's CPU (engine,
 proxies and the S3 server share it), is what limits a run; ``--param rate_mib_s=N`` changes it."""

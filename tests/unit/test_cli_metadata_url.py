@@ -24,7 +24,7 @@ from s3stream.cli.produce import generated_payload
 from tests.support.configs import SMALL_TOML, cli_data_dir_args
 
 SECRET = "hunter2-not-for-output"
-READ_COMMANDS = (["streams"], ["objects"], ["fetch", "--stream", "0"], ["nodes"])
+READ_COMMANDS = (["streams"], ["objects"], ["fetch", "--stream", "0"], ["nodes"], ["buckets"])
 
 
 def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -43,6 +43,7 @@ def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
 def required_args(path: tuple[str, ...]) -> list[str]:
     """Enough arguments for the parser to accept the subcommand."""
     return {
+        ("buckets", "set-weights"): ["0:1,1:1"],
         ("fetch",): ["--stream", "0"],
         ("inspect", "object"): ["x"],
         ("restore",): ["--bucket-uri", "file:///x", "--data-dir", "d"],

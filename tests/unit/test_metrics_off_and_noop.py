@@ -78,7 +78,8 @@ async def test_metrics_on_serve_this_clients_registry_and_stop_with_it(tmp_path:
     try:
         endpoint = client.metrics_endpoint
         assert endpoint is not None
-        assert endpoint.startswith("http://127.0.0.1:") and endpoint.endswith("/metrics")
+        assert endpoint.startswith("http://127.0.0.1:")
+        assert endpoint.endswith("/metrics")
         assert ":0/" not in endpoint  # the bound port, not the asked-for 0
         stream = await client.streams.create_and_open_stream(epoch=0)
         for size in (10, 200, 3000):

@@ -80,6 +80,9 @@ class Config:
     node_id: int = 0
     node_lease_ms: int = 10_000
     metadata_url: str = ""
+    # -- telemetry (s3stream.metrics) ----------------------------------------------------------
+    metrics_exporter_uri: str = ""
+    metrics_level: str = "INFO"
     # -- compaction (used by compaction/) ------------------------------------------------------
     stream_set_object_compaction_interval_minutes: int = 5
     stream_set_object_compaction_cache_size_bytes: int = 200 * MiB
@@ -239,6 +242,11 @@ KEYS: tuple[Key, ...] = (
         "how long a node stays alive in the metadata without a heartbeat; heartbeats every third of it"),
     Key("s3.metadata.url", "metadata_url", str, None, None,
         "sqlite:///path or postgresql://user:pass@host:port/db; empty: sqlite:///<data_dir>/metadata.db"),
+    Key("s3.telemetry.metrics.exporter.uri", "metrics_exporter_uri", str, None, None,
+        "prometheus://?host=127.0.0.1&port=9464 serves Prometheus metrics there (port 0: any free port); "
+        "empty: metrics off (AutoMQ's key)"),
+    Key("s3.telemetry.metrics.level", "metrics_level", str, None, None,
+        "INFO: node-wide series; DEBUG adds per-stream series (label stream)", choices=("INFO", "DEBUG")),
     Key("s3.stream.set.object.compaction.interval.minutes", "stream_set_object_compaction_interval_minutes",
         int, 1, 100_000, "AutoMQ 5"),
     Key("s3.stream.set.object.compaction.cache.size", "stream_set_object_compaction_cache_size_bytes", int,
@@ -363,6 +371,10 @@ def _check(key: Key, value: Any) -> None:
             from s3stream.metadata.url import parse_metadata_url
 
             parse_metadata_url(value)
+        if key.name == "s3.telemetry.metrics.exporter.uri":
+            from s3stream.metrics.uri import parse_exporter_uri
+
+            parse_exporter_uri(value)
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{key.name} must be an integer, got {value!r}")

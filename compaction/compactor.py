@@ -51,6 +51,11 @@ RETRY_SOON_S = 10.0
 STREAM_OBJECTS_PER_QUERY_MAX = 100_000
 
 
+CompactionMeter = Callable[[str, "tuple[int, int, int, int] | None"], None]
+"""``(kind, moved)`` after each pass of a run: ``kind`` ``stream_set`` or ``stream_object``; ``moved``
+(bytes in, bytes out, objects in, objects out), or None when the pass failed."""
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionReport:
     """What one run did. Counts are objects; bytes are object bytes; durations in milliseconds."""
@@ -146,6 +151,8 @@ class Compactor:
         self.interval_s = config.stream_set_object_compaction_interval_minutes * 60.0
         self.stream_object_interval_ms = config.stream_object_compaction_interval_minutes * 60_000
         self.last_report: CompactionReport | None = None
+        self.meter: CompactionMeter | None = None
+        """Told of each pass of a run (metrics); None: nothing."""
         self.error: BaseException | None = None
         """Set if the background loop died of an unexpected error (it then stops)."""
         self._last_stream_object_run_ms = clock_ms()
@@ -185,7 +192,20 @@ class Compactor:
     ) -> CompactionReport:
         """One run now. ``stream_objects``: None = when its interval has passed."""
         async with self._lock:
-            report = await self._stream_set_pass()
+            try:
+                report = await self._stream_set_pass()
+            except BaseException:
+                self._meter_run("stream_set", None)
+                raise
+            self._meter_run(
+                "stream_set",
+                (
+                    report.bytes_read,
+                    report.bytes_written,
+                    report.stream_set_objects_compacted,
+                    report.stream_set_objects_written + report.stream_objects_written,
+                ),
+            )
             now_ms = self.clock_ms()
             if stream_objects or (
                 stream_objects is None
@@ -193,7 +213,20 @@ class Compactor:
             ):
                 self._last_stream_object_run_ms = now_ms
                 t0 = time.perf_counter()
-                outcome = await self._stream_object_pass()
+                try:
+                    outcome = await self._stream_object_pass()
+                except BaseException:
+                    self._meter_run("stream_object", None)
+                    raise
+                self._meter_run(
+                    "stream_object",
+                    (
+                        outcome.bytes_rewritten + outcome.bytes_copied,
+                        outcome.bytes_written + outcome.bytes_copied,
+                        outcome.merged_source_count + outcome.expired_count,
+                        outcome.written_count,
+                    ),
+                )
                 report = dataclasses.replace(
                     report,
                     stream_objects_written=report.stream_objects_written + outcome.written_count,
@@ -210,6 +243,11 @@ class Compactor:
         self.last_report = report
         log.info("%s", report.summary())
         return report
+
+    def _meter_run(self, kind: str, moved: tuple[int, int, int, int] | None) -> None:
+        meter = self.meter
+        if meter is not None:
+            meter(kind, moved)
 
     async def _stream_set_pass(self) -> CompactionReport:
         if not self.cluster_wide:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from compaction.observer import CompactionObserver
@@ -75,6 +76,8 @@ class GarbageCollector:
         self.orphan_ttl_ms = orphan_ttl_ms
         self.clock_ms = clock_ms
         self.observer = observer or CompactionObserver()
+        self.meter: Callable[[int, int], None] | None = None
+        """Told of each deleted batch, ``(objects, bytes)`` (metrics); None: nothing."""
 
     async def collect(self, *, scan_orphans: bool = False, rounds_max: int = DELETE_ROUNDS_MAX) -> GcReport:
         """One pass; ``rounds_max`` bounds the delete batches (the rest waits for the next pass)."""
@@ -110,7 +113,10 @@ class GarbageCollector:
             await self.observer.after_delete()
             await self.metadata.remove_objects([o.object_id for o in doomed])
             deleted_ids.extend(o.object_id for o in doomed)
-            deleted_bytes += sum(o.size_bytes for o in doomed)
+            batch_bytes = sum(o.size_bytes for o in doomed)
+            deleted_bytes += batch_bytes
+            if self.meter is not None:
+                self.meter(len(doomed), batch_bytes)
             requests += 1
         report = GcReport(len(expired), len(deleted_ids), deleted_bytes, requests)
         return report, deleted_ids

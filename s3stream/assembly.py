@@ -49,6 +49,7 @@ from s3stream.ids import NodeId
 from s3stream.metadata.base import MetadataStore, TakeoverState
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import open_metadata_store
+from s3stream.metrics import start_metrics
 from s3stream.objectformat import ObjectReaderCache
 from s3stream.remote import Reader, SyncReader
 from s3stream.storage.base import ObjectStorage
@@ -220,6 +221,13 @@ async def open_client(
         )
         heartbeat.add_listener(engine.fence)
         heartbeat.wal_pending_bytes = lambda: engine.wal_pending_bytes
+        # Metrics (s3stream.metrics): off unless s3.telemetry.metrics.exporter.uri; wired before the
+        # engine starts (recovery uploads are metered) and before any stream is opened.
+        metrics = start_metrics(config)
+        closers.append(metrics.close)
+        metrics.attach_engine(engine)
+        metrics.attach_storage(storage)
+        metrics.attach_heartbeat(heartbeat)
         await engine.start()
         engine_closer = len(closers)
         closers.append(engine.close)  # for a failure below; the client closes the engine itself
@@ -263,6 +271,7 @@ async def open_client(
             lease_ms=config.node_lease_ms,
             jobs=[reaper, compactor],
         )
+        metrics.attach_compaction(compactor, [collector])
         heartbeat.add_listener(maintenance.on_fenced)
         await maintenance.start()
         closers.append(maintenance.close)
@@ -298,6 +307,7 @@ async def open_client(
         pre_closers.append(watcher.close)
     del closers[engine_closer]
     client = Client(engine, metadata, closers=list(reversed(closers)), hub=hub, pre_closers=pre_closers)
+    client.metrics = metrics
     client.components.update(
         reaper=reaper, compactor=compactor, reader=reader, heartbeat=heartbeat, maintenance=maintenance
     )

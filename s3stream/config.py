@@ -95,6 +95,9 @@ class Config:
     wal_failover_progress_leases: int = 6
     wal_failover_run_failures_max: int = 3
     wal_failover_attempts_max: int = 5
+    # -- telemetry (s3stream.metrics) ----------------------------------------------------------
+    metrics_exporter_uri: str = ""
+    metrics_level: str = "INFO"
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -258,6 +261,11 @@ KEYS: tuple[Key, ...] = (
     Key("s3.wal.failover.attempts.max", "wal_failover_attempts_max", int, 1, 1_000,
         "takeover attempts (across nodes) after which the takeover is FAILED: the slot is freed and the "
         "dead node may register again and replay its own WAL; ours 5"),
+    Key("s3.telemetry.metrics.exporter.uri", "metrics_exporter_uri", str, None, None,
+        "prometheus://?host=127.0.0.1&port=9464 serves Prometheus metrics there (port 0: any free port); "
+        "empty: metrics off (AutoMQ's key)"),
+    Key("s3.telemetry.metrics.level", "metrics_level", str, None, None,
+        "INFO: node-wide series; DEBUG adds per-stream series (label stream)", choices=("INFO", "DEBUG")),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}
@@ -325,6 +333,10 @@ def _check(key: Key, value: Any) -> None:
             from s3stream.metadata.url import parse_metadata_url
 
             parse_metadata_url(value)
+        if key.name == "s3.telemetry.metrics.exporter.uri":
+            from s3stream.metrics.uri import parse_exporter_uri
+
+            parse_exporter_uri(value)
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{key.name} must be an integer, got {value!r}")

@@ -345,28 +345,38 @@ class AppendPath:
         )
 
     async def _admit(self, size_bytes: int) -> None:
-        """Wait for room in the LogCache and the WAL; CapacityError after the configured wait."""
+        """Wait for room in the LogCache and the WAL; CapacityError after the configured wait. An
+        admission that has to wait counts once in ``backpressure_waits`` (and its wait's seconds)."""
         deadline = self.clock() + self.config.append_backpressure_wait_ms / 1000
         room = self.pipeline.room
-        while True:
-            self.supervisor.check_alive()
-            if self.cache.has_room(size_bytes) and (
-                self.trim_tracker.live_bytes + size_bytes <= self.wal_room_bytes
-                or self.trim_tracker.live_bytes == 0
-            ):
-                return
-            self.pipeline.upload_for_room()
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                self.stats.backpressure_rejections += 1
-                raise CapacityError(
-                    f"no room: LogCache {self.cache.size_bytes}/{self.cache.capacity_bytes} bytes, WAL "
-                    f"{self.trim_tracker.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting upload "
-                    f"({self.pipeline.failure_hint()}); back off and retry"
-                )
-            room.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(room.wait(), timeout=min(remaining, 0.1))
+        waited_from: float | None = None
+        try:
+            while True:
+                self.supervisor.check_alive()
+                if self.cache.has_room(size_bytes) and (
+                    self.trim_tracker.live_bytes + size_bytes <= self.wal_room_bytes
+                    or self.trim_tracker.live_bytes == 0
+                ):
+                    return
+                self.pipeline.upload_for_room()
+                now = self.clock()
+                remaining = deadline - now
+                if remaining <= 0:
+                    self.stats.backpressure_rejections += 1
+                    raise CapacityError(
+                        f"no room: LogCache {self.cache.size_bytes}/{self.cache.capacity_bytes} bytes, WAL "
+                        f"{self.trim_tracker.live_bytes}/{self.config.wal_capacity_bytes} bytes awaiting "
+                        f"upload ({self.pipeline.failure_hint()}); back off and retry"
+                    )
+                if waited_from is None:
+                    waited_from = now
+                    self.stats.backpressure_waits += 1
+                room.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room.wait(), timeout=min(remaining, 0.1))
+        finally:
+            if waited_from is not None:
+                self.stats.backpressure_wait_s += self.clock() - waited_from
 
     async def _write(
         self,

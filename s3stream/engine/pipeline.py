@@ -41,6 +41,9 @@ from s3stream.record import RECORD_HEADER_SIZE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+StepMeter = Callable[[str, bool, object, float], None]
+"""``(step, ok, result, seconds)`` for each attempt of an upload step (``prepare``, ``upload``,
+``commit``): ``result`` is the step's result (None when the attempt failed)."""
 
 COMMITTED_SEQS_PER_TURN = 2048
 """WAL records marked committed per event-loop turn after an upload's commit (~0.5 ms)."""
@@ -89,6 +92,9 @@ class EngineStats:
     object_reads: int = 0
     recovered_records: int = 0
     backpressure_rejections: int = 0
+    backpressure_waits: int = 0
+    """Appends that found no room and waited for uploads (each once, whatever its outcome)."""
+    backpressure_wait_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -140,6 +146,8 @@ class UploadPipeline:
         a step succeeds. Errors that tell a caller storage is the reason (back-pressure, close timeouts)
         quote it."""
         self.inflight: list[UploadTask] = []
+        self.meter: StepMeter | None = None
+        """Told of every attempt of an upload step (metrics, :mod:`s3stream.metrics`); None: nothing."""
         self._last_task: UploadTask | None = None
         self._slots = asyncio.Semaphore(config.upload_inflight_max)
         self._busy_since_s = 0.0  # when ``inflight`` last became non-empty
@@ -343,19 +351,27 @@ class UploadPipeline:
         """Run ``op`` until it succeeds; transient failures back off exponentially (never give up)."""
         delay_s = self.config.upload_retry_backoff_ms / 1000
         delay_max_s = self.config.upload_retry_backoff_max_ms / 1000
+        meter = self.meter
         while True:
             self.supervisor.check_alive()
+            started_s = time.perf_counter() if meter is not None else 0.0
             try:
                 result = await op()
             except (FencedError, ConflictError, NotFoundError, InvalidArgumentError, ClosedError):
+                if meter is not None:
+                    meter(what, False, None, time.perf_counter() - started_s)
                 raise
             except (S3StreamError, OSError, TimeoutError) as exc:
+                if meter is not None:
+                    meter(what, False, None, time.perf_counter() - started_s)
                 self.last_failure = f"{what}: {exc!r}"
                 self.stats.upload_retries += 1
                 log.warning("%s failed, retrying in %.2f s: %r", what, delay_s, exc)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, delay_max_s)
             else:
+                if meter is not None:
+                    meter(what, True, result, time.perf_counter() - started_s)
                 self.last_failure = None
                 return result
 

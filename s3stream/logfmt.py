@@ -49,6 +49,8 @@ SECRET_ENV_VARS: Final = (
     "PGPASSWORD",
 )
 """Environment variables whose values are secrets wherever they appear."""
+REGISTERED_SECRETS_MAX: Final = 1024
+"""Secrets :func:`register_secret` keeps (a process opens a few clients; a test run many)."""
 SECRET_VALUE_LEN_MIN: Final = 4
 """Registered secrets shorter than this are ignored (redacting every "a" would ruin every line)."""
 
@@ -69,10 +71,12 @@ _registered_lock = threading.Lock()
 
 def register_secret(value: str | None) -> None:
     """Redact ``value`` from every log line from now on (a credential taken from a config or a URI).
-    None, empty and values shorter than :data:`SECRET_VALUE_LEN_MIN` are ignored."""
+    None, empty and values shorter than :data:`SECRET_VALUE_LEN_MIN` are ignored, and so is any past
+    the first :data:`REGISTERED_SECRETS_MAX` (the patterns still catch those in URLs and URIs)."""
     if value and len(value) >= SECRET_VALUE_LEN_MIN:
         with _registered_lock:
-            _registered.add(value)
+            if len(_registered) < REGISTERED_SECRETS_MAX:
+                _registered.add(value)
 
 
 def _known_secrets() -> list[str]:

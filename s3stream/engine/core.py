@@ -24,7 +24,7 @@ from s3stream.engine.append import AppendPath
 from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_record
 from s3stream.engine.logcache import CachedBatch, LogCache
-from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
+from s3stream.engine.pipeline import EngineStats, StepMeter, UploadObserver, UploadPipeline
 from s3stream.engine.recovery import after_takeover, plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle
@@ -157,6 +157,14 @@ class Engine:
         self.force_upload = self._pipeline.force_upload
         self._ticker: asyncio.Task[None] | None = None
         self._external_lock = asyncio.Lock()
+
+    def set_meters(
+        self, *, append_latency: Callable[[float], None] | None, upload_step: StepMeter | None
+    ) -> None:
+        """The metrics hooks (:mod:`s3stream.metrics`): the sampled append latency
+        (:data:`~s3stream.engine.append.LATENCY_SAMPLE_MASK`) and each upload step's attempts."""
+        self._appends.latency = append_latency
+        self._pipeline.meter = upload_step
 
     @property
     def upload_observer(self) -> UploadObserver:

@@ -93,6 +93,8 @@ class EngineStats:
     object_reads: int = 0
     recovered_records: int = 0
     backpressure_rejections: int = 0
+    append_errors: int = 0
+    """Record batches of append calls that raised (an atomic group counts each of its batches)."""
     backpressure_waits: int = 0
     """Appends that found no room and waited for uploads (each once, whatever its outcome)."""
     backpressure_wait_s: float = 0.0

@@ -71,13 +71,15 @@ def _histogram(
 def _appends(m: NodeMetrics, node: str) -> Iterator[Metric]:
     engine = m.engine
     stats = engine.stats if engine is not None else None
-    ok = m.append_latency.count
     yield _labelled_counter(
         "s3stream_append_requests_total",
-        "Append calls (one per record batch, or per atomic group) by outcome.",
+        "Record batches appended, by outcome (ok: acknowledged; error: its append call raised).",
         node,
         ["outcome"],
-        [(["ok"], ok), (["error"], m.append_errors)],
+        [
+            (["ok"], stats.appended_records if stats is not None else 0),
+            (["error"], stats.append_errors if stats is not None else 0),
+        ],
     )
     yield _counter(
         "s3stream_append_bytes_total",
@@ -87,7 +89,8 @@ def _appends(m: NodeMetrics, node: str) -> Iterator[Metric]:
     )
     yield _histogram(
         "s3stream_append_latency_seconds",
-        "From the append call to its acknowledgement (durable in the WAL, in offset order).",
+        "From the append call to its acknowledgement (durable in the WAL, in offset order); sampled: one "
+        "append in 16 is timed, so _count is the sample count (the rate is s3stream_append_requests_total).",
         node,
         [],
         [([], m.append_latency)],

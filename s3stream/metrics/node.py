@@ -16,7 +16,6 @@ reads (copies of dicts and lists, taken in one C call each).
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -101,9 +100,9 @@ class NodeMetrics:
         self.endpoint: str | None = None
         self.registry: CollectorRegistry | None = None
         """This node's own registry (set by :func:`~s3stream.metrics.setup.start_metrics`)."""
-        # appends
+        # appends (counts: the engine's stats)
         self.append_latency = Histogram()
-        self.append_errors = 0
+        """Sampled: one append in 16 (:data:`~s3stream.engine.append.LATENCY_SAMPLE_MASK`)."""
         self.streams: dict[int, StreamMeter] = {}
         # fetches
         self.fetches = {source: FetchMeter() for source in FETCH_SOURCES}
@@ -146,20 +145,21 @@ class NodeMetrics:
 
     # -- wiring (assembly) ----------------------------------------------------------------------
     def attach_engine(self, engine: Engine) -> None:
-        """Time the engine's appends and fetches, meter its upload steps and read its counters,
-        LogCache and WAL at scrape time. Call before any stream is opened (a stream keeps the
+        """Meter the engine's appends (a sampled latency), fetches and upload steps, and read its
+        counters, LogCache and WAL at scrape time. At DEBUG level its ``append_one`` / ``append`` are
+        wrapped to count per stream: call before any stream is opened (a stream keeps the
         ``append_one`` it was opened with)."""
         self.engine = engine
-        engine.append_one = self._timed_append_one(engine.append_one)  # type: ignore[assignment]
-        engine.append = self._timed_append(engine.append)
+        engine.set_meters(append_latency=self.append_latency.observe, upload_step=self.upload_step)
         engine.fetch = self._timed_fetch(engine)  # type: ignore[method-assign]
-        engine._pipeline.meter = self.upload_step
+        if self.level == "DEBUG":
+            engine.append_one = self._counted_append_one(engine.append_one)  # type: ignore[assignment]
+            engine.append = self._counted_append(engine.append)
         block_wal = getattr(engine.wal, "block_wal", None)
         if block_wal is not None:
             self.wal_stats = block_wal.stats
             block_wal.group_write_s = _ObservedSamples(self.wal_write_latency)
-        reader = engine.reader
-        block_cache = getattr(reader, "block_cache", None)
+        block_cache = getattr(engine.reader, "block_cache", None)
         if block_cache is not None:
             self.block_cache = block_cache
 
@@ -242,58 +242,30 @@ class NodeMetrics:
                 self.spark_commit_latency.observe(commit_s)
 
     # -- engine wrappers ------------------------------------------------------------------------
-    def _timed_append_one(self, inner: AppendOne) -> AppendOne:
-        hist = self.append_latency
-        counts, bounds = hist.counts, hist.bounds
-        perf_counter = time.perf_counter
-        per_stream = self.streams if self.level == "DEBUG" else None
+    def _counted_append_one(self, inner: AppendOne) -> AppendOne:
+        per_stream = self.streams
 
         async def append_one(handle: StreamHandle, payload: bytes, count: int) -> int:
-            started = perf_counter()
-            try:
-                base = await inner(handle, payload, count)
-            except BaseException:
-                self.append_errors += 1
-                raise
-            elapsed = perf_counter() - started
-            counts[bisect_left(bounds, elapsed)] += 1
-            hist.sum += elapsed
-            if per_stream is not None:
-                self._count_stream(per_stream, handle.stream_id, len(payload))
+            base = await inner(handle, payload, count)
+            _count_stream(per_stream, handle.stream_id, len(payload))
             return base
 
         return append_one
 
-    def _timed_append(self, inner: Callable[..., Any]) -> Callable[..., Any]:
-        hist = self.append_latency
-        per_stream = self.streams if self.level == "DEBUG" else None
+    def _counted_append(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        per_stream = self.streams
 
         async def append(
             appends: Sequence[tuple[StreamHandle, bytes, int]],
             kv_puts: Sequence[tuple[str, bytes]] = (),
             expected_offsets: Sequence[int | None] | None = None,
         ) -> list[int]:
-            started = time.perf_counter()
-            try:
-                bases: list[int] = await inner(appends, kv_puts, expected_offsets)
-            except BaseException:
-                self.append_errors += 1
-                raise
-            hist.observe(time.perf_counter() - started)
-            if per_stream is not None:
-                for handle, payload, _ in appends:
-                    self._count_stream(per_stream, handle.stream_id, len(payload))
+            bases: list[int] = await inner(appends, kv_puts, expected_offsets)
+            for handle, payload, _ in appends:
+                _count_stream(per_stream, handle.stream_id, len(payload))
             return bases
 
         return append
-
-    @staticmethod
-    def _count_stream(per_stream: dict[int, StreamMeter], stream_id: int, size: int) -> None:
-        meter = per_stream.get(stream_id)
-        if meter is None:
-            meter = per_stream[stream_id] = StreamMeter()
-        meter.requests += 1
-        meter.bytes += size
 
     def _timed_fetch(self, engine: Engine) -> Callable[..., Any]:
         """Fetches by where they were served: the LogCache alone (no object read), the block cache
@@ -322,6 +294,14 @@ class NodeMetrics:
             return records
 
         return fetch
+
+
+def _count_stream(per_stream: dict[int, StreamMeter], stream_id: int, size: int) -> None:
+    meter = per_stream.get(stream_id)
+    if meter is None:
+        meter = per_stream[stream_id] = StreamMeter()
+    meter.requests += 1
+    meter.bytes += size
 
 
 def error_status(error: BaseException) -> str:

@@ -101,8 +101,10 @@ async def test_counters_agree_with_a_workload_of_appends_uploads_fetches_and_com
     assert value(during, "s3stream_append_bytes_total") == written
     assert value(during, "s3stream_append_requests_total", outcome="ok") == appends
     assert value(during, "s3stream_append_requests_total", outcome="error") == 0
-    assert value(during, "s3stream_append_latency_seconds_count") == appends
-    assert value(during, "s3stream_append_latency_seconds_bucket", le="+Inf") == appends
+    sampled = value(during, "s3stream_append_latency_seconds_count")  # one append in 16 is timed
+    assert appends // 16 - 1 <= sampled <= appends // 16 + 1
+    assert value(during, "s3stream_append_latency_seconds_bucket", le="+Inf") == sampled
+    assert 0 < value(during, "s3stream_append_latency_seconds_sum") < 30 * sampled
     committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
     uploaded = total(during, "s3stream_uploads_total", outcome="ok")
     assert uploaded == len(committed) == 3
@@ -170,8 +172,12 @@ async def test_counters_agree_with_a_workload_of_appends_uploads_fetches_and_com
     )
     assert value(after, "s3stream_compaction_bytes_in_total", kind="stream_set") == report.bytes_read > 0
     assert value(after, "s3stream_compaction_bytes_out_total", kind="stream_set") == report.bytes_written > 0
-    assert value(after, "s3stream_gc_deleted_objects_total") == report.gc.deleted_count == 3
-    assert value(after, "s3stream_gc_deleted_bytes_total") == report.gc.deleted_bytes > 0
+    # The prepared-object reaper (every second) may delete the same objects in the same instant: each
+    # collector counts the deletes it sent.
+    assert report.gc.deleted_count <= 3
+    assert value(after, "s3stream_gc_deleted_objects_total") in (3, 3 + report.gc.deleted_count)
+    assert value(after, "s3stream_gc_deleted_bytes_total") >= report.gc.deleted_bytes
+    assert value(after, "s3stream_gc_deleted_bytes_total") > 0
     assert total(after, "s3stream_s3_requests_total", operation="delete", status="ok") >= 1
     # every operation seen has a latency histogram whose count is its requests
     for operation in ("put", "get", "delete", "list"):

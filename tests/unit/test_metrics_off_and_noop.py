@@ -47,6 +47,7 @@ async def test_metrics_off_wire_nothing_into_the_engine(tmp_path: Path) -> None:
         assert engine.append == engine._appends.append
         assert "fetch" not in vars(engine)  # the class's method, not a wrapper
         assert engine._pipeline.meter is None
+        assert engine._appends.latency is None  # no append is timed
         compactor = client.components["compactor"]
         assert compactor.meter is None  # type: ignore[attr-defined]
         stream = await client.streams.create_and_open_stream(epoch=0)
@@ -88,7 +89,7 @@ async def test_metrics_on_serve_this_clients_registry_and_stop_with_it(tmp_path:
         samples = scrape(endpoint)
         assert samples["s3stream_append_bytes_total[('node', '0')]"] == 3210
         assert samples["s3stream_append_requests_total[('node', '0'), ('outcome', 'ok')]"] == 3
-        assert samples["s3stream_append_latency_seconds_count[('node', '0')]"] == 3
+        assert 1 <= samples["s3stream_append_latency_seconds_count[('node', '0')]"] <= 3  # sampled
         assert samples["s3stream_fetch_requests_total[('node', '0'), ('source', 'log_cache')]"] == 1
         assert samples["s3stream_fetch_bytes_total[('node', '0'), ('source', 'log_cache')]"] == 3210
         assert samples["s3stream_streams_open[('node', '0')]"] == 1

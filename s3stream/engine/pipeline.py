@@ -248,7 +248,7 @@ class UploadPipeline:
         self.stats.uploaded_stream_count += len(task.stream_ids)
         self.stats.uploaded_bytes += task.block.size_bytes
         self.stats.objects_committed += (1 if request.object_id >= 0 else 0) + len(request.stream_objects)
-        log_event(log, logging.INFO, "object.committed", node=request.node_id, epoch=request.node_epoch, object=request.object_id, order=request.order_id, streams=len(task.stream_ids), stream_objects=len(request.stream_objects), bytes=task.block.size_bytes)  # fmt: skip
+        log_event(log, logging.INFO, "object.committed", node=request.node_id, epoch=request.node_epoch, object=request.object_id, order=request.order_id, streams=len(task.stream_ids), stream_objects=[so.object_id for so in request.stream_objects], bytes=task.block.size_bytes)  # fmt: skip
         # One entry per batch of the block (8,000 for 8 MiB of 1 KiB records): in turns, so appends run
         # between them. A WAL trim computed meanwhile sees these records still live (trims less).
         seqs = task.block.take_seqs()

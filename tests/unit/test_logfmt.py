@@ -175,7 +175,7 @@ def test_the_filter_redacts_message_args_fields_and_traceback(
     assert len(text.splitlines()) == 3
 
 
-def test_the_cli_logs_kv_lines_to_stderr_at_the_chosen_level(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_leaves_no_log_handler_behind_after_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--log-level", "debug", "inspect", "object", "/nonexistent/object"])
     err = capsys.readouterr().err
     assert code == 2

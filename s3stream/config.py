@@ -80,6 +80,9 @@ class Config:
     node_id: int = 0
     node_lease_ms: int = 10_000
     metadata_url: str = ""
+    # -- telemetry (s3stream.metrics) ----------------------------------------------------------
+    metrics_exporter_uri: str = ""
+    metrics_level: str = "INFO"
     # -- compaction (used by compaction/) ------------------------------------------------------
     stream_set_object_compaction_interval_minutes: int = 5
     stream_set_object_compaction_cache_size_bytes: int = 200 * MiB
@@ -95,9 +98,6 @@ class Config:
     wal_failover_progress_leases: int = 6
     wal_failover_run_failures_max: int = 3
     wal_failover_attempts_max: int = 5
-    # -- telemetry (s3stream.metrics) ----------------------------------------------------------
-    metrics_exporter_uri: str = ""
-    metrics_level: str = "INFO"
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -232,6 +232,11 @@ KEYS: tuple[Key, ...] = (
         "how long a node stays alive in the metadata without a heartbeat; heartbeats every third of it"),
     Key("s3.metadata.url", "metadata_url", str, None, None,
         "sqlite:///path or postgresql://user:pass@host:port/db; empty: sqlite:///<data_dir>/metadata.db"),
+    Key("s3.telemetry.metrics.exporter.uri", "metrics_exporter_uri", str, None, None,
+        "prometheus://?host=127.0.0.1&port=9464 serves Prometheus metrics there (port 0: any free port); "
+        "empty: metrics off (AutoMQ's key)"),
+    Key("s3.telemetry.metrics.level", "metrics_level", str, None, None,
+        "INFO: node-wide series; DEBUG adds per-stream series (label stream)", choices=("INFO", "DEBUG")),
     Key("s3.stream.set.object.compaction.interval.minutes", "stream_set_object_compaction_interval_minutes",
         int, 1, 100_000, "AutoMQ 5"),
     Key("s3.stream.set.object.compaction.cache.size", "stream_set_object_compaction_cache_size_bytes", int,
@@ -261,11 +266,6 @@ KEYS: tuple[Key, ...] = (
     Key("s3.wal.failover.attempts.max", "wal_failover_attempts_max", int, 1, 1_000,
         "takeover attempts (across nodes) after which the takeover is FAILED: the slot is freed and the "
         "dead node may register again and replay its own WAL; ours 5"),
-    Key("s3.telemetry.metrics.exporter.uri", "metrics_exporter_uri", str, None, None,
-        "prometheus://?host=127.0.0.1&port=9464 serves Prometheus metrics there (port 0: any free port); "
-        "empty: metrics off (AutoMQ's key)"),
-    Key("s3.telemetry.metrics.level", "metrics_level", str, None, None,
-        "INFO: node-wide series; DEBUG adds per-stream series (label stream)", choices=("INFO", "DEBUG")),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}

@@ -8,8 +8,9 @@ wrapper and its histogram. Rounds alternate off/on (off first in even rounds, on
 each side's figure is its median. While a metrics-on round runs, a thread scrapes its endpoint every
 ``scrape_s`` seconds (default 1 s; Prometheus' default is 15 s), so the exporter's work is in it.
 
-Results: append MB/s with metrics on against off (goal: on >= 0.97 x off), and the process CPU
-seconds per GiB appended, on against off. ``--param rounds=N`` (default 3 quick, 6 full),
+Results: append MB/s with metrics on against off (goal: on >= 0.97 x off), the process CPU
+seconds per GiB appended, on against off, and the event-loop CPU per append through an in-memory WAL
+and object store (no disk: the steadiest figure on a shared machine), on against off. ``--param rounds=N`` (default 3 quick, 6 full),
 ``--param total_mib=N``, ``--param scrape_s=S``, ``--param uploads=1`` (default thresholds: uploads
 run during the appends, so the S3 request metering is in the figure too).
 """
@@ -28,6 +29,8 @@ from benchmarks.core import Context, Result
 from s3stream import RecordBatch
 from s3stream.assembly import open_client
 from s3stream.config import Config
+from s3stream.engine.walport import MemoryWal
+from s3stream.storage.memory import MemoryObjectStorage
 
 W = "metrics"
 KiB = 1 << 10
@@ -116,6 +119,35 @@ async def _round(
         await client.close()
 
 
+async def _loop_cpu_round(*, metrics: bool, appends: int, scratch: Any) -> float:
+    """Event-loop thread CPU (us) per 1 KiB append through an in-memory WAL and object store: the
+    append path's own cost without the disk, whose time varies far more than the difference."""
+    room = 1 << 30
+    config = Config(
+        wal_capacity_bytes=room,
+        wal_cache_size_bytes=room,
+        wal_upload_threshold_bytes=room,
+        wal_upload_interval_ms=86_400_000,
+        metrics_exporter_uri="prometheus://?host=127.0.0.1&port=0" if metrics else "",
+    )
+    client = await open_client(
+        scratch, config=config, wal=MemoryWal(capacity_bytes=room), storage=MemoryObjectStorage()
+    )
+    try:
+        streams = [await client.streams.create_and_open_stream() for _ in range(STREAMS)]
+        payload = os.urandom(RECORD_BYTES)
+
+        async def producer(first: int) -> None:
+            for n in range(first, appends, PRODUCERS):
+                await streams[n % STREAMS].append(RecordBatch(payload))
+
+        cpu0 = time.thread_time()
+        await asyncio.gather(*(producer(i) for i in range(PRODUCERS)))
+        return (time.thread_time() - cpu0) / appends * 1e6
+    finally:
+        await client.close()
+
+
 async def run(ctx: Context) -> list[Result]:
     rounds = int(ctx.param("rounds", ctx.scale(quick=3, full=6)))
     total_bytes = int(ctx.param("total_mib", ctx.scale(quick=16, full=64))) * MiB
@@ -144,6 +176,15 @@ async def run(ctx: Context) -> list[Result]:
         "off_cpu_s_per_gib_rounds": off_cpu,
         "scrapes_per_on_round": [r["scrapes"] for r in runs[True]],
     }
+    cpu_appends = int(ctx.param("cpu_appends", ctx.scale(quick=50_000, full=200_000)))
+    loop_us: dict[bool, list[float]] = {False: [], True: []}
+    for index in range(rounds):
+        for metrics in (False, True) if index % 2 == 0 else (True, False):
+            ctx.status(f"metrics: loop CPU round {index + 1}/{rounds}, metrics {'on' if metrics else 'off'}")
+            scratch = ctx.scratch(f"cpu-{'on' if metrics else 'off'}-{index}")
+            loop_us[metrics].append(
+                await _loop_cpu_round(metrics=metrics, appends=cpu_appends, scratch=scratch)
+            )
     label = "uploads running" if uploads else "uploads held back"
     return [
         Result(
@@ -165,5 +206,20 @@ async def run(ctx: Context) -> list[Result]:
             statistics.median(off_cpu),
             False,
             {"rounds": rounds},
+        ),
+        Result(
+            W,
+            "event-loop CPU us per 1 KiB append with metrics on (in-memory WAL and objects)",
+            statistics.median(loop_us[True]),
+            "us",
+            "metrics off (alternating rounds, medians)",
+            statistics.median(loop_us[False]),
+            False,
+            {
+                "rounds": rounds,
+                "appends": cpu_appends,
+                "on_us_rounds": loop_us[True],
+                "off_us_rounds": loop_us[False],
+            },
         ),
     ]

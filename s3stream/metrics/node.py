@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from s3stream.metrics.instruments import Histogram, LabelledCounts
 from s3stream.metrics.uri import MetricsLevel
+from s3stream.storage.stats import StorageStats
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from s3stream.engine.heartbeat import Heartbeat
     from s3stream.engine.stream import StreamHandle
     from s3stream.model import FetchedBatch
-    from s3stream.storage.stats import StorageStats
 
 AppendOne = Callable[["StreamHandle", bytes, int], Coroutine[Any, Any, int]]
 """The engine's ``append_one``."""
@@ -164,12 +164,18 @@ class NodeMetrics:
             self.block_cache = block_cache
 
     def attach_storage(self, storage: object) -> None:
-        """Meter an S3 backend's requests (every attempt) and read its byte counters at scrape time;
-        a backend without a request meter hook (local, in-memory) reports its byte counters only."""
+        """Meter an S3 backend's requests (every attempt) and read its byte counters
+        (:class:`~s3stream.storage.stats.StorageStats`) at scrape time; a backend without a request
+        meter hook (local, in-memory) reports its byte counters only. A storage over several backends
+        that lists them with ``backends()`` has each attached."""
+        backends = getattr(storage, "backends", None)
+        if callable(backends):
+            for backend in backends():
+                self.attach_storage(backend)
         if hasattr(storage, "request_meter"):
             storage.request_meter = self
         stats = getattr(storage, "stats", None)
-        if stats is not None and all(stats is not s for s in self.storage_stats):
+        if isinstance(stats, StorageStats) and all(stats is not s for s in self.storage_stats):
             self.storage_stats.append(stats)
 
     def attach_compaction(self, compactor: Compactor | None, collectors: Sequence[GarbageCollector]) -> None:

@@ -72,7 +72,7 @@ def test_micro_batches_are_counted_by_outcome_with_rows_and_commit_latency(
         with pytest.raises(UnavailableError, match="injected"):
             sink(_rows(spark, ROWS), 1)
         sink.client.append_atomic = real  # type: ignore[method-assign]
-        endpoint = sink.client.client.metrics_endpoint
+        endpoint = sink.client.metrics_endpoint
         assert endpoint is not None
         samples = _spark_samples(endpoint)
     node = ("node", "0")

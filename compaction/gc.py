@@ -29,6 +29,7 @@ from compaction.observer import CompactionObserver
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.errors import InvalidArgumentError, S3StreamError
 from s3stream.ids import ObjectId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import object_key, parse_object_key
 from s3stream.storage.base import MAX_DELETE_BATCH, ObjectStorage
@@ -119,6 +120,7 @@ class GarbageCollector:
                 self.meter(len(doomed), batch_bytes)
             requests += 1
         report = GcReport(len(expired), len(deleted_ids), deleted_bytes, requests)
+        log_event(log, logging.INFO if deleted_ids else logging.DEBUG, "gc.deleted", objects=len(deleted_ids), bytes=deleted_bytes, prepared_expired=len(expired), requests=requests)  # fmt: skip
         return report, deleted_ids
 
     async def _reclaim_incomplete_uploads(self) -> int:
@@ -214,5 +216,5 @@ class PreparedObjectReaper:
             try:
                 await self.run_once()
             except (S3StreamError, OSError) as exc:
-                log.warning("object reaper pass failed (retried): %s", exc)
+                log_event(log, logging.WARNING, "gc.pass_failed", error=exc, action="retry")
             await asyncio.sleep(self.period_s)

@@ -58,6 +58,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
+from s3stream.logfmt import register_secret
 from s3stream.storage.base import MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import validate_key, validate_prefix
 from s3stream.storage.retry import RetryPolicy, call_with_retries
@@ -347,6 +348,7 @@ class S3Client:
                 if self._client is None:
                     access_key = self.config.access_key or os.environ.get("KAFKA_S3_ACCESS_KEY")
                     secret_key = self.config.secret_key or os.environ.get("KAFKA_S3_SECRET_KEY")
+                    register_secret(secret_key)  # redacted from every log line (s3stream.logfmt)
                     if (access_key is None) != (secret_key is None):
                         access_key = secret_key = None
                     session = get_session()

@@ -48,6 +48,7 @@ def required_args(path: tuple[str, ...]) -> list[str]:
         ("inspect", "object"): ["x"],
         ("restore",): ["--bucket-uri", "file:///x", "--data-dir", "d"],
         ("reassign",): ["--stream", "0", "--to-node", "1"],
+        ("top",): ["127.0.0.1:9464"],
     }.get(path, [])
 
 
@@ -151,7 +152,7 @@ def test_a_bad_metadata_url_is_one_line_and_exit_2_for_every_command(
     parser = build_parser()
     for path in leaf_commands(parser):
         argv = [*path, *required_args(path), *cli_data_dir_args(tmp_path), "--metadata-url", url]
-        if path == ("inspect", "object"):
+        if path in (("inspect", "object"), ("top",)):  # no data dir
             argv = [*path, *required_args(path), "--metadata-url", url]
         assert main(argv) == 2, path
         captured = capsys.readouterr()

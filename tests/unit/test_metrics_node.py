@@ -115,3 +115,15 @@ def test_error_status_is_the_http_status_or_a_short_class() -> None:
     assert error_status(ConnectionRefusedError()) == "connection"
     assert error_status(asyncio.CancelledError()) == "cancelled"
     assert error_status(ValueError("x")) == "ValueError"
+
+
+def test_a_multi_bucket_storage_has_every_bucket_metered() -> None:
+    from s3stream.buckets.build import build_multi_bucket_storage
+    from s3stream.config import Config
+
+    storage = build_multi_bucket_storage("0@mem://metrics-a,1@mem://metrics-b", Config())
+    metrics = NodeMetrics(node_id=1)
+    metrics.attach_storage(storage)
+    inner = [b.stats for b in storage.backends()]
+    assert len(inner) == 2
+    assert all(any(s is stats for s in metrics.storage_stats) for stats in inner)

@@ -14,6 +14,10 @@ Invariants:
   reference when they are ``bytes``) up to ``REPLAY_BYTES_MAX``; a larger object that fails is not
   moved (the caller retries it whole, by then on a healthy bucket). Round robin and sharding do not
   move an upload: the caller's retry is placed anew, on another bucket.
+* Failover, before publishing: when the lone target has become unhealthy or suspect since the upload
+  was placed (its placement record may itself have waited out that bucket's deadline, through the
+  metadata copy) and another bucket is neither, ``complete()`` moves the object there (the same one
+  move, replayed, recorded) instead of completing on a bucket that just failed.
 """
 
 from __future__ import annotations
@@ -98,15 +102,43 @@ class MultiBucketUpload(Upload):
                 raise error
             # moved: the loop runs the step on the new bucket
 
+    def _movable(self) -> bool:
+        return not self._replicated and self._ops is not None and self._moves < MOVES_MAX
+
     async def _move(self, failed: int, error: BaseException) -> bool:
         """Switch a one-bucket upload from ``failed`` to the next bucket and replay; False: cannot."""
         from s3stream.buckets.health import counts_as_error
 
-        if self._replicated or self._ops is None or self._moves >= MOVES_MAX or not counts_as_error(error):
+        if not self._movable() or not counts_as_error(error):
             return False
         target = self._owner.next_bucket(self._tried)
         if target is None:
             return False
+        await self._switch(failed, target)
+        return True
+
+    async def _leave_failing_bucket(self) -> bool:
+        """Before publishing: move a one-bucket upload off a target that is no longer preferred
+        (unhealthy, or failed within its call deadline) to one that is. True: moved."""
+        if not self._movable():
+            return False
+        (current,) = self._uploads
+        health = self._owner.health
+
+        def preferred(bucket_id: int) -> bool:
+            return health.is_healthy(bucket_id) and not health.is_suspect(bucket_id)
+
+        if preferred(current):
+            return False
+        target = self._owner.next_bucket(self._tried)
+        if target is None or not preferred(target):
+            return False
+        await self._switch(current, target)
+        return True
+
+    async def _switch(self, failed: int, target: int) -> None:
+        """Abort the upload on ``failed``, open one on ``target`` and replay what was written."""
+        assert self._ops is not None
         self._moves += 1
         old = self._uploads.pop(failed)
         with contextlib.suppress(Exception):
@@ -123,7 +155,6 @@ class MultiBucketUpload(Upload):
             self._owner.health.record_error(target, replay_error)
             await self.abort()
             raise
-        return True
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         await self._each(lambda _b, u: u.write(data))
@@ -147,6 +178,8 @@ class MultiBucketUpload(Upload):
 
     async def complete(self) -> int:
         await self._record()
+        if await self._leave_failing_bucket():
+            await self._record()
         while True:
             items = list(self._uploads.items())
             results = await asyncio.gather(*(u.complete() for _, u in items), return_exceptions=True)

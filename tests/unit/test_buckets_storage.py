@@ -337,3 +337,29 @@ async def test_round_robin_does_not_move_an_upload_its_retry_goes_to_the_next_bu
     await retry.complete()
     assert rig.holders(key) == [1]
     assert await rig.storage.get(key) == b"data"
+
+
+async def test_failover_moves_an_upload_off_a_target_that_failed_since_it_was_placed() -> None:
+    rig = make_rig("failover")
+    object_id, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    assert upload.targets == (0,)  # type: ignore[attr-defined]
+    await upload.write(b"placed-")
+    await upload.write(b"before")
+    rig.storage.health.record_error(0, UnavailableError("another call timed out"))  # suspect now
+    await upload.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"placed-before"
+    assert rig.faulty[0].calls["upload.complete"] == 0  # never completed on the suspect bucket
+    assert await rig.metadata.placements([object_id]) == {object_id: (0, 1)}
+
+
+async def test_an_upload_stays_when_no_other_bucket_is_better() -> None:
+    rig = make_rig("failover")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"x")
+    for bucket_id in (0, 1):
+        rig.storage.health.record_error(bucket_id, UnavailableError("timed out"))
+    await upload.complete()
+    assert rig.holders(key) == [0]

@@ -7,9 +7,11 @@ while any is neither unhealthy nor suspect, so a dead bucket costs one deadline,
 until the threshold. Requests that answer (NotFound included) are not errors. An unhealthy
 bucket takes no new objects (the strategies skip it) but is still read when it holds an object that
 no healthy bucket has. The :class:`BucketHealth` component (``start()`` / ``close()``) probes every
-unhealthy bucket every ``probe_interval_ms`` (a small PUT of a reserved key, under
-``request_timeout_ms``); after ``probe_successes`` consecutive successful probes the bucket is
-**healthy** again and its error count starts over. Real traffic never makes a bucket healthy: only
+unhealthy or suspect bucket every ``probe_interval_ms`` (a small PUT of a reserved key, under
+``request_timeout_ms``). A suspect bucket's failed probe counts as an error, so a bucket that stopped
+answering keeps being avoided and reaches the threshold from probes, not by stalling real writes
+each time its suspicion lapses. After ``probe_successes`` consecutive successful probes an unhealthy
+bucket is **healthy** again and its error count starts over. Real traffic never makes a bucket healthy: only
 probes do, so one lucky request does not send new objects back to a bucket that is still failing.
 
 It also keeps, per bucket, the recent errors, the last error (text, secrets redacted) and the recent
@@ -161,10 +163,11 @@ class BucketHealth:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="bucket-probes")
 
     async def probe_now(self) -> None:
-        """One round: probe every unhealthy bucket once, in parallel."""
+        """One round: probe every unhealthy or suspect bucket once, in parallel. A suspect (still
+        healthy) bucket's failed probe is also an error (:meth:`record_error`)."""
         probe = self._probe
         assert probe is not None
-        unhealthy = [b for b, s in self._buckets.items() if not s.healthy]
+        targets = [b for b, s in self._buckets.items() if not s.healthy or self.is_suspect(b)]
 
         async def one(bucket_id: int) -> None:
             try:
@@ -172,11 +175,13 @@ class BucketHealth:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure is a failed probe
+                if self._buckets[bucket_id].healthy:
+                    self.record_error(bucket_id, exc)
                 self.record_probe(bucket_id, exc)
             else:
                 self.record_probe(bucket_id, None)
 
-        await asyncio.gather(*(one(b) for b in unhealthy))
+        await asyncio.gather(*(one(b) for b in targets))
 
     async def _run(self) -> None:
         while True:

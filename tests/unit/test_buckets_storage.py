@@ -363,3 +363,37 @@ async def test_an_upload_stays_when_no_other_bucket_is_better() -> None:
         rig.storage.health.record_error(bucket_id, UnavailableError("timed out"))
     await upload.complete()
     assert rig.holders(key) == [0]
+
+
+async def test_a_suspect_buckets_failed_probes_count_until_it_is_unhealthy() -> None:
+    rig = make_rig("failover", errors_max=3)
+    health = rig.storage.health
+    health._probe = rig.storage._probe
+    await health.probe_now()
+    assert rig.faulty[0].calls["put"] == 0  # nothing suspect, nothing probed
+    rig.fail(0)
+    health.record_error(0, UnavailableError("a write timed out"))  # suspect, below the threshold
+    rig.clock.now_s += 3.0
+    await health.probe_now()
+    assert health.is_healthy(0)
+    rig.clock.now_s += 3.0  # the write's error alone would no longer make it suspect; the probe's does
+    assert health.is_suspect(0)
+    await health.probe_now()
+    assert not health.is_healthy(0)  # 3 errors: the write's and two probes'
+    assert rig.faulty[0].calls["put"] == 2
+    _, key = await rig.write(b"w")
+    assert rig.holders(key) == [1]
+
+
+async def test_a_suspect_buckets_successful_probe_adds_no_error() -> None:
+    rig = make_rig("failover", errors_max=2)
+    health = rig.storage.health
+    health._probe = rig.storage._probe
+    health.record_error(0, UnavailableError("one timeout"))
+    await health.probe_now()
+    await health.probe_now()
+    assert health.is_healthy(0)
+    assert health.stats()[0].errors_recent == 1
+    rig.clock.now_s += 4.5
+    _, key = await rig.write(b"back")
+    assert rig.holders(key) == [0]

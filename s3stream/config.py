@@ -289,7 +289,7 @@ KEYS: tuple[Key, ...] = (
     Key("s3.data.buckets.failover.window.ms", "data_buckets_failover_window_ms", int, 100, 3_600_000,
         "the window of s3.data.buckets.failover.errors; ours 10000"),
     Key("s3.data.buckets.probe.interval.ms", "data_buckets_probe_interval_ms", int, 10, 600_000,
-        "how often an unhealthy bucket is probed (a small PUT); ours 1000"),
+        "how often an unhealthy or suspect bucket is probed (a small PUT); ours 1000"),
     Key("s3.data.buckets.probe.successes", "data_buckets_probe_successes", int, 1, 1_000,
         "consecutive successful probes that make an unhealthy bucket healthy again; ours 3"),
     Key("s3.data.buckets.request.timeout.ms", "data_buckets_request_timeout_ms", int, 100, 600_000,

@@ -19,8 +19,8 @@ everything (``force_upload``). Figures, each beside its baseline from the same r
   failure (how often an object is committed at all). The extras give the longest append stall seen
   during the outage (appends must not stop) and the commits after the failure. Measured twice: with
   the data dir's SQLite metadata, whose copy (every metadata write waits until the copy holds it)
-  goes to the first healthy bucket, the primary, until that is marked unhealthy; and with the
-  metadata in PostgreSQL (``--metadata-url``, else ``S3STREAM_TEST_PG_URL``, else
+  goes to the first preferred bucket, so the copy PUT in flight at the failure waits out its
+  deadline too; and with the metadata in PostgreSQL (``--metadata-url``, else ``S3STREAM_TEST_PG_URL``, else
   ``scripts/postgres``; a fresh schema), which has no copy in the buckets.
 
 The throughput runs set ``s3.data.buckets.request.timeout.ms`` to 30 s (a throttled object takes

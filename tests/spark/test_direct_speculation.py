@@ -1,0 +1,62 @@
+"""Speculation forced on: a slowed task attempt and its speculative copy both upload, one wins, once.
+
+Spark launches a speculative copy only on a host where no attempt of the task runs, and every
+executor of ``local-cluster`` has one host name, so this test runs on a standalone cluster of two
+one-core workers on two loopback addresses (:mod:`tests.spark.standalone`). The driver
+(``direct_job.py``) runs with ``spark.speculation`` on (checked every 100 ms, quantile 0.5,
+multiplier 1.5, minimum runtime 100 ms) and attempt 0 of task 1 sleeps after its upload in every
+micro-batch: task 0 finishes, task 1 is past 1.5x the median, a copy starts on the other executor,
+uploads under the next slot and finishes first; Spark kills the slow attempt.
+
+Checked for micro-batches 0-1: both attempts of task 1 uploaded (markers written by the attempts after
+their uploads), each micro-batch finished once, every row once with contiguous offsets, and a GC pass
+past every TTL leaves exactly the committed objects: the losers' objects never became visible and
+are gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.spark.direct_support import DirectRun, batches_of, job_env
+from tests.spark.standalone import standalone_cluster
+from tests.support.s3 import S3TestServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.crash, pytest.mark.integration]
+
+ROWS = 300
+SLOW_S = 30.0
+"""How long attempt 0 of task 1 sleeps after its upload (the copy finishes long before)."""
+
+
+@pytest.mark.timeout(900)
+def test_a_speculative_copy_wins_and_the_slow_attempts_objects_are_collected(
+    tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    run = DirectRun(tmp_path / "engine", s3_server.uri(s3_prefix), tmp_path / "checkpoint", rows=ROWS)
+    with standalone_cluster(tmp_path / "spark", job_env(), workers=2) as master:
+        code, events = run.run(
+            1,
+            "--master",
+            master,
+            "--speculation",
+            "--slow-first-attempt",
+            str(SLOW_S),
+            "--marker-dir",
+            str(markers),
+        )
+    assert code == 0
+    assert batches_of(events) == [(0, False), (1, False)]
+    uploads = sorted(p.name for p in markers.glob("upload-*"))
+    for batch in (0, 1):
+        assert f"upload-{batch}-1-0" in uploads, f"batch {batch}: the slow attempt uploaded ({uploads})"
+        assert f"upload-{batch}-1-1" in uploads, f"batch {batch}: a speculative copy uploaded ({uploads})"
+    run.check_exact(2)
+
+    before, after = run.gc_leaves_only_committed()
+    assert before >= after + 2, "both batches' slow attempts had uploaded objects that GC removed"
+    run.check_exact(2)

@@ -14,14 +14,15 @@ objects are on S3, so the sink takes the direct path. Ways to die or misbehave:
 - ``--fail-after-upload``: attempt 0 of task 0 raises after its upload, every micro-batch (with
   ``--master local[2,4]`` Spark retries it; the retry writes another object);
 - ``--slow-first-attempt S``: attempt 0 of task 1 sleeps S seconds after its upload (with speculation
-  on, a speculative copy may finish first);
+  on, a speculative copy may finish first; with ``--marker-dir``, a later attempt of task 1 starts its
+  upload only once attempt 0's is done, at most S seconds later, so both attempts write);
 - ``--kill-worker-mid-upload B``: the Python worker running task 0 of micro-batch B SIGKILLs itself
   right after the first part of its multipart upload is stored (the upload is started, not complete),
   once (an exclusive marker file in ``--marker-dir`` decides); Spark retries the task;
 - ``--stop-at STEP``: the driver SIGSTOPs itself when the sink reports ``STEP`` (after printing
   ``{"event": "stopped_at", ...}``), for a zombie driver that the test resumes with SIGCONT.
 
-``--marker-dir D``: every task attempt that uploaded an object writes ``D/upload-<batch>-<task>-<attempt>``
+``--node-lease-ms MS`` sets the engine's node lease (``s3.node.lease.ms``). ``--marker-dir D``: every task attempt that uploaded an object writes ``D/upload-<batch>-<task>-<attempt>``
 (its pid inside). ``--metadata-url`` puts the engine's metadata there (shared by several drivers).
 ``--read-back``: after the query, the driver reads the topic with the ``s3stream`` source as a batch
 and prints ``{"event": "read", "rows": [[partition, offset, key], ...]}``.
@@ -81,6 +82,18 @@ class TaskFaults:
     def __call__(self, step: str, batch_id: int, task: int, attempt: int) -> None:
         if step == "after_encode" and task == 0 and batch_id == self.kill_worker_mid_upload:
             _kill_after_first_part(os.path.join(self.marker_dir, "worker-killed"))
+        if (
+            step == "after_encode"
+            and task == 1
+            and attempt > 0
+            and self.slow_first_attempt_s
+            and self.marker_dir
+        ):
+            # a copy uploads only after the slow attempt did, so both attempts surely write
+            first = os.path.join(self.marker_dir, f"upload-{batch_id}-1-0")
+            deadline = time.monotonic() + self.slow_first_attempt_s
+            while not os.path.exists(first) and time.monotonic() < deadline:
+                time.sleep(0.05)
         if step != "after_upload":
             return
         if self.marker_dir:
@@ -167,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marker-dir", default="")
     parser.add_argument("--stop-at", default=None)
     parser.add_argument("--metadata-url", default="")
+    parser.add_argument("--node-lease-ms", type=int, default=0)
     parser.add_argument("--read-back", action="store_true")
     args = parser.parse_args(argv)
     faulthandler.dump_traceback_later(args.timeout_s * 0.9, exit=False)  # where a hung driver waits
@@ -197,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         stream_column="partition",
         batch_bytes_target=8192,
         record_max_bytes=max(4096, args.value_bytes * 2),
-        config=Config.from_sources(env={}, metadata_url=args.metadata_url),
+        config=Config.from_sources(
+            env={},
+            metadata_url=args.metadata_url,
+            **({"node_lease_ms": args.node_lease_ms} if args.node_lease_ms else {}),
+        ),
         progress_observer=killer_at(args.kill_at, args.stop_at),
         task_observer=TaskFaults(
             os.getpid(),

@@ -6,6 +6,7 @@ one-core workers on two loopback addresses (:mod:`tests.spark.standalone`). The 
 (``direct_job.py``) runs with ``spark.speculation`` on (checked every 100 ms, quantile 0.5,
 multiplier 1.5, minimum runtime 100 ms) and attempt 0 of task 1 sleeps after its upload in every
 micro-batch: task 0 finishes, task 1 is past 1.5x the median, a copy starts on the other executor,
+waits until attempt 0's upload is done (so both attempts surely write, whatever the machine's load),
 uploads under the next slot and finishes first; Spark kills the slow attempt.
 
 Checked for micro-batches 0-1: both attempts of task 1 uploaded (markers written by the attempts after

@@ -32,6 +32,9 @@ from spark_sink.reader import read_records
 JOB = Path(__file__).with_name("direct_job.py")
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
+DRIVER_TIMEOUT_S = 1200
+"""How long a driver waits for its micro-batches before it stops its query and exits 3 (JVM starts
+and Spark jobs take minutes on a loaded two-core machine; the tests' own timeouts bound the rest)."""
 
 
 def job_env() -> dict[str, str]:
@@ -78,6 +81,8 @@ class DirectRun:
             str(self.partitions),
             "--value-bytes",
             str(self.value_bytes),
+            "--timeout-s",
+            str(DRIVER_TIMEOUT_S),
             *extra,
         ]
         if self.metadata_url:
@@ -87,21 +92,26 @@ class DirectRun:
     def run(
         self, until: int, *extra: str, data_dir: Path | None = None, timeout_s: float = 900
     ) -> tuple[int, list[dict[str, Any]]]:
-        """Run a driver to ``until`` (or its death by SIGKILL); any other exit fails the test."""
+        """Run a driver to ``until`` (or its death by SIGKILL); any other exit fails the test. Its
+        output is kept beside the data dir (``<data dir>.stdout``, ``.stderr``, overwritten)."""
+        target = data_dir or self.data_dir
         proc = subprocess.run(
-            self.args(until, *extra, data_dir=data_dir),
+            self.args(until, *extra, data_dir=target),
             env=job_env(),
             capture_output=True,
             text=True,
             timeout=timeout_s,
             check=False,
         )
+        target.with_name(target.name + ".stdout").write_text(proc.stdout)
+        target.with_name(target.name + ".stderr").write_text(proc.stderr)
+        events = events_of(proc.stdout)
         if proc.returncode not in (0, -signal.SIGKILL):
+            errors = [f"{e['type']}: {e['message'][:1500]}" for e in events if e["event"] == "error"]
             pytest.fail(
-                f"driver exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
-                f"stderr:\n{proc.stderr[-4000:]}"
+                f"driver exited {proc.returncode}; its sink raised {errors}\nstderr:\n{proc.stderr[-3000:]}"
             )
-        return proc.returncode, events_of(proc.stdout)
+        return proc.returncode, events
 
     def open(self) -> SyncClient:
         config = Config.from_sources(env={}, metadata_url=self.metadata_url)

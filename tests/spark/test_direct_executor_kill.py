@@ -44,7 +44,7 @@ async def _incomplete_uploads(s3_server: S3TestServer, prefix: str) -> list[str]
         await storage.close()
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 def test_an_executor_killed_mid_upload_is_retried_and_the_batch_commits_once(
     tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
 ) -> None:

@@ -32,7 +32,7 @@ SLOW_S = 30.0
 """How long attempt 0 of task 1 sleeps after its upload (the copy finishes long before)."""
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 def test_a_speculative_copy_wins_and_the_slow_attempts_objects_are_collected(
     tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
 ) -> None:

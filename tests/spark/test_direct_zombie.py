@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.direct_support import DirectRun, batches_of, events_of, job_env
+from tests.spark.direct_support import DRIVER_TIMEOUT_S, DirectRun, batches_of, events_of, job_env
 from tests.support.s3 import S3TestServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.crash, pytest.mark.integration]
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.crash, pytest.mark.integration]
 ROWS = 300
 NODE_LEASE_MS = 600_000
 """Longer than the test: only the commit path's checks can refuse the zombie's commit."""
-RESUMED_EXIT_TIMEOUT_S = 120.0
+RESUMED_EXIT_TIMEOUT_S = 300.0
 """How long the resumed zombie may take to fail its commit and exit before it is SIGKILLed."""
 REFUSALS = ("ConflictError", "FencedError")
 """The errors a refused commit of the zombie's may raise (whichever check meets it first)."""
@@ -63,7 +63,7 @@ def _wait_stopped(proc: subprocess.Popen[bytes], out: Path, timeout_s: float) ->
     pytest.fail(f"driver A did not stop itself within {timeout_s} s:\n{out.read_text()[-4000:]}")
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(3600)
 def test_a_resumed_zombie_driver_commits_nothing_and_leaves_its_successor_intact(
     tmp_path: Path, s3_server: S3TestServer, s3_prefix: str, pg_url: str
 ) -> None:
@@ -85,7 +85,7 @@ def test_a_resumed_zombie_driver_commits_nothing_and_leaves_its_successor_intact
             stderr=err,
         )
     try:
-        _wait_stopped(a, out_a, timeout_s=600)
+        _wait_stopped(a, out_a, timeout_s=DRIVER_TIMEOUT_S)
         assert batches_of(events_of(out_a.read_text())) == [(0, False)]
 
         code, events = run_b.run(2, *lease)

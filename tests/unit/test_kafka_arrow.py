@@ -90,12 +90,12 @@ def test_bad_bytes_fail_as_decode_batch_does(data: st.DataObject, count: int, fi
     buf[pos] = data.draw(st.integers(0, 255))
     if fix_crc:
         _refresh_crc(buf)
+    message: str | None = None
+    expected: list[dict[str, Any]] = []
     try:
         expected = _expected(bytes(buf), 0, 0, 1 << 62)
     except CorruptionError as exc:
         message = str(exc)
-    else:
-        message = None
     if message is not None:
         with pytest.raises(CorruptionError) as got:
             decode_batch_arrow(bytes(buf), source="t", base_offset=0, start_offset=0, end_offset=1 << 62)

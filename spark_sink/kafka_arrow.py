@@ -160,6 +160,9 @@ def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
     """Start and end of each record's bytes after its length prefix; None unless ``count`` records
     of at least one byte fill ``body`` exactly (the loop does the least per record; the checks run
     on all records after it)."""
+    uniform = _uniform_bounds(body, count)
+    if uniform is not None:
+        return uniform
     starts: list[int] = []
     ends: list[int] = []
     add_start = starts.append
@@ -189,8 +192,33 @@ def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
     return start_at, end_at
 
 
+def _uniform_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
+    """The bounds when every record has the first one's size (fixed-size rows, a common case),
+    checked without a per-record loop; None otherwise.
+
+    Exact: the body must be ``count`` times the first record's size, and every record's length
+    prefix the same bytes as the first's (so the same varint, the same length, the next record
+    where this one's stride says)."""
+    if count < 2:
+        return None
+    try:
+        z, prefix_bytes = _long_zigzag(body, 0)
+    except IndexError:
+        return None
+    length = (z >> 1) ^ -(z & 1)
+    stride = prefix_bytes + length
+    if length < 1 or stride * count != len(body):
+        return None
+    raw = np.frombuffer(body, dtype=np.uint8)
+    for j in range(prefix_bytes):
+        if not np.all(raw[j::stride] == raw[j]):
+            return None
+    starts = np.arange(count, dtype=np.int64) * stride + prefix_bytes
+    return starts, starts + length
+
+
 def _long_zigzag(body: bytes, pos: int) -> tuple[int, int]:
-    """The raw (zigzag) varint at ``pos`` of three bytes or more and the position after it;
+    """The raw (zigzag) varint at ``pos`` and the position after it (the loops' general case);
     IndexError past the end or past :data:`VARINT_BYTES_MAX` bytes."""
     z = 0
     for shift in range(0, 7 * VARINT_BYTES_MAX, 7):

@@ -76,7 +76,7 @@ def _refresh_crc(buf: bytearray) -> None:
     struct.pack_into(">I", buf, CRC_OFFSET, crc32c.crc32c(bytes(buf[ATTRIBUTES_OFFSET:])))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     data=st.data(),
     count=st.integers(1, 8),
@@ -103,6 +103,25 @@ def test_bad_bytes_fail_as_decode_batch_does(data: st.DataObject, count: int, fi
         return
     rb = decode_batch_arrow(bytes(buf), source="t", base_offset=0, start_offset=0, end_offset=1 << 62)
     assert _got(rb) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    count=st.integers(2, 40),
+    key_size=st.sampled_from([0, 16, 200]),
+    value_size=st.sampled_from([1, 100, 1024, 20000]),
+    odd=st.none() | st.tuples(st.integers(0, 39), st.sampled_from([-1, 1, 128])),
+)
+def test_fixed_size_records_and_one_odd_record(
+    count: int, key_size: int, value_size: int, odd: tuple[int, int] | None
+) -> None:
+    """Records of one size take the no-loop bounds; one record of another size must not fool it."""
+    values = [b"v" * value_size for _ in range(count)]
+    if odd is not None:
+        values[odd[0] % count] = b"w" * max(0, value_size + odd[1])
+    buf = bytes(encode_batch([b"k" * key_size] * count, values, list(range(count))))
+    rb = decode_batch_arrow(buf, source="t", base_offset=5, start_offset=0, end_offset=1 << 40)
+    assert _got(rb) == _expected(buf, 5, 0, 1 << 40)
 
 
 def test_trailing_bytes_and_truncation() -> None:

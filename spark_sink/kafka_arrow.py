@@ -158,18 +158,25 @@ def _bulk_records(body: bytes, count: int) -> _Bulk | None:
 
 def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
     """Start and end of each record's bytes after its length prefix; None unless ``count`` records
-    of at least one byte fill ``body`` exactly (the loop does the least per record; the checks run
-    on all records after it)."""
-    uniform = _uniform_bounds(body, count)
-    if uniform is not None:
-        return uniform
+    of at least one byte fill ``body`` exactly.
+
+    A Python loop follows the length prefixes; once three records in a row had the same size, the
+    records after them are checked in one numpy step (:func:`_same_size_run`) and skipped, so rows
+    of one size (or runs of them) cost no loop step each."""
+    raw = np.frombuffer(body, dtype=np.uint8)
+    size = len(body)
     starts: list[int] = []
-    ends: list[int] = []
+    lengths: list[int] = []
     add_start = starts.append
-    add_end = ends.append
+    add_length = lengths.append
+    runs: list[tuple[Any, Any]] = []
     pos = 0
+    done = 0
+    last_stride = -1
+    repeats = 0
     try:
-        for _ in range(count):
+        while done < count:
+            record_at = pos
             z = body[pos]
             if z < 0x80:
                 pos += 1
@@ -180,41 +187,53 @@ def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
                     pos += 2
                 else:
                     z, pos = _long_zigzag(body, pos)
+            length = (z >> 1) ^ -(z & 1)
             add_start(pos)
-            pos += (z >> 1) ^ -(z & 1)
-            add_end(pos)
+            add_length(length)
+            prefix_bytes = pos - record_at
+            pos += length
+            done += 1
+            stride = pos - record_at
+            repeats = repeats + 1 if stride == last_stride else 0
+            last_stride = stride
+            if repeats >= 2 and length >= 1 and done < count:
+                run = _same_size_run(raw, record_at, pos, stride, prefix_bytes, count - done)
+                if run:
+                    runs.append((np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)))
+                    starts.clear()
+                    lengths.clear()
+                    first = pos + prefix_bytes
+                    runs.append(
+                        (
+                            np.arange(first, first + run * stride, stride, dtype=np.int64),
+                            np.full(run, length, dtype=np.int64),
+                        )
+                    )
+                    pos += run * stride
+                    done += run
+                    repeats = 0
     except IndexError:  # a truncated or overlong varint: the per-record decoder names it
         return None
-    start_at = np.array(starts, dtype=np.int64)
-    end_at = np.array(ends, dtype=np.int64)
-    if pos != len(body) or (count and int((end_at - start_at).min()) < 1):
+    runs.append((np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)))
+    start_at = np.concatenate([r[0] for r in runs])
+    length_of = np.concatenate([r[1] for r in runs])
+    if pos != size or (count and int(length_of.min()) < 1):
         return None
-    return start_at, end_at
+    return start_at, start_at + length_of
 
 
-def _uniform_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
-    """The bounds when every record has the first one's size (fixed-size rows, a common case),
-    checked without a per-record loop; None otherwise.
-
-    Exact: the body must be ``count`` times the first record's size, and every record's length
-    prefix the same bytes as the first's (so the same varint, the same length, the next record
-    where this one's stride says)."""
-    if count < 2:
-        return None
-    try:
-        z, prefix_bytes = _long_zigzag(body, 0)
-    except IndexError:
-        return None
-    length = (z >> 1) ^ -(z & 1)
-    stride = prefix_bytes + length
-    if length < 1 or stride * count != len(body):
-        return None
-    raw = np.frombuffer(body, dtype=np.uint8)
-    for j in range(prefix_bytes):
-        if not np.all(raw[j::stride] == raw[j]):
-            return None
-    starts = np.arange(count, dtype=np.int64) * stride + prefix_bytes
-    return starts, starts + length
+def _same_size_run(raw: Any, reference: int, pos: int, stride: int, prefix_bytes: int, left: int) -> int:
+    """How many records from ``pos`` on, each ``stride`` bytes after the previous, begin with the
+    same length prefix bytes as the record at ``reference`` (so each has its length, and the next
+    begins where the stride says), at most ``left`` and only records that end inside ``raw``."""
+    most = min(left, (len(raw) - pos) // stride)
+    if most <= 0:
+        return 0
+    at = pos + np.arange(most, dtype=np.int64) * stride
+    same = raw[at] == raw[reference]
+    for j in range(1, prefix_bytes):
+        same &= raw[at + j] == raw[reference + j]
+    return most if bool(same.all()) else int(np.argmin(same))
 
 
 def _long_zigzag(body: bytes, pos: int) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from spark_sink.source_options import parse_options
 from tests.spark.source_support import PARTITIONS, TopicEnv, await_query, topic_env, write_batches
 from tests.support.s3 import S3TestServer
 
-ROWS = 900
+ROWS = 600
 BATCHES = 3
 
 
@@ -70,7 +70,7 @@ def test_split_partitions_yield_exactly_the_rows_of_unsplit_ones(
 
     stream = (
         spark.readStream.format("s3stream")
-        .options(**env.options(), startingOffsets="earliest", maxBytesPerTask="1", maxRecordsPerTrigger="400")
+        .options(**env.options(), startingOffsets="earliest", maxBytesPerTask="1", maxRecordsPerTrigger="250")
         .load()
     )
     await_query(
@@ -81,5 +81,5 @@ def test_split_partitions_yield_exactly_the_rows_of_unsplit_ones(
             .start()
         )
     )
-    assert batches == [400, 400, 100]
+    assert batches == [250, 250, 100]
     assert sorted(seen, key=lambda r: (r[3], r[4])) == expected

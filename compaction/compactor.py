@@ -40,6 +40,7 @@ from s3stream.clock import wall_clock_ms
 from s3stream.config import Config
 from s3stream.errors import S3StreamError
 from s3stream.ids import NodeId, ObjectId, StreamId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import object_key
 from s3stream.storage.base import ObjectStorage
@@ -49,6 +50,11 @@ log = logging.getLogger(__name__)
 RETRY_SOON_S = 10.0
 """Delay of the next run when candidates were left over (AutoMQ: 10 s)."""
 STREAM_OBJECTS_PER_QUERY_MAX = 100_000
+
+
+CompactionMeter = Callable[[str, "tuple[int, int, int, int] | None"], None]
+"""``(kind, moved)`` after each pass of a run: ``kind`` ``stream_set`` or ``stream_object``; ``moved``
+(bytes in, bytes out, objects in, objects out), or None when the pass failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,20 @@ class CompactionReport:
     gc_duration_ms: float = 0.0
     problems: tuple[str, ...] = ()
     more_pending: bool = False
+
+    def log_fields(self) -> dict[str, object]:
+        """The run as the fields of its ``compaction.run`` log line."""
+        return {
+            "stream_set_in": self.stream_set_objects_compacted, "stream_set_out": self.stream_set_objects_written,
+            "stream_objects_out": self.stream_objects_written, "stream_objects_merged": self.stream_objects_merged,
+            "stream_objects_expired": self.stream_objects_expired, "force_split": self.force_split_count,
+            "bytes_read": self.bytes_read, "bytes_written": self.bytes_written, "bytes_copied": self.bytes_copied,
+            "commits": self.commit_count, "skipped": self.skipped_object_count,
+            "gc_deleted": self.gc.deleted_count, "gc_deleted_bytes": self.gc.deleted_bytes,
+            "gc_prepared_expired": self.gc.prepared_expired_count, "gc_orphans": self.gc.orphan_deleted_count,
+            "duration_ms": round(self.stream_set_duration_ms + self.stream_object_duration_ms + self.gc_duration_ms),
+            "problems": "; ".join(self.problems) or None,
+        }  # fmt: skip
 
     def summary(self) -> str:
         return (
@@ -146,6 +166,8 @@ class Compactor:
         self.interval_s = config.stream_set_object_compaction_interval_minutes * 60.0
         self.stream_object_interval_ms = config.stream_object_compaction_interval_minutes * 60_000
         self.last_report: CompactionReport | None = None
+        self.meter: CompactionMeter | None = None
+        """Told of each pass of a run (metrics); None: nothing."""
         self.error: BaseException | None = None
         """Set if the background loop died of an unexpected error (it then stops)."""
         self._last_stream_object_run_ms = clock_ms()
@@ -171,7 +193,7 @@ class Compactor:
             try:
                 report = await self.run_once(scan_orphans=True)
             except (S3StreamError, OSError) as exc:
-                log.warning("compaction run failed (retried next interval): %s", exc)
+                log_event(log, logging.WARNING, "compaction.run_failed", node=self.node_id, error=exc, action="retry next interval")  # fmt: skip
                 continue
             except Exception as exc:  # the task boundary: a bug stops compaction, loudly
                 self.error = exc
@@ -185,7 +207,20 @@ class Compactor:
     ) -> CompactionReport:
         """One run now. ``stream_objects``: None = when its interval has passed."""
         async with self._lock:
-            report = await self._stream_set_pass()
+            try:
+                report = await self._stream_set_pass()
+            except BaseException:
+                self._meter_run("stream_set", None)
+                raise
+            self._meter_run(
+                "stream_set",
+                (
+                    report.bytes_read,
+                    report.bytes_written,
+                    report.stream_set_objects_compacted,
+                    report.stream_set_objects_written + report.stream_objects_written,
+                ),
+            )
             now_ms = self.clock_ms()
             if stream_objects or (
                 stream_objects is None
@@ -193,7 +228,20 @@ class Compactor:
             ):
                 self._last_stream_object_run_ms = now_ms
                 t0 = time.perf_counter()
-                outcome = await self._stream_object_pass()
+                try:
+                    outcome = await self._stream_object_pass()
+                except BaseException:
+                    self._meter_run("stream_object", None)
+                    raise
+                self._meter_run(
+                    "stream_object",
+                    (
+                        outcome.bytes_rewritten + outcome.bytes_copied,
+                        outcome.bytes_written + outcome.bytes_copied,
+                        outcome.merged_source_count + outcome.expired_count,
+                        outcome.written_count,
+                    ),
+                )
                 report = dataclasses.replace(
                     report,
                     stream_objects_written=report.stream_objects_written + outcome.written_count,
@@ -208,8 +256,13 @@ class Compactor:
             gc = await self.gc.collect(scan_orphans=scan_orphans)
             report = dataclasses.replace(report, gc=gc, gc_duration_ms=(time.perf_counter() - t0) * 1000)
         self.last_report = report
-        log.info("%s", report.summary())
+        log_event(log, logging.INFO, "compaction.run", node=self.node_id, **report.log_fields())
         return report
+
+    def _meter_run(self, kind: str, moved: tuple[int, int, int, int] | None) -> None:
+        meter = self.meter
+        if meter is not None:
+            meter(kind, moved)
 
     async def _stream_set_pass(self) -> CompactionReport:
         if not self.cluster_wide:
@@ -309,7 +362,7 @@ class Compactor:
                 try:
                     total += await self.stream_objects.execute(plan)
                 except S3StreamError as exc:  # AutoMQ: logged, the stream is skipped this run
-                    log.warning("stream object compaction of stream %s failed: %s", stream.stream_id, exc)
+                    log_event(log, logging.WARNING, "compaction.stream_objects_failed", stream=stream.stream_id, error=exc)  # fmt: skip
         return total
 
 

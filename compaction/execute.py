@@ -34,6 +34,7 @@ from compaction.plan import BlockRef, CommitPlan, SourceObject, StreamObjectPlan
 from compaction.target import TargetedExecutor, WriteTarget
 from s3stream.errors import CorruptionError
 from s3stream.ids import NOOP_OBJECT_ID, ObjectId, StreamId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import CommitStreamSetObjectRequest, NewStreamObject
 from s3stream.objectformat import IndexEntry, WrittenObject, object_key
 
@@ -133,10 +134,11 @@ class StreamSetCompactionExecutor(TargetedExecutor):
         missing = uncovered_blocks((sources[oid] for oid in keys), start_offsets, new_ranges)
         if missing:
             problem = f"sanity check failed: {len(missing)} live blocks not covered, first {missing[0]}"
-            log.error("compaction of %s not committed: %s", plan.compacted_object_ids, problem)
+            log_event(log, logging.ERROR, "compaction.not_committed", objects=plan.compacted_object_ids, problem=problem)  # fmt: skip
             return dataclasses.replace(outcome, problem=problem)
         await self.observer.before_commit()
         await self.metadata.commit_stream_set_object(request)
+        log_event(log, logging.DEBUG, "compaction.committed", object=sso_id, compacted=plan.compacted_object_ids, stream_objects=len(request.stream_objects), bytes_in=bytes_read, bytes_out=bytes_written)  # fmt: skip
         await self.observer.after_commit()
         return dataclasses.replace(outcome, committed=True)
 

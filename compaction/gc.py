@@ -22,12 +22,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from compaction.observer import CompactionObserver
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.errors import InvalidArgumentError, S3StreamError
 from s3stream.ids import ObjectId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat import object_key, parse_object_key
 from s3stream.storage.base import MAX_DELETE_BATCH, ObjectStorage
@@ -75,6 +77,8 @@ class GarbageCollector:
         self.orphan_ttl_ms = orphan_ttl_ms
         self.clock_ms = clock_ms
         self.observer = observer or CompactionObserver()
+        self.meter: Callable[[int, int], None] | None = None
+        """Told of each deleted batch, ``(objects, bytes)`` (metrics); None: nothing."""
 
     async def collect(self, *, scan_orphans: bool = False, rounds_max: int = DELETE_ROUNDS_MAX) -> GcReport:
         """One pass; ``rounds_max`` bounds the delete batches (the rest waits for the next pass)."""
@@ -110,9 +114,13 @@ class GarbageCollector:
             await self.observer.after_delete()
             await self.metadata.remove_objects([o.object_id for o in doomed])
             deleted_ids.extend(o.object_id for o in doomed)
-            deleted_bytes += sum(o.size_bytes for o in doomed)
+            batch_bytes = sum(o.size_bytes for o in doomed)
+            deleted_bytes += batch_bytes
+            if self.meter is not None:
+                self.meter(len(doomed), batch_bytes)
             requests += 1
         report = GcReport(len(expired), len(deleted_ids), deleted_bytes, requests)
+        log_event(log, logging.INFO if deleted_ids else logging.DEBUG, "gc.deleted", objects=len(deleted_ids), bytes=deleted_bytes, prepared_expired=len(expired), requests=requests)  # fmt: skip
         return report, deleted_ids
 
     async def _reclaim_incomplete_uploads(self) -> int:
@@ -208,5 +216,5 @@ class PreparedObjectReaper:
             try:
                 await self.run_once()
             except (S3StreamError, OSError) as exc:
-                log.warning("object reaper pass failed (retried): %s", exc)
+                log_event(log, logging.WARNING, "gc.pass_failed", error=exc, action="retry")
             await asyncio.sleep(self.period_s)

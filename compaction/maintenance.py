@@ -25,6 +25,7 @@ from typing import Protocol
 
 from s3stream.errors import FencedError, S3StreamError
 from s3stream.ids import NodeId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class MaintenanceElection:
                     name=self.lease_name, node_id=self.node_id, node_epoch=self.node_epoch
                 )
             except (S3StreamError, OSError) as exc:  # the lease then simply expires
-                log.warning("releasing the %s lease failed: %s", self.lease_name, exc)
+                log_event(log, logging.WARNING, "maintenance.release_failed", node=self.node_id, lease=self.lease_name, error=exc)  # fmt: skip
 
     def on_fenced(self, error: FencedError) -> None:
         """The node's session is lost: stop the jobs at once (their writes would be refused anyway)."""
@@ -131,7 +132,7 @@ class MaintenanceElection:
                 await self._stop_jobs(f"node fenced: {exc}")
                 return False
             except (S3StreamError, OSError, TimeoutError) as exc:
-                log.warning("maintenance lease %s: acquire failed: %s", self.lease_name, exc)
+                log_event(log, logging.WARNING, "maintenance.lease_failed", node=self.node_id, lease=self.lease_name, error=exc)  # fmt: skip
                 if self.running and self.clock() >= self._deadline_s:
                     await self._stop_jobs("lease not renewed before its end")
                 return self.running
@@ -146,7 +147,7 @@ class MaintenanceElection:
             if not self.running:
                 self.running = True
                 self.gained_count += 1
-                log.info("node %d runs maintenance (lease %s)", self.node_id, self.lease_name)
+                log_event(log, logging.INFO, "maintenance.started", node=self.node_id, lease=self.lease_name)
                 for job in self.jobs:
                     job.start()
             return True
@@ -155,7 +156,7 @@ class MaintenanceElection:
         if not self.running:
             return
         self.running = False
-        log.info("node %d stops maintenance: %s", self.node_id, why)
+        log_event(log, logging.INFO, "maintenance.stopped", node=self.node_id, reason=why)
         for job in self.jobs:
             with contextlib.suppress(S3StreamError, OSError):
                 await job.close()

@@ -31,6 +31,8 @@ from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector, PreparedObjectReaper
 from compaction.maintenance import MAINTENANCE_LEASE, MaintenanceElection
 from s3stream import binding
+from s3stream.buckets.monitor import BucketsMonitor
+from s3stream.buckets.storage import MultiBucketStorage
 from s3stream.clock import lease_clock_s
 from s3stream.cluster.controller import CONTROLLER_LEASE, FailoverController
 from s3stream.cluster.events import AssignmentHub
@@ -49,6 +51,7 @@ from s3stream.ids import NodeId
 from s3stream.metadata.base import MetadataStore, TakeoverState
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import open_metadata_store
+from s3stream.metrics import start_metrics
 from s3stream.objectformat import ObjectReaderCache
 from s3stream.remote import Reader, SyncReader
 from s3stream.storage.base import ObjectStorage
@@ -152,12 +155,14 @@ async def open_client(
                 recorded = await asyncio.to_thread(_recorded_storage, root)
             else:
                 recorded = await binding.recorded_storage_of(metadata)
+            if bucket_uri is None and config.data_buckets:
+                bucket_uri = config.data_buckets  # s3.data.buckets: one bucket or a list
             bucket_uri = binding.storage_to_open(recorded, bucket_uri, namespace=config.namespace)
         created.dirs += await _make_data_dir(root)
         if storage is None:
             if bucket_uri is None:
                 created.dirs += await asyncio.to_thread(_missing_dirs, root / binding.LOCAL_OBJECTS_DIR)
-            storage = await binding.open_storage(root, bucket_uri)
+            storage = await binding.open_storage(root, bucket_uri, config)
             closers.append(storage.close)
             storage_reachable = await binding.check_access(storage)  # before the WAL is created
         else:
@@ -206,6 +211,9 @@ async def open_client(
             recorded=record_storage,
             reachable=storage_reachable,
         )
+        monitor = await _start_buckets(storage, metadata, config, bucket_uri=bucket_uri, node_id=node_id)
+        if monitor is not None:
+            closers.append(monitor.close)
         reader = build_reader(config, metadata, storage)  # closed by the engine
         engine = Engine(
             config,
@@ -220,6 +228,13 @@ async def open_client(
         )
         heartbeat.add_listener(engine.fence)
         heartbeat.wal_pending_bytes = lambda: engine.wal_pending_bytes
+        # Metrics (s3stream.metrics): off unless s3.telemetry.metrics.exporter.uri; wired before the
+        # engine starts (recovery uploads are metered) and before any stream is opened.
+        metrics = start_metrics(config)
+        closers.append(metrics.close)
+        metrics.attach_engine(engine)
+        metrics.attach_storage(storage)
+        metrics.attach_heartbeat(heartbeat)
         await engine.start()
         engine_closer = len(closers)
         closers.append(engine.close)  # for a failure below; the client closes the engine itself
@@ -263,6 +278,7 @@ async def open_client(
             lease_ms=config.node_lease_ms,
             jobs=[reaper, compactor],
         )
+        metrics.attach_compaction(compactor, [collector])
         heartbeat.add_listener(maintenance.on_fenced)
         await maintenance.start()
         closers.append(maintenance.close)
@@ -298,6 +314,7 @@ async def open_client(
         pre_closers.append(watcher.close)
     del closers[engine_closer]
     client = Client(engine, metadata, closers=list(reversed(closers)), hub=hub, pre_closers=pre_closers)
+    client.metrics = metrics
     client.components.update(
         reaper=reaper, compactor=compactor, reader=reader, heartbeat=heartbeat, maintenance=maintenance
     )
@@ -307,6 +324,8 @@ async def open_client(
         client.components.update(controller=controller, controller_election=controller_election, taker=taker)
     if copy is not None:
         client.components["metadata_copy"] = copy
+    if monitor is not None:
+        client.components["buckets_monitor"] = monitor
     return client
 
 
@@ -427,6 +446,8 @@ async def open_reader(
     config = config or Config.from_sources()
     if bucket_uri is not None and (not isinstance(bucket_uri, str) or not bucket_uri):
         raise InvalidArgumentError(f"bucket_uri must be a non-empty str or None, got {bucket_uri!r}")
+    if bucket_uri is None and config.data_buckets:
+        bucket_uri = config.data_buckets  # s3.data.buckets, as for open_client
     if metadata_url is None:
         metadata_url = config.metadata_url
         if not metadata_url:
@@ -449,8 +470,11 @@ async def open_reader(
             raise InvalidArgumentError(
                 f"the metadata {parsed.describe()} records no object storage: give bucket_uri="
             )
-        storage = await binding.open_storage(Path(), uri)
+        storage = await binding.open_storage(Path(), uri, config)
         closers.append(storage.close)
+        if isinstance(storage, MultiBucketStorage):  # reads follow the recorded placement
+            storage.attach(metadata)
+            storage.start(write_probes=False)  # a reader writes nothing
     except BaseException:
         for closer in reversed(closers):
             with contextlib.suppress(Exception):
@@ -471,9 +495,33 @@ def open_reader_sync(
 def _is_bucket(bucket_uri: str | None) -> bool:
     """Whether the objects are in an S3 bucket (a local ``objects/`` folder or ``file://`` path is lost
     with the disk that holds the metadata, so a copy there would not help)."""
+    from s3stream.buckets.spec import is_bucket_list, parse_bucket_list
     from s3stream.storage.uri import parse_bucket_uri
 
+    if bucket_uri is not None and is_bucket_list(bucket_uri):
+        return parse_bucket_list(bucket_uri)[0].protocol == "s3"
     return bucket_uri is not None and parse_bucket_uri(bucket_uri).protocol == "s3"
+
+
+async def _start_buckets(
+    storage: ObjectStorage,
+    metadata: MetadataStore,
+    config: Config,
+    *,
+    bucket_uri: str | None,
+    node_id: NodeId,
+) -> BucketsMonitor | None:
+    """Several buckets: attach the metadata that records object placement, record buckets the list
+    adds, start the health probes and the monitor (live weights, published health). Before the engine
+    starts, so recovery's uploads are placed. None for a single bucket (nothing to do)."""
+    if not isinstance(storage, MultiBucketStorage):
+        return None
+    storage.attach(metadata)
+    await binding.record_added_buckets(metadata, bucket_uri)
+    storage.start()
+    monitor = BucketsMonitor(storage, metadata, node_id=node_id, poll_ms=config.data_buckets_weights_poll_ms)
+    await monitor.start()
+    return monitor
 
 
 async def _start_metadata_copy(

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
+from s3stream.buckets.record import check_against_record, list_without_secrets
+from s3stream.buckets.spec import is_bucket_list
+from s3stream.config import Config
 from s3stream.engine.client import RESERVED_KV_PREFIX
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError, UnavailableError
 from s3stream.metadata.base import MetadataStore
@@ -116,7 +119,10 @@ async def recorded_storage_of(metadata: MetadataStore) -> RecordedStorage | None
 
 
 def without_secrets(bucket_uri: str) -> str:
-    """``bucket_uri`` as it is recorded: the same storage and client settings, no credentials."""
+    """``bucket_uri`` as it is recorded: the same storage and client settings, no credentials (a bucket
+    list: each entry so, with its id)."""
+    if is_bucket_list(bucket_uri):
+        return list_without_secrets(bucket_uri, without_secrets)
     parsed = parse_bucket_uri(bucket_uri)
     id_part = f"{parsed.bucket_id}@" if parsed.bucket_id else ""
     if parsed.protocol == "file":
@@ -159,6 +165,11 @@ def storage_to_open(
         )
     if bucket_uri is None:
         return recorded.bucket_uri
+    if recorded.bucket_uri is not None and (
+        is_bucket_list(bucket_uri) or is_bucket_list(recorded.bucket_uri)
+    ):
+        check_against_record(recorded.bucket_uri, bucket_uri, _identity)  # several buckets
+        return bucket_uri
     if recorded.bucket_uri is None or _identity(parse_bucket_uri(bucket_uri)) != _identity(
         parse_bucket_uri(recorded.bucket_uri)
     ):
@@ -231,6 +242,17 @@ async def bind_storage(
     await metadata.kv_put(STORAGE_BOUND_KEY, new.encode(), overwrite=False)
 
 
+async def record_added_buckets(metadata: MetadataStore, bucket_uri: str | None) -> None:
+    """Append to the storage record the buckets a bucket list adds (checked by :func:`storage_to_open`)."""
+    record = await recorded_storage_of(metadata)
+    if record is None or record.bucket_uri is None or bucket_uri is None or not is_bucket_list(bucket_uri):
+        return
+    grown = check_against_record(record.bucket_uri, bucket_uri, _identity)
+    if grown is not None:
+        updated = dataclasses.replace(record, bucket_uri=without_secrets(grown))
+        await metadata.kv_put(STORAGE_BOUND_KEY, updated.encode())
+
+
 async def _first_object_key(storage: ObjectStorage, namespace: str) -> str | None:
     """An object key of ``namespace`` among the first BIND_SCAN_KEYS_MAX keys of the storage, or None."""
     scanned = 0
@@ -244,9 +266,21 @@ async def _first_object_key(storage: ObjectStorage, namespace: str) -> str | Non
     return None
 
 
-async def open_storage(root: Path, bucket_uri: str | None) -> ObjectStorage:
+async def open_storage(root: Path, bucket_uri: str | None, config: Config | None = None) -> ObjectStorage:
     """The object storage of data dir ``root``: ``bucket_uri``'s, else its ``objects/`` folder. An S3
-    client is created now (start-up work at start-up, not at the first upload); no request is sent."""
+    client is created now (start-up work at start-up, not at the first upload); no request is sent.
+    A bucket list (``0@s3://a,1@s3://b``) gives a :class:`~s3stream.buckets.storage.MultiBucketStorage`
+    with ``config``'s strategy and health settings; its metadata store is attached by the caller."""
+    if bucket_uri is not None and is_bucket_list(bucket_uri):
+        from s3stream.buckets.build import build_multi_bucket_storage
+
+        multi = build_multi_bucket_storage(bucket_uri, config or Config())
+        try:
+            await multi.connect()
+        except BaseException:
+            await multi.close()
+            raise
+        return multi
     if bucket_uri is None:
         from s3stream.storage.local import LocalObjectStorage
 

@@ -80,6 +80,9 @@ class Config:
     node_id: int = 0
     node_lease_ms: int = 10_000
     metadata_url: str = ""
+    # -- telemetry (s3stream.metrics) ----------------------------------------------------------
+    metrics_exporter_uri: str = ""
+    metrics_level: str = "INFO"
     # -- compaction (used by compaction/) ------------------------------------------------------
     stream_set_object_compaction_interval_minutes: int = 5
     stream_set_object_compaction_cache_size_bytes: int = 200 * MiB
@@ -95,6 +98,16 @@ class Config:
     wal_failover_progress_leases: int = 6
     wal_failover_run_failures_max: int = 3
     wal_failover_attempts_max: int = 5
+    # -- several buckets (s3stream.buckets) ----------------------------------------------------
+    data_buckets: str = ""
+    data_buckets_strategy: Literal["round_robin", "failover", "replication", "sharding"] = "round_robin"
+    data_buckets_weights: str = ""
+    data_buckets_failover_errors: int = 3
+    data_buckets_failover_window_ms: int = 10_000
+    data_buckets_probe_interval_ms: int = 1_000
+    data_buckets_probe_successes: int = 3
+    data_buckets_request_timeout_ms: int = 2_000
+    data_buckets_weights_poll_ms: int = 2_000
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -229,6 +242,11 @@ KEYS: tuple[Key, ...] = (
         "how long a node stays alive in the metadata without a heartbeat; heartbeats every third of it"),
     Key("s3.metadata.url", "metadata_url", str, None, None,
         "sqlite:///path or postgresql://user:pass@host:port/db; empty: sqlite:///<data_dir>/metadata.db"),
+    Key("s3.telemetry.metrics.exporter.uri", "metrics_exporter_uri", str, None, None,
+        "prometheus://?host=127.0.0.1&port=9464 serves Prometheus metrics there (port 0: any free port); "
+        "empty: metrics off (AutoMQ's key)"),
+    Key("s3.telemetry.metrics.level", "metrics_level", str, None, None,
+        "INFO: node-wide series; DEBUG adds per-stream series (label stream)", choices=("INFO", "DEBUG")),
     Key("s3.stream.set.object.compaction.interval.minutes", "stream_set_object_compaction_interval_minutes",
         int, 1, 100_000, "AutoMQ 5"),
     Key("s3.stream.set.object.compaction.cache.size", "stream_set_object_compaction_cache_size_bytes", int,
@@ -258,6 +276,27 @@ KEYS: tuple[Key, ...] = (
     Key("s3.wal.failover.attempts.max", "wal_failover_attempts_max", int, 1, 1_000,
         "takeover attempts (across nodes) after which the takeover is FAILED: the slot is freed and the "
         "dead node may register again and replay its own WAL; ours 5"),
+    Key("s3.data.buckets", "data_buckets", str, None, None,
+        "bucket URIs 'N@s3://..,M@s3://..' (AutoMQ's form); used when open() names no bucket_uri; one "
+        "entry: a single bucket as before"),
+    Key("s3.data.buckets.strategy", "data_buckets_strategy", str, None, None,
+        "where new objects go over several buckets", choices=("round_robin", "failover", "replication", "sharding")),
+    Key("s3.data.buckets.weights", "data_buckets_weights", str, None, None,
+        "sharding weights 'id:w,id:w' (every bucket id; ints >= 0, not all 0); the KV key "
+        "__s3stream/buckets.weights overrides it while running"),
+    Key("s3.data.buckets.failover.errors", "data_buckets_failover_errors", int, 1, 1_000,
+        "errors or timeouts of a bucket within the window that mark it unhealthy; ours 3"),
+    Key("s3.data.buckets.failover.window.ms", "data_buckets_failover_window_ms", int, 100, 3_600_000,
+        "the window of s3.data.buckets.failover.errors; ours 10000"),
+    Key("s3.data.buckets.probe.interval.ms", "data_buckets_probe_interval_ms", int, 10, 600_000,
+        "how often an unhealthy bucket is probed (a small PUT); ours 1000"),
+    Key("s3.data.buckets.probe.successes", "data_buckets_probe_successes", int, 1, 1_000,
+        "consecutive successful probes that make an unhealthy bucket healthy again; ours 3"),
+    Key("s3.data.buckets.request.timeout.ms", "data_buckets_request_timeout_ms", int, 100, 600_000,
+        "per-attempt timeout of an S3 bucket's requests under several buckets (a URI's own "
+        "apiCallAttemptTimeoutMs wins); the call deadline is twice it; ours 2000"),
+    Key("s3.data.buckets.weights.poll.ms", "data_buckets_weights_poll_ms", int, 10, 600_000,
+        "how often a node reads the live sharding weights from the metadata KV; ours 2000"),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}
@@ -321,10 +360,21 @@ def _check(key: Key, value: Any) -> None:
             raise InvalidArgumentError(f"{key.name} must be one of {', '.join(key.choices)}, got {value!r}")
         if key.name == "s3.namespace" and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
             raise InvalidArgumentError(f"{key.name} must be 1-64 characters of [A-Za-z0-9._-], got {value!r}")
+        if key.name in ("s3.data.buckets", "s3.data.buckets.weights") and value:
+            from s3stream.buckets.spec import parse_bucket_list, parse_weights
+
+            if key.name == "s3.data.buckets":
+                parse_bucket_list(value)
+            else:
+                parse_weights(value)
         if key.name == "s3.metadata.url" and value:
             from s3stream.metadata.url import parse_metadata_url
 
             parse_metadata_url(value)
+        if key.name == "s3.telemetry.metrics.exporter.uri":
+            from s3stream.metrics.uri import parse_exporter_uri
+
+            parse_exporter_uri(value)
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{key.name} must be an integer, got {value!r}")

@@ -225,6 +225,11 @@ class SyncClient:
         """The event loop the async client runs on."""
         return self._run.loop
 
+    @property
+    def metrics_endpoint(self) -> str | None:
+        """``http://host:port/metrics`` while metrics are on (:mod:`s3stream.metrics`), else None."""
+        return self.client.metrics_endpoint
+
     def append_atomic(
         self,
         appends: Sequence[tuple[SyncStream, RecordBatch] | tuple[SyncStream, RecordBatch, int | None]],

@@ -33,6 +33,11 @@ class BlockWalAdapter:
         """The block WAL's own append: the engine's hot path awaits it directly (one coroutine frame
         less per append) and translates its failures with :meth:`translate_error`."""
 
+    @property
+    def block_wal(self) -> BlockWAL:
+        """The adapted WAL (its group-write counters are metrics)."""
+        return self._wal
+
     def translate_error(self, exc: BaseException) -> BaseException:
         """The exception :meth:`append` raises instead of ``exc`` (a WAL or OS error's s3stream kind)."""
         if isinstance(exc, walerr.WalError | OSError):

@@ -340,6 +340,12 @@ def direct_target(client: SyncClient, bucket_uri: str | None, direct: bool | Non
         if direct:
             raise InvalidArgumentError("direct=True needs objects the executors can reach: give bucket_uri=")
         return None
+    from s3stream.buckets.spec import is_bucket_list
+
+    if is_bucket_list(uri):  # executors cannot record an object's placement: the driver path
+        if direct:
+            raise InvalidArgumentError("direct=True is not supported over several buckets (s3.data.buckets)")
+        return None
     protocol = parse_bucket_uri(uri).protocol
     if protocol == "s3":
         return uri

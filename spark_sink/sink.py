@@ -311,7 +311,28 @@ class S3StreamSink:
     # -- foreachBatch ----------------------------------------------------------------------------
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         with self._lock:
-            self.history.append(self._write_batch(df, batch_id))
+            try:
+                stats = self._write_batch(df, batch_id)
+            except BaseException:
+                self._meter_batch(None)
+                raise
+            self.history.append(stats)
+            self._meter_batch(stats)
+
+    def _meter_batch(self, stats: BatchStats | None) -> None:
+        """Report the micro-batch to the client's metrics (``s3stream_spark_*``; a no-op when off):
+        ``skipped`` when it wrote nothing (a replay of a committed batch, or an empty one)."""
+        engine_client = getattr(self._client, "client", None)  # None: the client never opened
+        metrics = getattr(engine_client, "metrics", None)
+        if metrics is None:
+            return
+        path = "direct" if self._direct_writer is not None else "driver"
+        if stats is None:
+            metrics.spark_batch(path=path, outcome="error", rows=0, commit_s=None)
+        elif stats.chunks_written == 0:
+            metrics.spark_batch(path=path, outcome="skipped", rows=0, commit_s=None)
+        else:
+            metrics.spark_batch(path=path, outcome="committed", rows=stats.rows, commit_s=stats.append_s)
 
     def _query_id_of(self, df: DataFrame) -> str:
         if self._query_id is not None:

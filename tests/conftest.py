@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.fault_proxy import fault_proxies  # noqa: F401 - the fixture, for every test module
 from tests.support.postgres import pg_url  # noqa: F401 - the fixture, for every test module
 from tests.support.s3 import REQUIRE_S3_ENV, S3TestServer, delete_prefix, s3_from_env, s3_required
 

@@ -106,8 +106,13 @@ def open_storage_readonly(data_dir: Path, bucket_uri: str | None) -> ObjectStora
 
     The one place the read commands choose their storage."""
     if bucket_uri is not None:
+        from s3stream.buckets.spec import is_bucket_list
         from s3stream.storage.uri import open_storage
 
+        if is_bucket_list(bucket_uri):  # several buckets: reads follow the placement in the metadata
+            from s3stream.buckets.build import build_multi_bucket_storage
+
+            return build_multi_bucket_storage(bucket_uri, Config())
         return open_storage(bucket_uri)
     objects = data_dir / LOCAL_OBJECTS_DIR
     if not objects.is_dir():
@@ -155,6 +160,9 @@ class ReadOnlyView:
             recorded = await recorded_storage_of(metadata)
             bucket_uri = storage_to_open(recorded, bucket_uri, namespace=config.namespace)
             storage = await asyncio.to_thread(open_storage_readonly, root, bucket_uri)
+            attach = getattr(storage, "attach", None)  # MultiBucketStorage: placement from this metadata
+            if attach is not None:
+                attach(metadata)
         except BaseException:
             await metadata.close()
             raise

@@ -19,6 +19,7 @@ from typing import Any
 
 from s3stream._loop import run
 from s3stream.binding import STORAGE_BOUND_KEY, RecordedStorage, open_storage, without_secrets
+from s3stream.buckets.spec import is_bucket_list, parse_bucket_list
 from s3stream.config import Config
 from s3stream.errors import InvalidArgumentError
 from s3stream.metacopy.restore import METADATA_FILE, RestoreReport, restore
@@ -41,9 +42,16 @@ def _check_metadata_url(url: str, data_dir: str) -> None:
         )
 
 
+def _protocol(bucket_uri: str) -> str:
+    """The protocol of a bucket URI, or of a bucket list's entries (all s3, or none)."""
+    if is_bucket_list(bucket_uri):
+        return parse_bucket_list(bucket_uri)[0].protocol
+    return parse_bucket_uri(bucket_uri).protocol
+
+
 async def _restore(args: argparse.Namespace) -> RestoreReport:
     config = Config.from_sources(args.config)
-    if parse_bucket_uri(args.bucket_uri).protocol != "s3":
+    if _protocol(args.bucket_uri) != "s3":
         raise InvalidArgumentError(
             f"the metadata copy is kept in S3 buckets only; {without_secrets(args.bucket_uri)!r} is not one"
         )
@@ -51,7 +59,7 @@ async def _restore(args: argparse.Namespace) -> RestoreReport:
     if url:
         _check_metadata_url(url, args.data_dir)
     record = RecordedStorage(without_secrets(args.bucket_uri), config.namespace, checked=True)
-    storage = await open_storage(Path(args.data_dir), args.bucket_uri)
+    storage = await open_storage(Path(args.data_dir), args.bucket_uri, config)
     try:
         return await restore(
             storage,

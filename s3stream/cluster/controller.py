@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from s3stream.errors import S3StreamError
 from s3stream.ids import NodeId, StreamId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import (
     Assignment,
     MetadataStore,
@@ -290,12 +291,12 @@ class FailoverController:
                 await task
 
     async def _loop(self) -> None:
-        log.info("failover controller: node_id=%d started poll_ms=%d", self.node_id, self.poll_ms)
+        log_event(log, logging.INFO, "failover.started", node=self.node_id, poll_ms=self.poll_ms)
         while True:
             try:
                 await self.scan_once()
             except (S3StreamError, OSError) as exc:
-                log.warning("failover controller: node_id=%d scan failed: %s", self.node_id, exc)
+                log_event(log, logging.WARNING, "failover.scan_failed", node=self.node_id, error=exc)
             await asyncio.sleep(self.poll_ms / 1000)
 
     async def scan_once(self) -> Decision | None:
@@ -312,14 +313,10 @@ class FailoverController:
                     stream_ids=moved.stream_ids, to_node_id=NodeId(moved.taker_node_id)
                 )
             except S3StreamError as exc:
-                log.warning("failover controller: redirect to node %d refused: %s", moved.taker_node_id, exc)
+                log_event(log, logging.WARNING, "failover.redirect_refused", taker=moved.taker_node_id, error=exc)  # fmt: skip
                 return None
             if written:
-                log.info(
-                    "failover controller: streams %s were assigned to node %d, which has no session: "
-                    "sent to node %d",
-                    ",".join(str(r.stream_id) for r in written), moved.node_id, moved.taker_node_id,
-                )  # fmt: skip
+                log_event(log, logging.INFO, "failover.redirected", node=moved.node_id, taker=moved.taker_node_id, streams=[r.stream_id for r in written], reason="node has no session")  # fmt: skip
                 self.decisions.append(moved)
                 return moved
         owner_ids: set[int] | None = None
@@ -348,27 +345,15 @@ class FailoverController:
         try:
             info = await self._carry_out(decision)
         except S3StreamError as exc:
-            log.warning(
-                "failover controller: decision=%s node_id=%d taker=%d refused=%s: %s",
-                type(decision).__name__, decision.node_id, decision.taker_node_id, type(exc).__name__, exc,
-            )  # fmt: skip
+            log_event(log, logging.WARNING, "failover.decision_refused", decision=type(decision).__name__, node=decision.node_id, taker=decision.taker_node_id, refused=type(exc).__name__, error=exc)  # fmt: skip
             return None
         if isinstance(decision, FailTakeover):
-            log.error(
-                "failover controller: the takeover of node %d FAILED after %d attempts: its streams %s "
-                "stay unserved until node %d is started again on its WAL (docs/cluster.md, "
-                "\"A takeover that fails\")",
-                info.node_id, info.attempt, ",".join(str(sid) for sid, _ in info.streams), info.node_id,
-            )  # fmt: skip
+            log_event(log, logging.ERROR, "failover.takeover_failed", node=info.node_id, attempts=info.attempt, streams=[sid for sid, _ in info.streams], action=f"streams unserved until node {info.node_id} starts again on its WAL (docs/cluster.md, A takeover that fails)")  # fmt: skip
         elif decision.taker_node_id != NO_NODE:
             self._last_taker = decision.taker_node_id
         self.decisions.append(decision)
         del self.decisions[:-1000]
-        log.info(
-            "failover controller: decision=%s node_id=%d taker=%d state=%s attempt=%d streams=%d",
-            type(decision).__name__, info.node_id, info.taker_node_id, info.state.name, info.attempt,
-            len(info.streams),
-        )  # fmt: skip
+        log_event(log, logging.INFO, "failover.decision", decision=type(decision).__name__, node=info.node_id, taker=info.taker_node_id, state=info.state.name, attempt=info.attempt, streams=len(info.streams))  # fmt: skip
         return decision
 
     async def _carry_out(self, decision: Decision) -> TakeoverInfo:

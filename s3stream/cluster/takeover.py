@@ -53,6 +53,7 @@ from s3stream.engine.recovery import ReplayPlan, plan_replay
 from s3stream.engine.upload import ObjectUploader, StreamRecords, plan_upload
 from s3stream.errors import ErrorCode, NotFoundError, UnavailableError
 from s3stream.ids import NodeId, StreamId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore, TakeoverInfo
 from s3stream.objectformat.writer import RecordFields
 from s3stream.record import RECORD_HEADER_SIZE, StreamRecordBatch
@@ -128,20 +129,13 @@ async def run_takeover(
     path = await attach_wal(attach_cmd, node_id=dead, wal_path=takeover.wal_path, timeout_s=attach_timeout_s)
     wal: DeadWal = await asyncio.to_thread(read_dead_wal, path, node_id=dead)
     taken = await metadata.takeover_streams(node_id=dead, taker_node_id=node_id, taker_node_epoch=node_epoch)
-    log.info(
-        "takeover: node_id=%d taker=%d taker_epoch=%d attempt=%d wal=%s wal_records=%d streams=%s",
-        dead, node_id, node_epoch, takeover.attempt, path, len(wal.records),
-        ",".join(str(meta.stream_id) for meta, _ in taken),
-    )  # fmt: skip
+    log_event(log, logging.INFO, "takeover.started", node=dead, taker=node_id, taker_epoch=node_epoch, attempt=takeover.attempt, wal=path, wal_records=len(wal.records), streams=[meta.stream_id for meta, _ in taken])  # fmt: skip
     await observer.after_streams_taken(takeover)
     opening = [dataclasses.replace(meta, epoch=dead_epoch) for meta, dead_epoch in taken]
     applied_offset = await metadata.kv_applied_offset(dead)
     plan = plan_replay(wal.records, opening, kv_applied_offset=applied_offset)
     for gap in plan.gaps:
-        log.error(
-            "takeover: node_id=%d WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
-            dead, gap.stream_id, gap.expected_offset, gap.found_offset,
-        )  # fmt: skip
+        log_event(log, logging.ERROR, "takeover.wal_gap", node=dead, stream=gap.stream_id, expected=gap.expected_offset, found=gap.found_offset, action="later batches dropped")  # fmt: skip
     for wal_offset, mutations in plan.kv_records:
         await apply_record(metadata, mutations, node_id=dead, wal_offset=wal_offset)
     if plan.kv_records:
@@ -184,12 +178,7 @@ async def run_takeover(
         gap_count=len(plan.gaps),
         duration_s=time.monotonic() - started_s,
     )
-    log.info(
-        "takeover done: node_id=%d taker=%d batches=%d kv_records=%d commits=%d bytes=%d wal_end=%d "
-        "dropped=%d gaps=%d duration_ms=%d",
-        dead, node_id, result.batch_count, result.kv_record_count, commit_count, uploaded_bytes,
-        plan.wal_end_offset, plan.dropped_batch_count, len(plan.gaps), int(result.duration_s * 1000),
-    )  # fmt: skip
+    log_event(log, logging.INFO, "takeover.done", node=dead, taker=node_id, batches=result.batch_count, kv_records=result.kv_record_count, commits=commit_count, bytes=uploaded_bytes, wal_end=plan.wal_end_offset, dropped=plan.dropped_batch_count, gaps=len(plan.gaps), duration_ms=int(result.duration_s * 1000))  # fmt: skip
     return result
 
 
@@ -284,8 +273,8 @@ async def _upload_group(
             if exc.code != ErrorCode.OBJECT_NOT_EXIST:
                 raise
             # The prepared ids expired before the commit (storage was down that long): again.
-            log.warning(
-                "takeover: prepared objects from %d expired before their commit: uploading again", first_id
+            log_event(
+                log, logging.WARNING, "takeover.prepare_expired", object=first_id, action="upload again"
             )
 
 
@@ -299,9 +288,7 @@ async def _retry(what: str, op: Callable[[], Awaitable[T]], config: Config) -> T
         except (UnavailableError, OSError, TimeoutError) as exc:
             if attempt == STEP_ATTEMPTS_MAX:
                 raise
-            log.warning(
-                "takeover: %s failed (attempt %d), retrying in %.2f s: %r", what, attempt, delay_s, exc
-            )
+            log_event(log, logging.WARNING, "takeover.step_failed", step=what, attempt=attempt, retry_in_s=delay_s, error=repr(exc))  # fmt: skip
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, config.upload_retry_backoff_max_ms / 1000)
     raise AssertionError("unreachable")

@@ -38,6 +38,7 @@ from s3stream.engine.client import Stream
 from s3stream.engine.core import NODE_FENCE_CODES, Engine, Status, StreamHandle
 from s3stream.errors import FencedError, NotFoundError, S3StreamError
 from s3stream.ids import StreamId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import (
     Assignment,
     MetadataStore,
@@ -255,7 +256,7 @@ class ClusterWatcher:
     async def _move(self, handles: list[StreamHandle], to_node_id: int) -> None:
         gone = await self.engine.move_streams(handles, to_node_id)
         for handle in gone:
-            log.info("stream %d moved to node %d", handle.stream_id, to_node_id)
+            log_event(log, logging.INFO, "stream.moved", stream=handle.stream_id, to_node=to_node_id)
             self.hub.publish(AssignmentEvent("lost", handle.stream_id))
 
     async def _settle(self, stream_ids: list[StreamId]) -> None:
@@ -318,10 +319,10 @@ class ClusterWatcher:
                     raise result
                 if isinstance(result, S3StreamError):
                     # NotOwnerError, a stream fence, a race with another open: a later poll decides
-                    log.info("stream %d: gain deferred: %s", sid, result)
+                    log_event(log, logging.INFO, "stream.gain_deferred", stream=sid, reason=result)
                     continue
                 self._adopt.discard(sid)
-                log.info("stream %d gained at epoch %d", sid, result.epoch)
+                log_event(log, logging.INFO, "stream.gained", stream=sid, epoch=result.epoch)
                 self.hub.publish(AssignmentEvent("gained", sid, Stream(self.engine, result)))
 
     async def _poll_takeovers(self) -> None:
@@ -352,11 +353,9 @@ class ClusterWatcher:
             self._run_failed_at[key] = self._clock()
             failures = self._run_failures[key] = self._run_failures.get(key, 0) + 1
             if failures < self.run_failures_max:
-                log.warning("takeover of node %d (attempt %d) failed %d time(s), retrying: %r",
-                            takeover.node_id, takeover.attempt, failures, exc)  # fmt: skip
+                log_event(log, logging.WARNING, "takeover.failed", node=takeover.node_id, attempt=takeover.attempt, failures=failures, error=repr(exc), action="retry")  # fmt: skip
                 return
-            log.error("takeover of node %d (attempt %d) failed %d times, giving the attempt back: %r",
-                      takeover.node_id, takeover.attempt, failures, exc)  # fmt: skip
+            log_event(log, logging.ERROR, "takeover.given_back", node=takeover.node_id, attempt=takeover.attempt, failures=failures, error=repr(exc))  # fmt: skip
             self._run_done.add(key)
             try:
                 await self.metadata.give_back_takeover(

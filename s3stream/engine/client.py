@@ -24,6 +24,7 @@ from s3stream.metadata.base import (
     StreamMetadata,
 )
 from s3stream.metadata.cluster_ops import held_by
+from s3stream.metrics import NOOP_METRICS, Metrics
 from s3stream.model import FetchedBatch, RecordBatch
 
 
@@ -305,6 +306,13 @@ class Client:
         self.kv = KVClient(engine, self._check_open)
         self.components: dict[str, object] = {}
         """Background components wired in by the assembly (reaper, compactor, reader), for tools and tests."""
+        self.metrics: Metrics = NOOP_METRICS
+        """This client's metrics (:mod:`s3stream.metrics`; the no-op twin while metrics are off)."""
+
+    @property
+    def metrics_endpoint(self) -> str | None:
+        """``http://host:port/metrics`` while metrics are on (the bound port), else None."""
+        return self.metrics.endpoint
 
     def _check_open(self) -> None:
         if self._closed:

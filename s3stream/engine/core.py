@@ -24,7 +24,7 @@ from s3stream.engine.append import AppendPath
 from s3stream.engine.fetchmerge import merge_fetch
 from s3stream.engine.kvlog import KvApplier, apply_record
 from s3stream.engine.logcache import CachedBatch, LogCache
-from s3stream.engine.pipeline import EngineStats, UploadObserver, UploadPipeline
+from s3stream.engine.pipeline import EngineStats, StepMeter, UploadObserver, UploadPipeline
 from s3stream.engine.recovery import after_takeover, plan_replay
 from s3stream.engine.sequencer import fail_stream, wait_drained
 from s3stream.engine.stream import Status, StreamHandle
@@ -45,6 +45,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.ids import NodeId, StreamId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import CommitObjectsRequest, MetadataStore, StreamMetadata
 from s3stream.model import FetchedBatch
 from s3stream.record import StreamRecordBatch
@@ -156,6 +157,14 @@ class Engine:
         self.force_upload = self._pipeline.force_upload
         self._ticker: asyncio.Task[None] | None = None
         self._external_lock = asyncio.Lock()
+
+    def set_meters(
+        self, *, append_latency: Callable[[float], None] | None, upload_step: StepMeter | None
+    ) -> None:
+        """The metrics hooks (:mod:`s3stream.metrics`): the sampled append latency
+        (:data:`~s3stream.engine.append.LATENCY_SAMPLE_MASK`) and each upload step's attempts."""
+        self._appends.latency = append_latency
+        self._pipeline.meter = upload_step
 
     @property
     def upload_observer(self) -> UploadObserver:
@@ -306,6 +315,7 @@ class Engine:
             confirm_offset=meta.end_offset,
         )
         self.streams[stream_id] = handle
+        log_event(log, logging.DEBUG, "stream.opened", node=self.node_id, stream=stream_id, epoch=epoch, start=meta.start_offset, end=meta.end_offset)  # fmt: skip
         return handle
 
     async def close_stream(self, handle: StreamHandle) -> None:
@@ -347,6 +357,7 @@ class Engine:
                         stream_id=handle.stream_id,
                         epoch=handle.epoch,
                     )
+                log_event(log, logging.DEBUG, "stream.closed", node=self.node_id, stream=handle.stream_id, epoch=handle.epoch)  # fmt: skip
         finally:
             if handle.status is Status.CLOSING and not handle.close_timed_out:
                 handle.status = Status.CLOSED
@@ -431,13 +442,11 @@ class Engine:
                     )
                 for handle, outcome in zip(ready, outcomes, strict=True):
                     if outcome.error is not None:
-                        log.warning("stream %d: move to node %d refused: %s",
-                                    handle.stream_id, to_node_id, outcome.error)  # fmt: skip
+                        log_event(log, logging.WARNING, "stream.move_refused", stream=handle.stream_id, to_node=to_node_id, error=outcome.error)  # fmt: skip
         except S3StreamError as exc:
             if isinstance(exc, FencedError) and exc.code in NODE_FENCE_CODES:
                 raise
-            log.warning("move of %d streams to node %d: close failed (retried): %s",
-                        len(moving), to_node_id, exc)  # fmt: skip
+            log_event(log, logging.WARNING, "stream.move_close_failed", streams=len(moving), to_node=to_node_id, error=exc, action="retry")  # fmt: skip
         finally:
             for handle in moving:
                 if handle.status is Status.CLOSING and not handle.close_timed_out:
@@ -453,11 +462,10 @@ class Engine:
                 await self.force_upload(handle.stream_id)
         except TimeoutError:
             handle.close_timed_out = True
-            log.warning("stream %d: move to node %d: upload still running after s3.close.timeout.ms "
-                        "(%d ms), retried", handle.stream_id, to_node_id, self.config.close_timeout_ms)  # fmt: skip
+            log_event(log, logging.WARNING, "stream.move_upload_timeout", stream=handle.stream_id, to_node=to_node_id, close_timeout_ms=self.config.close_timeout_ms, action="retry")  # fmt: skip
             return False
         except S3StreamError as exc:
-            log.warning("stream %d: move to node %d: upload failed: %s", handle.stream_id, to_node_id, exc)
+            log_event(log, logging.WARNING, "stream.move_upload_failed", stream=handle.stream_id, to_node=to_node_id, error=exc)  # fmt: skip
             return False
         return True
 
@@ -630,8 +638,7 @@ class Engine:
             # a mark left by a lost WAL would hide its records).
             await self.metadata.kv_apply([], node_id=self.node_id, wal_offset=plan.wal_end_offset - 1)
         for gap in plan.gaps:
-            log.error("WAL gap in stream %d: expected offset %d, found %d; later batches dropped",
-                      gap.stream_id, gap.expected_offset, gap.found_offset)  # fmt: skip
+            log_event(log, logging.ERROR, "wal.gap", node=self.node_id, stream=gap.stream_id, expected=gap.expected_offset, found=gap.found_offset, action="later batches dropped")  # fmt: skip
         self._trim_tracker.written(plan.wal_end_offset - 1)
         seqs = []
         for record in plan.records:  # WAL order: the trim tracker follows WAL offsets
@@ -655,7 +662,7 @@ class Engine:
             replayed += 1
         self.stats.recovered_records = replayed
         if replayed:
-            log.info("recovered %d record batches from the WAL", replayed)
+            log_event(log, logging.INFO, "wal.recovered", node=self.node_id, batches=replayed, wal_records=len(records))  # fmt: skip
         self._pipeline.archive_and_upload()
         waits = [t.done.wait() for t in self._pipeline.inflight]
         if waits:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from s3stream.clock import lease_clock_s
 from s3stream.errors import ErrorCode, FencedError, NotFoundError, S3StreamError
 from s3stream.ids import NodeId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class Heartbeat:
     def start(self) -> None:
         if self._task is None and not self._closed:
             self._task = asyncio.create_task(self._loop(), name="s3stream-node-heartbeat")
+            log_event(log, logging.INFO, "node.lease_started", node=self.node_id, epoch=self.node_epoch, lease_ms=self.lease_ms)  # fmt: skip
 
     async def close(self) -> None:
         """Stop renewing; a session that is not fenced ends now (``close_node``: its leases are freed)."""
@@ -110,14 +112,14 @@ class Heartbeat:
             try:
                 await self.metadata.close_node(node_id=self.node_id, node_epoch=self.node_epoch)
             except (S3StreamError, OSError) as exc:  # the lease then simply expires
-                log.warning("node %d epoch %d: close_node failed: %s", self.node_id, self.node_epoch, exc)
+                log_event(log, logging.WARNING, "node.close_failed", node=self.node_id, epoch=self.node_epoch, error=exc)  # fmt: skip
 
     def fence(self, error: FencedError) -> None:
         """Mark the session fenced (once) and tell every listener."""
         if self.fenced is not None:
             return
         self.fenced = error
-        log.error("node %d epoch %d fenced: %s", self.node_id, self.node_epoch, error)
+        log_event(log, logging.ERROR, "node.fenced", node=self.node_id, epoch=self.node_epoch, error=error)
         listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener(error)
@@ -178,7 +180,7 @@ class Heartbeat:
             except FencedError:
                 return
             except (S3StreamError, OSError, TimeoutError) as exc:
-                log.warning("node %d heartbeat failed (retrying): %s", self.node_id, exc)
+                log_event(log, logging.WARNING, "node.heartbeat_failed", node=self.node_id, epoch=self.node_epoch, error=exc, action="retry")  # fmt: skip
                 delay_s = retry_s
             else:
                 delay_s = period_s

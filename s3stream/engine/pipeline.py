@@ -36,11 +36,15 @@ from s3stream.errors import (
     S3StreamError,
 )
 from s3stream.ids import ObjectId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, StreamState
 from s3stream.record import RECORD_HEADER_SIZE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+StepMeter = Callable[[str, bool, object, float], None]
+"""``(step, ok, result, seconds)`` for each attempt of an upload step (``prepare``, ``upload``,
+``commit``): ``result`` is the step's result (None when the attempt failed)."""
 
 COMMITTED_SEQS_PER_TURN = 2048
 """WAL records marked committed per event-loop turn after an upload's commit (~0.5 ms)."""
@@ -89,6 +93,11 @@ class EngineStats:
     object_reads: int = 0
     recovered_records: int = 0
     backpressure_rejections: int = 0
+    append_errors: int = 0
+    """Record batches of append calls that raised (an atomic group counts each of its batches)."""
+    backpressure_waits: int = 0
+    """Appends that found no room and waited for uploads (each once, whatever its outcome)."""
+    backpressure_wait_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -140,6 +149,8 @@ class UploadPipeline:
         a step succeeds. Errors that tell a caller storage is the reason (back-pressure, close timeouts)
         quote it."""
         self.inflight: list[UploadTask] = []
+        self.meter: StepMeter | None = None
+        """Told of every attempt of an upload step (metrics, :mod:`s3stream.metrics`); None: nothing."""
         self._last_task: UploadTask | None = None
         self._slots = asyncio.Semaphore(config.upload_inflight_max)
         self._busy_since_s = 0.0  # when ``inflight`` last became non-empty
@@ -205,6 +216,7 @@ class UploadPipeline:
                     ids = first_id
                     request = await self._retry("upload", functools.partial(self.uploader.write, plan, ids))
                     request = dataclasses.replace(request, order_id=order_id)
+                    log_event(log, logging.DEBUG, "object.uploaded", node=request.node_id, object=request.object_id, bytes=request.object_size_bytes, stream_objects=len(request.stream_objects))  # fmt: skip
                     await self.upload_observer.before_commit()
                     if task.prev is not None:
                         await task.prev.done.wait()
@@ -217,7 +229,7 @@ class UploadPipeline:
                             raise
                     # The upload outlived the prepared TTL (storage was down that long): new ids, same
                     # order id (the data's place in the node's StreamSet object order does not change).
-                    log.warning("prepared objects from %d expired before their commit: uploading again", ids)
+                    log_event(log, logging.WARNING, "object.prepare_expired", object=ids, action="upload again")  # fmt: skip
                     first_id = await self._retry("prepare", lambda: self.uploader.prepare(plan))
                 await self.upload_observer.after_commit()
             finally:
@@ -236,6 +248,7 @@ class UploadPipeline:
         self.stats.uploaded_stream_count += len(task.stream_ids)
         self.stats.uploaded_bytes += task.block.size_bytes
         self.stats.objects_committed += (1 if request.object_id >= 0 else 0) + len(request.stream_objects)
+        log_event(log, logging.INFO, "object.committed", node=request.node_id, epoch=request.node_epoch, object=request.object_id, order=request.order_id, streams=len(task.stream_ids), stream_objects=[so.object_id for so in request.stream_objects], bytes=task.block.size_bytes)  # fmt: skip
         # One entry per batch of the block (8,000 for 8 MiB of 1 KiB records): in turns, so appends run
         # between them. A WAL trim computed meanwhile sees these records still live (trims less).
         seqs = task.block.take_seqs()
@@ -273,7 +286,7 @@ class UploadPipeline:
         try:
             await self.wal.trim(offset)
         except (S3StreamError, OSError) as exc:
-            log.warning("WAL trim to %d failed (retried after the next commit): %s", offset, exc)
+            log_event(log, logging.WARNING, "wal.trim_failed", offset=offset, error=exc, action="retry after the next commit")  # fmt: skip
 
     async def _commit(self, request: CommitStreamSetObjectRequest, plan: UploadPlan) -> None:
         """Commit, dropping the ranges of streams that are no longer ours (fenced, deleted)."""
@@ -322,7 +335,7 @@ class UploadPipeline:
             await asyncio.sleep(self.config.upload_retry_backoff_ms / 1000)
             return request
         for lost_id in lost:
-            log.warning("stream %d lost ownership: its uploaded data is dropped from the commit", lost_id)
+            log_event(log, logging.WARNING, "stream.ownership_lost", stream=lost_id, action="data dropped from the commit")  # fmt: skip
             handle = self.streams.get(lost_id)
             if handle is not None and handle.epoch == epochs[lost_id]:
                 handle.status = Status.FENCED
@@ -343,19 +356,27 @@ class UploadPipeline:
         """Run ``op`` until it succeeds; transient failures back off exponentially (never give up)."""
         delay_s = self.config.upload_retry_backoff_ms / 1000
         delay_max_s = self.config.upload_retry_backoff_max_ms / 1000
+        meter = self.meter
         while True:
             self.supervisor.check_alive()
+            started_s = time.perf_counter() if meter is not None else 0.0
             try:
                 result = await op()
             except (FencedError, ConflictError, NotFoundError, InvalidArgumentError, ClosedError):
+                if meter is not None:
+                    meter(what, False, None, time.perf_counter() - started_s)
                 raise
             except (S3StreamError, OSError, TimeoutError) as exc:
+                if meter is not None:
+                    meter(what, False, None, time.perf_counter() - started_s)
                 self.last_failure = f"{what}: {exc!r}"
                 self.stats.upload_retries += 1
-                log.warning("%s failed, retrying in %.2f s: %r", what, delay_s, exc)
+                log_event(log, logging.WARNING, "upload.step_failed", step=what, retry_in_s=delay_s, error=repr(exc))  # fmt: skip
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, delay_max_s)
             else:
+                if meter is not None:
+                    meter(what, True, result, time.perf_counter() - started_s)
                 self.last_failure = None
                 return result
 

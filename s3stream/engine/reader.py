@@ -130,6 +130,11 @@ class ObjectStreamReader:
         """Idle reader states by ``(stream, next offset)`` (for tests)."""
         return self._state_registry.idle
 
+    @property
+    def block_cache(self) -> BlockCache[DataBlock]:
+        """The block cache this reader reads through (its size is a metric)."""
+        return self._cache
+
     def stats(self) -> ReaderStats:
         return ReaderStats(
             self._read_count, self._retry_count, self._readahead_count, self._miss_count, self._hit_count

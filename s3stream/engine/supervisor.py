@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from s3stream.errors import ClosedError, S3StreamError, UnavailableError
+from s3stream.logfmt import log_event
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class Supervisor:
         """Record the first failure (a ClosedError is a close, not a failure) and run the handler."""
         if self.failed is None and not isinstance(error, ClosedError):
             self.failed = error
-            log.error("engine failed: %s", error)
+            log_event(log, logging.ERROR, "engine.failed", error=error)
         self._on_failure(error)
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:

@@ -622,4 +622,20 @@ class MetadataStore(Protocol):
         replays them from its own WAL. ConflictError when no takeover of it is in flight."""
         ...
 
+    # -- object placement over several buckets (schema version 6) --------------------------------
+    async def record_placement(self, object_id: ObjectId, bucket_ids: Sequence[int]) -> None:
+        """Record that the buckets ``bucket_ids`` hold object ``object_id`` (which must exist, in any
+        state: NotFoundError otherwise). Adds rows only; idempotent. The rows leave with the object."""
+        ...
+
+    async def placements(self, object_ids: Sequence[ObjectId]) -> dict[ObjectId, tuple[int, ...]]:
+        """The recorded bucket ids (ascending) of each given object that has rows; an object missing
+        from the result lives in the data dir's first bucket."""
+        ...
+
+    async def bucket_usage(self, *, unplaced_bucket_id: int = 0) -> dict[int, tuple[int, int]]:
+        """``{bucket id: (objects, bytes)}`` over COMMITTED objects; objects without rows count for
+        ``unplaced_bucket_id`` (the data dir's first bucket), replicated ones for each bucket."""
+        ...
+
     async def close(self) -> None: ...

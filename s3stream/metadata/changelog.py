@@ -44,6 +44,7 @@ from s3stream.metadata.changes import (
     PutNode,
     PutNodeRuntime,
     PutObject,
+    PutPlacement,
     PutRange,
     PutStream,
     PutStreamObject,
@@ -53,6 +54,7 @@ from s3stream.metadata.changes import (
     RemoveKv,
     RemoveLease,
     RemoveObject,
+    RemovePlacements,
     RemoveRange,
     RemoveStream,
     RemoveStreamObject,
@@ -101,6 +103,8 @@ class Tag(enum.IntEnum):
     REMOVE_KV = 15
     PUT_LEASE = 16
     REMOVE_LEASE = 17
+    PUT_PLACEMENT = 18
+    REMOVE_PLACEMENTS = 19
 
 
 UNLOGGED = (PutNodeRuntime, PutTakeover, PutAssignment, RemoveAssignment)
@@ -223,6 +227,12 @@ def _encode_one(out: _Writer, change: Change) -> None:
     elif isinstance(change, RemoveKv):
         out.u8(Tag.REMOVE_KV)
         out.text(change.key)
+    elif isinstance(change, PutPlacement):
+        out.u8(Tag.PUT_PLACEMENT)
+        out.i64s(change.object_id, change.bucket_id)
+    elif isinstance(change, RemovePlacements):
+        out.u8(Tag.REMOVE_PLACEMENTS)
+        out.i64s(change.object_id)
     else:  # pragma: no cover - every kind is handled above
         raise AssertionError(f"unhandled change {change!r}")
 
@@ -399,6 +409,8 @@ _DECODERS: dict[Tag, Callable[[_Reader], Change]] = {
     Tag.REMOVE_STREAM_OBJECT: lambda r: RemoveStreamObject(ObjectId(r.i64())),
     Tag.PUT_KV: _put_kv,
     Tag.REMOVE_KV: lambda r: RemoveKv(r.text()),
+    Tag.PUT_PLACEMENT: lambda r: PutPlacement(ObjectId(r.i64()), r.i64()),
+    Tag.REMOVE_PLACEMENTS: lambda r: RemovePlacements(ObjectId(r.i64())),
 }
 assert set(_DECODERS) == set(Tag)
 _TAG_VALUES = frozenset(int(t) for t in Tag)

@@ -172,6 +172,24 @@ class RemoveAssignment:
     stream_id: StreamId
 
 
+# -- object placement over several buckets (s3stream.metadata.placement_ops) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutPlacement:
+    """One ``object_buckets`` row: bucket ``bucket_id`` holds object ``object_id``."""
+
+    object_id: ObjectId
+    bucket_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemovePlacements:
+    """Every ``object_buckets`` row of the object (written with its RemoveObject)."""
+
+    object_id: ObjectId
+
+
 Change = (
     SetCounter
     | PutNode
@@ -194,4 +212,6 @@ Change = (
     | PutTakeover
     | PutAssignment
     | RemoveAssignment
+    | PutPlacement
+    | RemovePlacements
 )

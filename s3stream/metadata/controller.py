@@ -177,6 +177,15 @@ class StateView(Protocol):
         """Every takeover row, by node id."""
         ...
 
+    # -- object placement (s3stream.metadata.placement_ops) ----------------------------------------
+    def placements(self, object_ids: Sequence[ObjectId]) -> dict[ObjectId, tuple[int, ...]]:
+        """The recorded bucket ids (ascending) of each given object that has any."""
+        ...
+
+    def bucket_usage(self, unplaced_bucket_id: int) -> dict[int, tuple[int, int]]:
+        """``{bucket id: (objects, bytes)}`` over COMMITTED objects (no rows: ``unplaced_bucket_id``)."""
+        ...
+
 
 class Txn:
     """One operation's view plus the changes it has decided so far."""

@@ -40,6 +40,7 @@ from s3stream.metadata.changes import (
     PutNode,
     PutNodeRuntime,
     PutObject,
+    PutPlacement,
     PutRange,
     PutStream,
     PutStreamObject,
@@ -49,6 +50,7 @@ from s3stream.metadata.changes import (
     RemoveKv,
     RemoveLease,
     RemoveObject,
+    RemovePlacements,
     RemoveRange,
     RemoveStream,
     RemoveStreamObject,
@@ -81,6 +83,7 @@ class _State:
         self.runtime_rows: dict[NodeId, NodeRuntime] = {}
         self.assignment_rows: dict[StreamId, Assignment] = {}
         self.takeover_rows: dict[NodeId, TakeoverInfo] = {}
+        self.placement_rows: dict[ObjectId, set[int]] = {}
 
     # -- StateView ----------------------------------------------------------------------------
     def node_epoch(self, node_id: NodeId) -> int | None:
@@ -312,6 +315,24 @@ class _State:
                 self.assignment_rows.pop(stream_id, None)
             case PutTakeover(takeover):
                 self.takeover_rows[takeover.node_id] = takeover
+            case PutPlacement(object_id, bucket_id):
+                self.placement_rows.setdefault(object_id, set()).add(bucket_id)
+            case RemovePlacements(object_id):
+                self.placement_rows.pop(object_id, None)
+
+    def placements(self, object_ids: Sequence[ObjectId]) -> dict[ObjectId, tuple[int, ...]]:
+        rows = self.placement_rows
+        return {o: tuple(sorted(rows[o])) for o in object_ids if rows.get(o)}
+
+    def bucket_usage(self, unplaced_bucket_id: int) -> dict[int, tuple[int, int]]:
+        usage: dict[int, tuple[int, int]] = {}
+        for obj in self.object_rows.values():
+            if obj.state != ObjectState.COMMITTED:
+                continue
+            for bucket_id in self.placement_rows.get(obj.object_id) or (unplaced_bucket_id,):
+                count, size = usage.get(bucket_id, (0, 0))
+                usage[bucket_id] = (count + 1, size + obj.size_bytes)
+        return usage
 
     def _unindex_object(self, object_id: ObjectId) -> None:
         old = self.object_rows.get(object_id)

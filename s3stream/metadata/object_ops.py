@@ -34,6 +34,7 @@ from s3stream.metadata.changes import (
     PutStreamObject,
     PutStreamSetObject,
     RemoveObject,
+    RemovePlacements,
     RemoveStreamObject,
     RemoveStreamSetObject,
     SetCounter,
@@ -343,10 +344,15 @@ def mark_destroyed(txn: Txn, object_ids: Sequence[ObjectId], *, now_ms: int) -> 
 def remove_objects(txn: Txn, object_ids: Sequence[ObjectId]) -> None:
     """Forget MARK_DESTROYED objects; ids already gone are skipped, live ones are refused."""
     _check_ids("object_ids", object_ids)
+    removed: list[ObjectId] = []
     for object_id in object_ids:
         obj = txn.view.object(object_id)
         if obj is None:
             continue
         if obj.state != ObjectState.MARK_DESTROYED:
             raise ConflictError(f"object {object_id} is {obj.state.name}, not MARK_DESTROYED")
+        removed.append(object_id)
+    for object_id in txn.view.placements(removed) if removed else ():  # rows leave with the object
+        txn.write(RemovePlacements(object_id))
+    for object_id in removed:
         txn.write(RemoveObject(object_id))

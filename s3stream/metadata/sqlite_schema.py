@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
 from s3stream.ids import NodeId, ObjectId, StreamId
-from s3stream.metadata import cluster_schema
+from s3stream.metadata import cluster_schema, placement_schema
 from s3stream.metadata.base import (
     Assignment,
     LeaseInfo,
@@ -141,6 +141,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # version 5: the cluster: node runtime, assignments, takeovers (s3stream.metadata.cluster_schema)
     cluster_schema.MIGRATION,
+    # version 6: object placement over several buckets (s3stream.metadata.placement_schema)
+    placement_schema.MIGRATION,
 )
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -587,6 +589,12 @@ class SqlView:
     def takeovers(self) -> list[TakeoverInfo]:
         return cluster_schema.takeovers(self._c)
 
+    def placements(self, object_ids: Sequence[ObjectId]) -> dict[ObjectId, tuple[int, ...]]:
+        return placement_schema.placements(self._c, object_ids)
+
+    def bucket_usage(self, unplaced_bucket_id: int) -> dict[int, tuple[int, int]]:
+        return placement_schema.bucket_usage(self._c, unplaced_bucket_id)
+
 
 # -- applying changes ----------------------------------------------------------------------------
 
@@ -681,6 +689,7 @@ _SIMPLE: dict[type[Any], tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
     ),
     RemoveKv: ("DELETE FROM kv WHERE key = ?", lambda c: (c.key,)),
     **cluster_schema.STATEMENTS,
+    **placement_schema.STATEMENTS,
 }
 
 

@@ -15,7 +15,16 @@ from typing import TypeVar
 from s3stream.clock import Clock
 from s3stream.errors import ErrorCode, InvalidArgumentError, NotFoundError
 from s3stream.ids import NodeId, ObjectId, StreamId
-from s3stream.metadata import batch_ops, cluster_ops, external_ops, node_ops, object_ops, queries, stream_ops
+from s3stream.metadata import (
+    batch_ops,
+    cluster_ops,
+    external_ops,
+    node_ops,
+    object_ops,
+    placement_ops,
+    queries,
+    stream_ops,
+)
 from s3stream.metadata import controller as ctl
 from s3stream.metadata.base import (
     Assignment,
@@ -448,6 +457,21 @@ class TransactionalStore(abc.ABC):
 
     async def fail_takeover(self, *, node_id: NodeId) -> TakeoverInfo:
         return await self._write_now(partial(cluster_ops.fail_takeover, node_id=node_id))
+
+    # -- object placement over several buckets -----------------------------------------------------
+    async def record_placement(self, object_id: ObjectId, bucket_ids: Sequence[int]) -> None:
+        ids = placement_ops.check_bucket_ids(bucket_ids)
+        await self._write(partial(placement_ops.record_placement, object_id=object_id, bucket_ids=ids))
+
+    async def placements(self, object_ids: Sequence[ObjectId]) -> dict[ObjectId, tuple[int, ...]]:
+        ids = placement_ops.check_object_ids(object_ids)
+        if not ids:
+            return {}
+        return await self._query(lambda view: view.placements(ids))
+
+    async def bucket_usage(self, *, unplaced_bucket_id: int = 0) -> dict[int, tuple[int, int]]:
+        ctl.check_int("unplaced_bucket_id", unplaced_bucket_id, low=0, high=placement_ops.BUCKET_ID_MAX)
+        return await self._query(lambda view: view.bucket_usage(unplaced_bucket_id))
 
     def now_ms(self) -> int:
         """The store's clock (a PostgreSQL store's is the server's): what leases are judged by."""

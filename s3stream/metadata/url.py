@@ -22,6 +22,7 @@ from typing import Literal
 
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.errors import InvalidArgumentError
+from s3stream.logfmt import register_secret
 from s3stream.metadata.store import TransactionalStore
 
 SQLITE_SCHEME = "sqlite"
@@ -105,6 +106,7 @@ def parse_metadata_url(url: str) -> MetadataURL:
             raise InvalidArgumentError(f"metadata URL {_redacted(url)!r} names no host")
         if not parts.path.strip("/"):
             raise InvalidArgumentError(f"metadata URL {_redacted(url)!r} names no database (…/dbname)")
+        register_secret(parts.password)  # redacted from every log line (s3stream.logfmt)
         return MetadataURL("postgresql", url)
     raise InvalidArgumentError(
         f"metadata URL scheme {scheme[:40]!r} is not supported: use sqlite:///path or postgresql://..."

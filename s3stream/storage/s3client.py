@@ -37,10 +37,11 @@ import os
 import platform
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import aiohttp
 import botocore.auth
@@ -57,6 +58,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
+from s3stream.logfmt import register_secret
 from s3stream.storage.base import MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import validate_key, validate_prefix
 from s3stream.storage.retry import RetryPolicy, call_with_retries
@@ -65,6 +67,16 @@ from s3stream.storage.stats import StorageStats
 
 T = TypeVar("T")
 MiB = 1024 * 1024
+
+
+class RequestMeter(Protocol):
+    """What a metered client reports: each attempt of a call (``op`` as the call names it, e.g.
+    ``PUT``, ``CreateMultipartUpload``; ``error`` None on success) and each retry."""
+
+    def attempted(self, op: str, error: BaseException | None, seconds: float) -> None: ...
+
+    def retried(self, op: str) -> None: ...
+
 
 TRANSIENT_CODES = frozenset(
     {
@@ -276,6 +288,8 @@ class S3Client:
         self._stack = AsyncExitStack()
         self._closed = False
         self._hash_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.request_meter: RequestMeter | None = None
+        """Told of every attempt and retry of every call (metrics); None: nothing."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(bucket={self.config.bucket!r}, prefix={self.config.prefix!r})"
@@ -334,6 +348,7 @@ class S3Client:
                 if self._client is None:
                     access_key = self.config.access_key or os.environ.get("KAFKA_S3_ACCESS_KEY")
                     secret_key = self.config.secret_key or os.environ.get("KAFKA_S3_SECRET_KEY")
+                    register_secret(secret_key)  # redacted from every log line (s3stream.logfmt)
                     if (access_key is None) != (secret_key is None):
                         access_key = secret_key = None
                     session = get_session()
@@ -386,13 +401,25 @@ class S3Client:
     ) -> T:
         """Run ``attempt(client)`` with retries, each attempt holding one in-flight slot."""
         client = await self.client()
+        meter = self.request_meter
 
         async def one_attempt() -> T:
             async with self._inflight:
-                return await attempt(client)
+                if meter is None:
+                    return await attempt(client)
+                started_s = time.perf_counter()
+                try:
+                    result = await attempt(client)
+                except BaseException as exc:
+                    meter.attempted(op, exc, time.perf_counter() - started_s)
+                    raise
+                meter.attempted(op, None, time.perf_counter() - started_s)
+                return result
 
         def on_retry(error: S3StreamError) -> None:
             self.stats.record("retry")
+            if meter is not None:
+                meter.retried(op)
 
         return await call_with_retries(
             f"{op} {what}",

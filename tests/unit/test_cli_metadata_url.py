@@ -24,7 +24,7 @@ from s3stream.cli.produce import generated_payload
 from tests.support.configs import SMALL_TOML, cli_data_dir_args
 
 SECRET = "hunter2-not-for-output"
-READ_COMMANDS = (["streams"], ["objects"], ["fetch", "--stream", "0"], ["nodes"])
+READ_COMMANDS = (["streams"], ["objects"], ["fetch", "--stream", "0"], ["nodes"], ["buckets"])
 
 
 def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -43,10 +43,12 @@ def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
 def required_args(path: tuple[str, ...]) -> list[str]:
     """Enough arguments for the parser to accept the subcommand."""
     return {
+        ("buckets", "set-weights"): ["0:1,1:1"],
         ("fetch",): ["--stream", "0"],
         ("inspect", "object"): ["x"],
         ("restore",): ["--bucket-uri", "file:///x", "--data-dir", "d"],
         ("reassign",): ["--stream", "0", "--to-node", "1"],
+        ("top",): ["127.0.0.1:9464"],
     }.get(path, [])
 
 
@@ -150,7 +152,7 @@ def test_a_bad_metadata_url_is_one_line_and_exit_2_for_every_command(
     parser = build_parser()
     for path in leaf_commands(parser):
         argv = [*path, *required_args(path), *cli_data_dir_args(tmp_path), "--metadata-url", url]
-        if path == ("inspect", "object"):
+        if path in (("inspect", "object"), ("top",)):  # no data dir
             argv = [*path, *required_args(path), "--metadata-url", url]
         assert main(argv) == 2, path
         captured = capsys.readouterr()

@@ -35,6 +35,7 @@ from s3stream.metadata.changes import (
     PutLease,
     PutNode,
     PutObject,
+    PutPlacement,
     PutRange,
     PutStream,
     PutStreamObject,
@@ -42,6 +43,7 @@ from s3stream.metadata.changes import (
     RemoveKv,
     RemoveLease,
     RemoveObject,
+    RemovePlacements,
     RemoveRange,
     RemoveStream,
     RemoveStreamObject,
@@ -85,6 +87,9 @@ EVERY_KIND: list[Change] = [
     PutKv("key/ü", b"\x00\xffvalue"),
     PutKv("empty", b""),
     RemoveKv("key/ü"),
+    PutPlacement(ObjectId(13), 0),
+    PutPlacement(ObjectId(13), (1 << 31) - 1),
+    RemovePlacements(ObjectId(13)),
 ]
 
 

@@ -1,0 +1,339 @@
+"""MultiBucketStorage on in-memory buckets with injected faults: each strategy's placement, failover
+within the threshold, probes bringing a bucket back, replication all-or-nothing, reads falling back,
+live weights, a weight of 0 draining, and the keys that are not objects."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from s3stream.buckets.health import BucketHealth
+from s3stream.buckets.monitor import HEALTH_KEY_PREFIX, WEIGHTS_KEY, BucketsMonitor
+from s3stream.buckets.storage import MultiBucketStorage
+from s3stream.buckets.strategy import make_strategy
+from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from s3stream.storage.memory import MemoryObjectStorage
+from tests.support.buckets import make_rig
+
+
+async def test_round_robin_spreads_new_objects_evenly_and_records_them() -> None:
+    rig = make_rig("round_robin")
+    written = [await rig.write(f"o{i}".encode()) for i in range(10)]
+    assert Counter(rig.holders(key)[0] for _, key in written) == {0: 5, 1: 5}
+    placements = await rig.metadata.placements([object_id for object_id, _ in written])
+    for object_id, key in written:
+        assert placements[object_id] == tuple(rig.holders(key))
+        assert await rig.storage.get(key) == f"o{written.index((object_id, key))}".encode()
+
+
+async def test_failover_writes_to_the_primary_while_it_is_healthy() -> None:
+    rig = make_rig("failover", (5, 2))
+    written = [await rig.write() for _ in range(4)]
+    assert all(rig.holders(key) == [5] for _, key in written)
+
+
+async def test_failover_moves_a_failing_upload_to_the_standby_within_the_same_complete() -> None:
+    rig = make_rig("failover")
+    rig.fail(0, "upload.complete")
+    object_id, key = await rig.write(b"moved")  # no error reaches the caller
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"moved"
+    assert await rig.metadata.placements([object_id]) == {object_id: (0, 1)}  # recorded before each try
+    assert rig.storage.health.is_healthy(0)  # one error is below the threshold
+
+
+async def test_failover_marks_the_primary_unhealthy_after_the_threshold_and_probes_bring_it_back() -> None:
+    rig = make_rig("failover", errors_max=3)
+    rig.fail(0)
+    before = []
+    for _ in range(3):
+        before.append(await rig.write(b"x"))
+        rig.clock.now_s += 4.5  # past the call deadline: the primary is no longer suspect, tried again
+    assert not rig.storage.health.is_healthy(0)
+    assert all(rig.holders(key) == [1] for _, key in before)
+    calls = rig.faulty[0].calls["upload.complete"]
+    _, key = await rig.write(b"y")
+    assert rig.holders(key) == [1]
+    assert rig.faulty[0].calls["upload.complete"] == calls  # the unhealthy primary is not tried
+    rig.storage.health._probe = rig.storage._probe
+    await rig.storage.health.probe_now()  # still failing: stays unhealthy
+    assert not rig.storage.health.is_healthy(0)
+    rig.heal(0)
+    for _ in range(2):
+        await rig.storage.health.probe_now()
+    assert not rig.storage.health.is_healthy(0)  # 2 of 3 successful probes
+    await rig.storage.health.probe_now()
+    assert rig.storage.health.is_healthy(0)
+    _, key = await rig.write(b"z")
+    assert rig.holders(key) == [0]
+
+
+async def test_after_one_failure_new_writes_skip_the_primary_for_a_call_deadline() -> None:
+    rig = make_rig("failover", errors_max=3)
+    rig.fail(0, "upload.complete", times=1)
+    _, moved = await rig.write(b"a")
+    assert rig.holders(moved) == [1]
+    assert rig.storage.health.is_healthy(0)  # one error: below the threshold, but suspect
+    _, direct = await rig.write(b"b")
+    assert rig.holders(direct) == [1]
+    assert rig.faulty[0].calls["upload.complete"] == 1  # not asked again meanwhile
+    await rig.storage.put("metadata-copy/x", b"c")  # other keys too
+    assert rig.holders("metadata-copy/x") == [1]
+    rig.clock.now_s += 4.5  # the deadline (2 x the 2 s request timeout) passed
+    _, back = await rig.write(b"d")
+    assert rig.holders(back) == [0]
+
+
+async def test_objects_in_a_failed_bucket_read_again_when_it_returns() -> None:
+    rig = make_rig("failover")
+    _, key = await rig.write(b"old")
+    rig.fail(0)
+    with pytest.raises(UnavailableError):
+        await rig.storage.get(key)
+    rig.heal(0)
+    assert await rig.storage.get(key) == b"old"
+
+
+async def test_replication_commits_only_when_every_bucket_holds_the_object() -> None:
+    rig = make_rig("replication", (0, 1, 2))
+    object_id, key = await rig.write(b"r")
+    assert rig.holders(key) == [0, 1, 2]
+    assert await rig.metadata.placements([object_id]) == {object_id: (0, 1, 2)}
+    rig.fail(1, "upload.complete")
+    _, failed_key = await rig.new_key()
+    upload = rig.storage.upload(failed_key)
+    await upload.write(b"partial")
+    with pytest.raises(UnavailableError):
+        await upload.complete()
+    assert rig.holders(failed_key) == []  # the published copies were deleted again
+
+
+async def test_replication_put_is_all_or_nothing() -> None:
+    rig = make_rig("replication")
+    rig.fail(0, "put")
+    _, key = await rig.new_key()
+    with pytest.raises(UnavailableError):
+        await rig.storage.put(key, b"p")
+    assert rig.holders(key) == []
+
+
+async def test_reads_fall_back_to_another_copy_on_error_or_a_missing_key() -> None:
+    rig = make_rig("replication")
+    _, key = await rig.write(b"copy")
+    await rig.inner[0].delete([key])  # bucket 0 emptied by hand
+    assert await rig.storage.get(key) == b"copy"
+    assert (await rig.storage.head(key)).size_bytes == 4
+    _, other = await rig.write(b"copy2")
+    rig.fail(0, "get")
+    assert await rig.storage.get(other, 1, 3) == b"op"
+
+
+async def test_a_read_rereads_the_placement_once_before_giving_up() -> None:
+    rig = make_rig("round_robin")
+    object_id, key = await rig.write(b"moved")
+    holder = rig.holders(key)[0]
+    other = 1 - holder
+    assert await rig.storage.get(key) == b"moved"  # placement cached
+    await rig.inner[other].put(key, b"moved")
+    await rig.inner[holder].delete([key])
+    await rig.metadata.record_placement(object_id, [other])
+    assert await rig.storage.get(key) == b"moved"
+    await rig.inner[other].delete([key])
+    with pytest.raises(NotFoundError):
+        await rig.storage.get(key)
+
+
+async def test_sharding_follows_the_weights_and_a_weight_of_zero_drains() -> None:
+    rig = make_rig("sharding", weights={0: 3, 1: 1})
+    first = [await rig.write() for _ in range(40)]
+    assert Counter(rig.holders(key)[0] for _, key in first) == {0: 30, 1: 10}
+    monitor = BucketsMonitor(rig.storage, rig.metadata, node_id=7, poll_ms=10)
+    await rig.metadata.kv_put(WEIGHTS_KEY, b"0:0,1:1")
+    assert await monitor.poll_weights()
+    drained = [await rig.write() for _ in range(10)]
+    assert all(rig.holders(key) == [1] for _, key in drained)
+    for _, key in first:  # bucket 0 still serves reads
+        assert await rig.storage.get(key) == b"payload"
+    await rig.metadata.kv_put(WEIGHTS_KEY, b"0:1,1:1")
+    assert await monitor.poll_weights()
+    assert not await monitor.poll_weights()  # unchanged: nothing applied
+    even = [await rig.write() for _ in range(10)]
+    assert Counter(rig.holders(key)[0] for _, key in even) == {0: 5, 1: 5}
+
+
+async def test_bad_live_weights_are_ignored_keeping_the_weights_in_force() -> None:
+    rig = make_rig("sharding", weights={0: 1, 1: 0})
+    monitor = BucketsMonitor(rig.storage, rig.metadata, node_id=None, poll_ms=10)
+    await rig.metadata.kv_put(WEIGHTS_KEY, b"0:1,5:1")
+    assert not await monitor.poll_weights()
+    assert rig.storage.strategy.weights == {0: 1, 1: 0}  # type: ignore[attr-defined]
+
+
+async def test_the_monitor_publishes_health_without_credentials() -> None:
+    rig = make_rig("failover", errors_max=1)
+    rig.fail(0, "upload.complete")
+    await rig.write()
+    monitor = BucketsMonitor(rig.storage, rig.metadata, node_id=3, poll_ms=10)
+    await monitor.publish()
+    import json
+
+    record = json.loads(await rig.metadata.kv_get(f"{HEALTH_KEY_PREFIX}3") or b"")
+    assert record["buckets"]["0"]["healthy"] is False
+    assert record["buckets"]["1"]["uploads_recent"] == 1
+    assert record["buckets"]["1"]["write_share"] == 1.0
+    assert "injected fault" in record["buckets"]["0"]["last_error"]
+
+
+async def test_copy_is_server_side_within_a_bucket_and_read_and_write_across() -> None:
+    rig = make_rig("round_robin")
+    _, source = await rig.write(b"0123456789")
+    source_bucket = rig.holders(source)[0]
+    _, same = await rig.new_key()
+    _, across = await rig.new_key()
+    outputs = {}
+    for key in (same, across):  # round robin: the next two uploads go to the other bucket, then back
+        outputs[key] = rig.storage.upload(key)
+    for key, upload in outputs.items():
+        await upload.copy(source, 2, 6)
+        await upload.complete()
+        assert await rig.storage.get(key) == b"2345"
+    server_side = {b: rig.faulty[b].calls["upload.copy"] for b in (0, 1)}
+    assert server_side[source_bucket] == 1
+    assert server_side[1 - source_bucket] == 0
+
+
+async def test_delete_goes_to_every_bucket_and_a_down_bucket_fails_it() -> None:
+    rig = make_rig("replication")
+    _, key = await rig.write()
+    rig.fail(1, "delete")
+    with pytest.raises(UnavailableError):
+        await rig.storage.delete([key])
+    rig.heal(1)
+    await rig.storage.delete([key, "absent/key"])
+    assert rig.holders(key) == []
+
+
+async def test_list_is_the_union_in_key_order_each_key_once() -> None:
+    rig = make_rig("round_robin")
+    keys = [(await rig.write())[1] for _ in range(6)]
+    await rig.inner[0].put(keys[1], b"dup")
+    await rig.inner[1].put(keys[1], b"dup")
+    listed = [info.key async for info in rig.storage.list("")]
+    assert listed == sorted(set(keys))
+
+
+async def test_other_keys_go_to_the_first_healthy_bucket_or_every_bucket_under_replication() -> None:
+    rig = make_rig("round_robin")
+    await rig.storage.put("marker/a", b"1")
+    assert rig.holders("marker/a") == [0]
+    rig.storage.health.record_error(0, UnavailableError("down"))
+    for _ in range(2):
+        rig.storage.health.record_error(0, UnavailableError("down"))
+    await rig.storage.put("marker/b", b"2")
+    assert rig.holders("marker/b") == [1]
+    assert await rig.storage.get("marker/b") == b"2"  # read in list order until found
+    replicated = make_rig("replication")
+    upload = replicated.storage.upload("metadata-copy/log")
+    await upload.write(b"log")
+    await upload.complete()
+    assert replicated.holders("metadata-copy/log") == [0, 1]
+    assert await replicated.metadata.placements([]) == {}
+
+
+async def test_objects_need_the_metadata_store_attached() -> None:
+    buckets = {0: MemoryObjectStorage("a"), 1: MemoryObjectStorage("b")}
+    storage = MultiBucketStorage(
+        dict(buckets), strategy=make_strategy("round_robin", (0, 1), None), health=BucketHealth((0, 1))
+    )
+    with pytest.raises(InvalidArgumentError, match="metadata"):
+        storage.upload("00000000/ns/0")
+    await storage.put("plain/key", b"ok")  # other keys need no placement
+    await storage.close()
+
+
+async def test_a_write_that_fails_moves_the_upload_and_replays_what_was_written() -> None:
+    rig = make_rig("failover")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"first-")
+    rig.fail(0, "upload.write")
+    await upload.write(bytearray(b"second"))
+    await upload.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"first-second"
+
+
+async def test_an_object_too_large_to_replay_is_not_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    import s3stream.buckets.upload as upload_module
+
+    monkeypatch.setattr(upload_module, "REPLAY_BYTES_MAX", 4)
+    rig = make_rig("failover")
+    rig.fail(0, "upload.complete")
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"too large")
+    with pytest.raises(UnavailableError):
+        await upload.complete()
+    assert rig.holders(key) == []
+
+
+async def test_a_failed_placement_record_publishes_nothing() -> None:
+    rig = make_rig("round_robin")
+    _, key = await rig.new_key()
+    await rig.metadata.close()
+    upload = rig.storage.upload(key)
+    await upload.write(b"x")
+    with pytest.raises(Exception, match="closed"):
+        await upload.complete()
+    assert rig.holders(key) == []
+
+
+async def test_a_readers_probes_write_nothing() -> None:
+    rig = make_rig("failover", errors_max=1)
+    rig.storage.health.record_error(0, UnavailableError("down"))
+    rig.storage.start(write_probes=False)
+    try:
+        for _ in range(3):
+            await rig.storage.health.probe_now()
+    finally:
+        await rig.storage.close()
+    assert rig.storage.health.is_healthy(0)
+    assert rig.faulty[0].calls["put"] == 0
+    assert rig.faulty[0].calls["head"] == 3
+
+
+async def test_under_replication_a_down_bucket_does_not_stall_other_keys() -> None:
+    rig = make_rig("replication", errors_max=1)
+    rig.fail(1, "put")
+    await rig.storage.put("metadata-copy/log-1", b"log")  # held by bucket 0: enough for a copy key
+    assert rig.holders("metadata-copy/log-1") == [0]
+    assert not rig.storage.health.is_healthy(1)
+    await rig.storage.put("metadata-copy/log-2", b"log2")
+    assert rig.faulty[1].calls["put"] == 1  # the unhealthy bucket is not asked again
+    rig.heal(1)
+    assert [i.key async for i in rig.storage.list("metadata-copy/")] == [
+        "metadata-copy/log-1",
+        "metadata-copy/log-2",
+    ]
+    assert await rig.storage.get("metadata-copy/log-2") == b"log2"
+    rig.fail(0, "put")
+    rig.fail(1, "put")
+    with pytest.raises(UnavailableError):
+        await rig.storage.put("metadata-copy/log-3", b"log3")
+
+
+async def test_round_robin_does_not_move_an_upload_its_retry_goes_to_the_next_bucket() -> None:
+    rig = make_rig("round_robin")
+    rig.fail(0, "upload.complete")
+    _, key = await rig.new_key()
+    first = rig.storage.upload(key)
+    assert first.targets == (0,)  # type: ignore[attr-defined]
+    await first.write(b"data")
+    with pytest.raises(UnavailableError):
+        await first.complete()
+    retry = rig.storage.upload(key)  # the upload pipeline's retry of the same object
+    await retry.write(b"data")
+    await retry.complete()
+    assert rig.holders(key) == [1]
+    assert await rig.storage.get(key) == b"data"

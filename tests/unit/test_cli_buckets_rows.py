@@ -1,0 +1,69 @@
+"""``s3stream buckets``' rows from the recorded list, the usage and the nodes' reports (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from s3stream.binding import RecordedStorage
+from s3stream.cli.buckets import LOCAL_URI, NodeReport, bucket_rows, recorded_buckets
+from s3stream.errors import CorruptionError
+
+LIST = "0@s3://a?endpoint=http%3A%2F%2Fh%3A1&accessKey=AK&secretKey=SK,1@s3://b?endpoint=http%3A%2F%2Fh%3A1"
+
+
+def report(node_id: int, at_ms: int, **buckets: dict[str, object]) -> NodeReport:
+    value = json.dumps({"at_ms": at_ms, "buckets": {k.lstrip("b"): v for k, v in buckets.items()}})
+    return NodeReport.decode(node_id, value.encode())
+
+
+def test_the_recorded_list_gives_ids_and_uris_without_credentials() -> None:
+    rows = recorded_buckets(RecordedStorage(LIST, "ns"), None)
+    assert [bucket_id for bucket_id, _ in rows] == [0, 1]
+    assert all("SK" not in uri and "AK" not in uri and "@" not in uri for _, uri in rows)
+    assert rows[1][1].startswith("s3://b?")
+    assert recorded_buckets(None, LIST) == rows  # nothing recorded: the list given
+    assert recorded_buckets(RecordedStorage(None, "ns"), LIST) == [(0, LOCAL_URI)]
+    assert recorded_buckets(None, None) == [(0, LOCAL_URI)]
+
+
+def test_health_is_summed_over_nodes_and_the_share_is_of_all_uploads() -> None:
+    reports = [
+        report(
+            1, 9_000, b0={"healthy": True, "uploads_recent": 3}, b1={"healthy": True, "uploads_recent": 1}
+        ),
+        report(
+            2,
+            9_500,
+            b0={
+                "healthy": False,
+                "errors_recent": 4,
+                "last_error": "PUT failed secretKey=SK",
+                "uploads_recent": 0,
+            },
+            b1={"healthy": True, "uploads_recent": 4},
+        ),
+    ]
+    rows = bucket_rows(
+        [(0, "s3://a"), (1, "s3://b"), (2, "s3://c")], {0: (5, 500), 2: (1, 7)}, reports, now_ms=10_000
+    )
+    assert [r["health"] for r in rows] == ["unhealthy", "healthy", None]
+    assert [r["errors_recent"] for r in rows] == [4, 0, None]
+    assert [r["uploads_recent"] for r in rows] == [3, 5, None]
+    assert [r["write_share"] for r in rows] == [0.375, 0.625, None]
+    assert [(r["objects"], r["bytes"]) for r in rows] == [(5, 500), (0, 0), (1, 7)]
+    assert [r["report_age_ms"] for r in rows] == [500, 500, None]
+    assert rows[0]["last_error"] == "PUT failed secretKey=***"
+
+
+def test_no_uploads_means_no_share() -> None:
+    rows = bucket_rows([(0, "x")], {}, [report(0, 1, b0={"healthy": True, "uploads_recent": 0})], now_ms=1)
+    assert rows[0]["write_share"] is None
+    assert rows[0]["health"] == "healthy"
+
+
+@pytest.mark.parametrize("value", [b"not json", b'{"at_ms": 1}', b'{"at_ms": 1, "buckets": {"0": 3}}'])
+def test_an_unreadable_report_is_a_corruption_error(value: bytes) -> None:
+    with pytest.raises(CorruptionError, match="node 3"):
+        NodeReport.decode(3, value)

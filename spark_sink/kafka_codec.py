@@ -285,19 +285,41 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | No
     return LENGTH_FIELD_END + int(length)
 
 
-def decode_batch(
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The verified header of one RecordBatch v2 (its records not yet parsed)."""
+
+    base_offset: int
+    """The stored base offset, or the caller's override."""
+    partition_leader_epoch: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp_ms: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+    records_start: int
+    """Position of the first record in the buffer."""
+    end: int
+    """Position after the batch."""
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_MASK)
+
+
+def read_batch_header(
     buf: bytes | bytearray | memoryview,
     pos: int = 0,
     *,
     source: str = "<buffer>",
     base_offset: int | None = None,
-) -> tuple[DecodedBatch, int]:
-    """Decode and verify the batch at ``pos``; returns it and the position after it.
-
-    ``base_offset`` (the stream offset of the StreamRecordBatch) overrides the stored base offset
-    when given. Raises :class:`CorruptionError` for a truncated batch, a bad magic, a CRC mismatch,
-    compressed or control batches, or records that do not parse exactly to the batch end.
-    """
+) -> BatchHeader:
+    """Verify the batch at ``pos`` up to its records: the header fits, magic 2, the length fits the
+    buffer, the CRC-32C of ``attributes .. end`` matches, no compression, not a control batch, a
+    record count >= 0. Raises :class:`CorruptionError` otherwise."""
     view = memoryview(buf) if not isinstance(buf, memoryview) else buf
     if len(view) - pos < BATCH_HEADER_SIZE:
         raise CorruptionError("truncated Kafka record batch header", source=source, position=pos)
@@ -337,28 +359,63 @@ def decode_batch(
         raise CorruptionError("Kafka control batch is not supported", source=source, position=pos)
     if count < 0:
         raise CorruptionError(f"negative Kafka record count {count}", source=source, position=pos)
-    base = stored_base if base_offset is None else base_offset
-    log_append_time = bool(attributes & TIMESTAMP_TYPE_MASK)
-    body = bytes(view[pos + BATCH_HEADER_SIZE : end])
+    return BatchHeader(
+        stored_base if base_offset is None else base_offset,
+        leader_epoch,
+        attributes,
+        last_delta,
+        first_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+        pos + BATCH_HEADER_SIZE,
+        end,
+    )
+
+
+def decode_batch(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    source: str = "<buffer>",
+    base_offset: int | None = None,
+) -> tuple[DecodedBatch, int]:
+    """Decode and verify the batch at ``pos``; returns it and the position after it.
+
+    ``base_offset`` (the stream offset of the StreamRecordBatch) overrides the stored base offset
+    when given. Raises :class:`CorruptionError` for a truncated batch, a bad magic, a CRC mismatch,
+    compressed or control batches, or records that do not parse exactly to the batch end.
+    """
+    view = memoryview(buf) if not isinstance(buf, memoryview) else buf
+    h = read_batch_header(view, pos, source=source, base_offset=base_offset)
+    body = bytes(view[h.records_start : h.end])
     try:
-        columns = _decode_records(body, count, base, first_ts, max_ts if log_append_time else None)
+        columns = _decode_records(
+            body,
+            h.record_count,
+            h.base_offset,
+            h.first_timestamp_ms,
+            h.max_timestamp_ms if h.log_append_time else None,
+        )
     except (_Truncated, ValueError, IndexError, UnicodeDecodeError) as exc:
         detail = "truncated record" if isinstance(exc, _Truncated) else str(exc)
         raise CorruptionError(f"bad Kafka record: {detail}", source=source, position=pos) from exc
     return (
         DecodedBatch(
-            base,
-            leader_epoch,
-            attributes,
-            last_delta,
-            first_ts,
-            max_ts,
-            producer_id,
-            producer_epoch,
-            base_sequence,
+            h.base_offset,
+            h.partition_leader_epoch,
+            h.attributes,
+            h.last_offset_delta,
+            h.first_timestamp_ms,
+            h.max_timestamp_ms,
+            h.producer_id,
+            h.producer_epoch,
+            h.base_sequence,
             *columns,
         ),
-        end,
+        h.end,
     )
 
 

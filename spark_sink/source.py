@@ -46,7 +46,8 @@ from spark_sink.source_plan import (
     resolve_offsets,
 )
 from spark_sink.source_read import SOURCE_DDL, SOURCE_SCHEMA, read_ranges
-from spark_sink.source_state import object_sizes, open_source_reader, reader_key, topic_snapshot
+from spark_sink.source_split import ObjectSpan, share_object_sizes, split_tasks
+from spark_sink.source_state import object_sizes, object_spans, open_source_reader, reader_key, topic_snapshot
 
 SOURCE_NAME = "s3stream"
 
@@ -59,19 +60,32 @@ class _Task:
 
 
 class S3StreamPartition(InputPartition):
-    """An input partition: the ranges of one topic partition (or none, for an empty read)."""
+    """An input partition: ranges of one topic partition, all of them or a part cut at object
+    boundaries (or none, for an empty read)."""
 
     def __init__(self, ranges: Sequence[ReadRange]) -> None:
         super().__init__(_Task(tuple(ranges)))
         self.ranges = tuple(ranges)
 
 
-def _tasks(ranges: Sequence[ReadRange]) -> list[S3StreamPartition]:
-    """One task per topic partition with something to read."""
-    by_partition: dict[int, list[ReadRange]] = {}
-    for r in ranges:
-        by_partition.setdefault(r.partition, []).append(r)
-    return [S3StreamPartition(rs) for _, rs in sorted(by_partition.items())]
+def _tasks(
+    reader: SyncReader, snap: TopicSnapshot, ranges: Sequence[ReadRange], opts: SourceOptions
+) -> list[S3StreamPartition]:
+    """The executor tasks of ``ranges``: one per topic partition with something to read, cut at
+    object boundaries into tasks of about ``maxBytesPerTask`` (or fewer bytes, for
+    ``minPartitions``) by the objects' sizes (:mod:`spark_sink.source_split`)."""
+    spans: dict[int, list[ObjectSpan]] = {}
+    for p in sorted({r.partition for r in ranges}):
+        lo = min(r.start_offset for r in ranges if r.partition == p)
+        hi = max(r.end_offset for r in ranges if r.partition == p)
+        spans[p] = object_spans(reader, snap, lo, hi, p)
+    tasks = split_tasks(
+        ranges,
+        share_object_sizes(spans),
+        task_bytes_max=opts.task_bytes_max,
+        min_tasks=opts.min_partitions,
+    )
+    return [S3StreamPartition(t) for t in tasks]
 
 
 class S3StreamDataSource(DataSource):
@@ -186,7 +200,7 @@ class S3StreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snap = self._driver.snapshot()
         begin = offsets_from_json(start, snap.topic, snap.partition_count)
         finish = offsets_from_json(end, snap.topic, snap.partition_count)
-        return _tasks(plan_ranges(snap, begin, finish))
+        return _tasks(self._driver.reader(), snap, plan_ranges(snap, begin, finish), self._opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, S3StreamPartition)
@@ -208,9 +222,12 @@ class S3StreamBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         driver = _DriverSide(self._opts)
         try:
-            snap = driver.snapshot()
+            return self._partitions(driver)
         finally:
             driver.close()
+
+    def _partitions(self, driver: _DriverSide) -> Sequence[InputPartition]:
+        snap = driver.snapshot()
         begin = resolve_offsets(self._opts.starting, snap, option="startingOffsets")
         finish = resolve_offsets(self._opts.ending, snap, option="endingOffsets")
         for p, (b, f) in enumerate(zip(begin, finish, strict=True)):
@@ -218,7 +235,7 @@ class S3StreamBatchReader(DataSourceReader):
                 raise InvalidArgumentError(
                     f"s3stream source: partition {p}: startingOffsets {b} is above endingOffsets {f}"
                 )
-        tasks = _tasks(plan_ranges(snap, begin, finish))
+        tasks = _tasks(driver.reader(), snap, plan_ranges(snap, begin, finish), self._opts)
         return tasks or [S3StreamPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -21,6 +21,9 @@ EARLIEST = -2
 LATEST = -1
 """Per-partition offset spec: the partition's committed end."""
 
+TASK_BYTES_MAX_DEFAULT = 128 << 20
+"""``maxBytesPerTask`` default (Spark's ``spark.sql.files.maxPartitionBytes`` default)."""
+
 OffsetSpec = str | Mapping[int, int]
 """``"earliest"``, ``"latest"``, or partition -> offset (``EARLIEST`` / ``LATEST`` allowed)."""
 
@@ -33,6 +36,8 @@ _KNOWN = {
     "endingoffsets",
     "maxrecordspertrigger",
     "maxbytespertrigger",
+    "minpartitions",
+    "maxbytespertask",
     "path",
 }
 """Option names as Spark hands them over (case-insensitive map; compared lower-case)."""
@@ -52,6 +57,10 @@ class SourceOptions:
     ending: OffsetSpec
     max_records_per_trigger: int | None
     max_bytes_per_trigger: int | None
+    task_bytes_max: int = TASK_BYTES_MAX_DEFAULT
+    """``maxBytesPerTask``: a partition's range is cut into tasks of about this many bytes."""
+    min_partitions: int | None = None
+    """``minPartitions``: cut into smaller tasks so a read makes at least this many where it can."""
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -61,7 +70,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     if unknown:
         raise InvalidArgumentError(
             f"s3stream source: unknown option(s) {unknown}; known: topic, bucketUri, metadataUrl, namespace, "
-            "startingOffsets, endingOffsets, maxRecordsPerTrigger, maxBytesPerTrigger"
+            "startingOffsets, endingOffsets, maxRecordsPerTrigger, maxBytesPerTrigger, minPartitions, "
+            "maxBytesPerTask"
         )
     topic = opts.get("topic")
     if not topic:
@@ -102,6 +112,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         ending=ending,
         max_records_per_trigger=max_records,
         max_bytes_per_trigger=max_bytes,
+        task_bytes_max=_positive(opts.get("maxbytespertask"), "maxBytesPerTask") or TASK_BYTES_MAX_DEFAULT,
+        min_partitions=_positive(opts.get("minpartitions"), "minPartitions"),
     )
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from s3stream.errors import CorruptionError
 from s3stream.ids import StreamId
-from spark_sink.kafka_codec import decode_batch
+from spark_sink.kafka_arrow import HEADER_TYPE, RECORDS_SCHEMA, decode_batch_arrow
 from spark_sink.source_plan import ReadRange
 from spark_sink.source_state import ReaderKey, shared_reader
 
@@ -33,7 +34,6 @@ FETCH_MAX_BYTES = 8 << 20
 ROWS_PER_ARROW_BATCH = 8192
 """Rows per yielded Arrow record batch (at least one Kafka batch's rows)."""
 
-_HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 SOURCE_SCHEMA = pa.schema(
     [
         pa.field("key", pa.binary()),
@@ -43,43 +43,63 @@ SOURCE_SCHEMA = pa.schema(
         pa.field("offset", pa.int64()),
         pa.field("timestamp", pa.timestamp("us", tz="UTC")),
         pa.field("timestampType", pa.int32()),
-        pa.field("headers", _HEADER_TYPE),
+        pa.field("headers", HEADER_TYPE),
     ]
 )
 
 
-class _Columns:
-    """Columns of the rows decoded so far."""
+ARROW_BATCH_BYTES_MAX = 64 << 20
+"""A yielded Arrow batch is cut once its decoded pieces pass this many bytes (binary offsets are int32)."""
 
-    def __init__(self) -> None:
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.offsets: list[int] = []
-        self.timestamps_us: list[int] = []
-        self.headers: list[list[dict[str, object]]] = []
 
-    def to_batch(self, topic: str, partition: int) -> pa.RecordBatch:
-        n = len(self.offsets)
-        return pa.RecordBatch.from_arrays(
+class _Pieces:
+    """Decoded records of one partition not yet yielded, as pieces of :data:`RECORDS_SCHEMA`."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.pieces: list[pa.RecordBatch] = []
+        self.rows = 0
+        self.size_bytes = 0
+
+    def add(self, rb: pa.RecordBatch) -> None:
+        if rb.num_rows:
+            self.pieces.append(rb)
+            self.rows += rb.num_rows
+            self.size_bytes += rb.nbytes
+
+    def full(self) -> bool:
+        return self.rows >= ROWS_PER_ARROW_BATCH or self.size_bytes >= ARROW_BATCH_BYTES_MAX
+
+    def take(self) -> pa.RecordBatch:
+        """The pieces as one batch of :data:`SOURCE_SCHEMA` (one copy of their buffers); empties this."""
+        records = pa.Table.from_batches(self.pieces, schema=RECORDS_SCHEMA).combine_chunks()
+        n = records.num_rows
+        topics = pa.array([self.topic], pa.string()).take(pa.array(np.zeros(n, dtype=np.int32)))
+        out = pa.RecordBatch.from_arrays(
             [
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.array([topic] * n, pa.string()),
-                pa.array([partition] * n, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(self.timestamps_us, pa.timestamp("us", tz="UTC")),
-                pa.array([TIMESTAMP_TYPE_CREATE_TIME] * n, pa.int32()),
-                pa.array(self.headers, _HEADER_TYPE),
+                records.column("key").chunk(0),
+                records.column("value").chunk(0),
+                topics,
+                pa.array(np.full(n, self.partition, dtype=np.int32)),
+                records.column("offset").chunk(0),
+                records.column("timestamp").chunk(0),
+                pa.array(np.full(n, TIMESTAMP_TYPE_CREATE_TIME, dtype=np.int32)),
+                records.column("headers").chunk(0),
             ],
             schema=SOURCE_SCHEMA,
         )
+        self.pieces = []
+        self.rows = 0
+        self.size_bytes = 0
+        return out
 
 
 def read_ranges(key: ReaderKey, topic: str, ranges: Sequence[ReadRange]) -> Iterator[pa.RecordBatch]:
     """The records of ``ranges`` as Arrow batches of :data:`SOURCE_SCHEMA`."""
     reader = shared_reader(key)
     for r in ranges:
-        cols = _Columns()
+        pieces = _Pieces(topic, r.partition)
         pos = r.start_offset
         while pos < r.end_offset:
             fetched = reader.fetch(StreamId(r.stream_id), pos, r.end_offset, FETCH_MAX_BYTES)
@@ -94,32 +114,19 @@ def read_ranges(key: ReaderKey, topic: str, ranges: Sequence[ReadRange]) -> Iter
                         f"stream {r.stream_id}: batch [{b.base_offset}, {b.end_offset}) does not continue at {pos}",
                         source=f"stream {r.stream_id}",
                     )
-                _decode_into(cols, b.payload, r, b.base_offset, pos)
+                pieces.add(
+                    decode_batch_arrow(
+                        b.payload,
+                        source=f"stream {r.stream_id} offset {b.base_offset}",
+                        base_offset=b.base_offset,
+                        start_offset=pos,
+                        end_offset=r.end_offset,
+                    )
+                )
                 pos = b.end_offset
-                if len(cols.offsets) >= ROWS_PER_ARROW_BATCH:
-                    yield cols.to_batch(topic, r.partition)
-                    cols = _Columns()
+                if pieces.full():
+                    yield pieces.take()
                 if pos >= r.end_offset:
                     break
-        if cols.offsets:
-            yield cols.to_batch(topic, r.partition)
-
-
-def _decode_into(cols: _Columns, payload: bytes, r: ReadRange, base_offset: int, pos: int) -> None:
-    """Append the records of one payload that lie in ``[pos, r.end_offset)``."""
-    source = f"stream {r.stream_id} offset {base_offset}"
-    decoded, end = decode_batch(payload, source=source, base_offset=base_offset)
-    if end != len(payload):
-        raise CorruptionError(
-            f"{len(payload) - end} bytes after the Kafka batch", source=source, position=end
-        )
-    offsets = decoded.offsets
-    a, b = 0, len(offsets)
-    if offsets and (offsets[0] < pos or offsets[-1] >= r.end_offset):
-        keep = [j for j, o in enumerate(offsets) if pos <= o < r.end_offset]
-        a, b = (keep[0], keep[-1] + 1) if keep else (0, 0)
-    cols.offsets.extend(offsets[a:b])
-    cols.keys.extend(decoded.keys[a:b])
-    cols.values.extend(decoded.values[a:b])
-    cols.timestamps_us.extend(t * 1000 for t in decoded.timestamps_ms[a:b])
-    cols.headers.extend([{"key": k, "value": v} for k, v in h] for h in decoded.headers[a:b])
+        if pieces.rows:
+            yield pieces.take()

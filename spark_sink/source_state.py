@@ -21,6 +21,7 @@ from s3stream.remote import SyncReader
 from spark_sink.direct_protocol import load_committed
 from spark_sink.source_options import SourceOptions
 from spark_sink.source_plan import SizedRange, TopicSnapshot
+from spark_sink.source_split import ObjectSpan
 from spark_sink.topic import topic_from_kv
 
 SIZE_SLICES_MAX = 10_000
@@ -98,3 +99,18 @@ def object_sizes(
         )
     )
     return [SizedRange(s.start_offset, s.end_offset, s.size_bytes) for s in slices]
+
+
+def object_spans(
+    reader: SyncReader, snap: TopicSnapshot, start: int, end: int, partition: int
+) -> list[ObjectSpan]:
+    """The objects holding ``[start, end)`` of a partition, in offset order, with their whole sizes
+    (at most :data:`SIZE_SLICES_MAX`; offsets past them are left out)."""
+    if start >= end:
+        return []
+    slices = reader.run(
+        reader.reader.metadata.get_objects(
+            stream_id=snap.stream_ids[partition], start_offset=start, end_offset=end, limit=SIZE_SLICES_MAX
+        )
+    )
+    return [ObjectSpan(int(s.object_id), s.start_offset, s.end_offset, s.size_bytes) for s in slices]

@@ -57,6 +57,7 @@ def measure_source(ctx: Context) -> list[Result]:
     from spark_sink.session import local_session
     from spark_sink.sink import S3StreamSink
     from spark_sink.source import S3StreamDataSource
+    from spark_sink.worker_start import is_worker_start_timeout
 
     rows_total = 50_000 if ctx.quick else 200_000
     batches = 2 if ctx.quick else 4
@@ -125,8 +126,8 @@ def measure_source(ctx: Context) -> list[Result]:
                     query.awaitTermination()
                     return
                 except StreamingQueryException as exc:
-                    # Spark gives the driver's Python source worker a fixed 10 s to start
-                    if "Python worker failed to connect back" not in str(exc) or attempt == 2:
+                    # the driver's Python source worker missed Spark's start window (10 s)
+                    if not is_worker_start_timeout(exc) or attempt == 2:
                         raise
 
         ctx.status("spark source: parquet")

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from spark_sink import S3StreamDataSource
     from spark_sink.session import local_session
+    from spark_sink.worker_start import WORKER_START_ATTEMPTS, is_worker_start_timeout
 
     spark = local_session("s3stream-source-job")
     spark.dataSource.register(S3StreamDataSource)
@@ -66,15 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     writer = stream.writeStream.foreachBatch(write).option("checkpointLocation", args.checkpoint)
     if args.kill_at_batch is None:
         writer = writer.trigger(availableNow=True)
-    for attempt in range(5):
+    for attempt in range(WORKER_START_ATTEMPTS):
         query = writer.start()
         try:
             query.awaitTermination()
             break
         except StreamingQueryException as exc:
-            # Spark gives the driver's Python source worker a fixed 10 s to start: on a loaded
-            # machine that can fail; the query restarts from its checkpoint (nothing else is retried)
-            if "Python worker failed to connect back" not in str(exc) or attempt == 4:
+            # the driver's Python source worker missed Spark's start window: the query restarts
+            # from its checkpoint (nothing else is retried)
+            if not is_worker_start_timeout(exc) or attempt == WORKER_START_ATTEMPTS - 1:
                 raise
     print(json.dumps({"event": "stopped"}), flush=True)
     spark.stop()

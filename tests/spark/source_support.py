@@ -9,6 +9,7 @@ from typing import Any
 
 from s3stream.config import Config
 from spark_sink.sink import S3StreamSink
+from spark_sink.worker_start import WORKER_START_ATTEMPTS, is_worker_start_timeout
 
 PARTITIONS = 3
 VALUE_BYTES = 1000
@@ -91,12 +92,9 @@ def check_offsets(df: Any) -> dict[int, list[int]]:
     return out
 
 
-WORKER_START_FLAKE = "Python worker failed to connect back"
-"""Spark gives a new Python worker (the one serving a Python source on the driver) a fixed 10 s to
-connect back; on a heavily loaded machine its start-up can take longer. Only that failure is retried."""
-
-
-def await_query(start: Callable[[], Any], *, attempts: int = 5, timeout_s: float = 600) -> Any:
+def await_query(
+    start: Callable[[], Any], *, attempts: int = WORKER_START_ATTEMPTS, timeout_s: float = 600
+) -> Any:
     """Start a query and wait for it to end (``Trigger.AvailableNow``); restart it from its checkpoint
     when it failed because its Python worker did not start in time. Returns the finished query."""
     from pyspark.errors import StreamingQueryException
@@ -107,6 +105,6 @@ def await_query(start: Callable[[], Any], *, attempts: int = 5, timeout_s: float
             assert query.awaitTermination(timeout_s), f"query still running after {timeout_s} s"
             return query
         except StreamingQueryException as exc:
-            if WORKER_START_FLAKE not in str(exc) or attempt == attempts - 1:
+            if not is_worker_start_timeout(exc) or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")

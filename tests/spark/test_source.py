@@ -21,9 +21,9 @@ from spark_sink.abandon import abandon_unfinished
 from spark_sink.kafka_codec import encode_batch
 from spark_sink.source_read import SOURCE_SCHEMA
 from spark_sink.topic import describe_topic
+from spark_sink.worker_start import is_worker_start_timeout
 from tests.spark.source_support import (
     PARTITIONS,
-    WORKER_START_FLAKE,
     TopicEnv,
     await_query,
     check_offsets,
@@ -136,7 +136,7 @@ def test_pipeline_sink_to_source_to_parquet_gives_exactly_the_input_rows(
             reader.processAllAvailable()
             reader.stop()
         except StreamingQueryException as exc:
-            if WORKER_START_FLAKE not in str(exc):
+            if not is_worker_start_timeout(exc):
                 raise
         await_query(lambda: start_reader(available_now=True))
     finally:

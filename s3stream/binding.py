@@ -31,6 +31,7 @@ from s3stream.buckets.spec import is_bucket_list
 from s3stream.config import Config
 from s3stream.engine.client import RESERVED_KV_PREFIX
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError, UnavailableError
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 from s3stream.metadata.sqlite_readonly import read_kv_value
 from s3stream.objectformat import parse_object_key
@@ -215,9 +216,7 @@ async def bind_storage(
         try:
             found = await _first_object_key(storage, namespace)
         except UnavailableError as exc:
-            log.warning(
-                "could not list object storage to check it is this data dir's (checked later): %s", exc
-            )
+            log_event(log, logging.WARNING, "storage.bind_check_deferred", error=exc, action="checked later")
             checked = False
         else:
             if found is not None:
@@ -307,6 +306,8 @@ async def check_access(storage: ObjectStorage) -> bool:
         return True
     unreachable = await check()
     if unreachable is not None:
-        log.warning("object storage did not answer at open (uploads will retry): %s", unreachable)
+        log_event(
+            log, logging.WARNING, "storage.unreachable_at_open", error=unreachable, action="uploads retry"
+        )
         return False
     return True

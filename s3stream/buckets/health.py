@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from s3stream.buckets.spec import redacted
 from s3stream.errors import UnavailableError
+from s3stream.logfmt import log_event
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,7 @@ class BucketHealth:
         if bucket.healthy and recent >= self.errors_max:
             bucket.healthy = False
             bucket.probe_ok = 0
-            log.warning("bucket %d is unhealthy (%d errors in %.1f s): %s", bucket_id, recent,
-                        self.window_s, bucket.last_error)  # fmt: skip
+            log_event(log, logging.WARNING, "bucket.unhealthy", bucket=bucket_id, errors=recent, window_s=self.window_s, last_error=bucket.last_error)  # fmt: skip
 
     def record_upload(self, bucket_id: int) -> None:
         self._buckets[bucket_id].uploads.append(self._clock_s())
@@ -136,7 +136,7 @@ class BucketHealth:
         if not bucket.healthy and bucket.probe_ok >= self.probe_successes:
             bucket.healthy = True
             bucket.errors.clear()
-            log.warning("bucket %d is healthy again after %d probes", bucket_id, bucket.probe_ok)
+            log_event(log, logging.INFO, "bucket.healthy", bucket=bucket_id, probes=bucket.probe_ok)
 
     def stats(self) -> dict[int, BucketStats]:
         now = self._clock_s()

@@ -22,6 +22,7 @@ from s3stream.buckets.spec import parse_weights
 from s3stream.buckets.storage import MultiBucketStorage
 from s3stream.buckets.strategy import Sharding
 from s3stream.errors import S3StreamError
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -79,10 +80,10 @@ class BucketsMonitor:
         try:
             weights = parse_weights(value.decode("utf-8", "replace"), self.storage.bucket_ids)
         except S3StreamError as exc:
-            log.warning("ignoring the bucket weights in %s: %s", WEIGHTS_KEY, exc)
+            log_event(log, logging.WARNING, "buckets.weights_ignored", key=WEIGHTS_KEY, error=exc)
             return False
         strategy.set_weights(weights)
-        log.info("bucket weights now %s", weights)
+        log_event(log, logging.INFO, "buckets.weights_applied", weights=weights)
         return True
 
     async def publish(self) -> None:
@@ -106,7 +107,7 @@ class BucketsMonitor:
                     next_publish = loop.time() + self.publish_interval_s
                     await self.publish()
             except S3StreamError as exc:  # metadata unavailable or this node fenced: next round
-                log.warning("buckets monitor: %s", exc)
+                log_event(log, logging.WARNING, "buckets.monitor_failed", error=exc, action="retry")
             await asyncio.sleep(self.poll_s)
 
     async def close(self) -> None:

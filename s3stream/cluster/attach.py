@@ -25,6 +25,7 @@ import shlex
 import signal
 
 from s3stream.errors import InvalidArgumentError, UnavailableError
+from s3stream.logfmt import log_event
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ async def attach_wal(
             )
         return wal_path
     command = attach_command(template, node_id=node_id, wal_path=wal_path)
-    log.info("attach: node_id=%d command=%r", node_id, command)
+    log_event(log, logging.INFO, "takeover.attach", node=node_id, command=command)
     proc = await asyncio.create_subprocess_shell(
         command,
         stdin=asyncio.subprocess.DEVNULL,
@@ -93,7 +94,7 @@ async def attach_wal(
         raise InvalidArgumentError(
             f"attach command for node {node_id} printed no path and the node recorded none: {command!r}"
         )
-    log.info("attach: node_id=%d path=%s", node_id, path)
+    log_event(log, logging.INFO, "takeover.attached", node=node_id, path=path)
     return path
 
 

@@ -68,9 +68,7 @@ RUN_FAILURES_MAX = 3
 
 async def no_takeover(takeover: TakeoverInfo) -> Sequence[StreamId]:
     """The default runner: takes nothing over (a node that is never a taker)."""
-    log.warning(
-        "takeover of node %d assigned to this node, but no takeover runner is wired", takeover.node_id
-    )
+    log_event(log, logging.WARNING, "takeover.no_runner", node=takeover.node_id)
     return ()
 
 
@@ -178,10 +176,10 @@ class ClusterWatcher:
                     self.on_fenced(exc)
                     return
                 self.poll_error = exc
-                log.warning("cluster poll failed (retrying): %s", exc)
+                log_event(log, logging.WARNING, "cluster.poll_failed", error=exc, action="retry")
             except Exception as exc:  # noqa: BLE001 - the task boundary: a poll that fails is retried
                 self.poll_error = exc
-                log.warning("cluster poll failed (retrying): %r", exc)
+                log_event(log, logging.WARNING, "cluster.poll_failed", error=repr(exc), action="retry")
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), interval_s)
@@ -242,9 +240,16 @@ class ClusterWatcher:
                 if exc.code in NODE_FENCE_CODES:
                     self.on_fenced(exc)
                 else:
-                    log.warning("cluster action on streams %s refused: %s", ids, exc)
+                    log_event(log, logging.WARNING, "cluster.action_refused", streams=ids, error=exc)
             except (S3StreamError, OSError) as exc:
-                log.warning("cluster action on streams %s failed (retried on a later poll): %s", ids, exc)
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "cluster.action_failed",
+                    streams=ids,
+                    error=exc,
+                    action="retried on a later poll",
+                )
             finally:
                 self._busy.difference_update(ids)
 
@@ -364,7 +369,13 @@ class ClusterWatcher:
                     taker_node_epoch=self.engine.node_epoch,
                 )
             except S3StreamError as give_back_error:  # the controller re-assigned it meanwhile
-                log.warning("takeover of node %d: give back refused: %s", takeover.node_id, give_back_error)
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "takeover.give_back_refused",
+                    node=takeover.node_id,
+                    error=give_back_error,
+                )
             return
         self._run_done.add(_run_key(takeover))
         self._adopt.update(taken)

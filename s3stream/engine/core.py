@@ -197,11 +197,7 @@ class Engine:
                 if supervisor.failed is None:
                     await self.force_upload(None)
         except TimeoutError:
-            log.warning(
-                "close gave up waiting for uploads after %d ms: the data stays in the WAL and is uploaded "
-                "on the next open",
-                self.config.close_timeout_ms,
-            )
+            log_event(log, logging.WARNING, "engine.close_upload_timeout", node=self.node_id, close_timeout_ms=self.config.close_timeout_ms, action="data stays in the WAL, uploaded at the next open")  # fmt: skip
         finally:
             supervisor.closed = True
             if self._ticker is not None:
@@ -624,11 +620,7 @@ class Engine:
             wal_end_offset=max((offset + 1 for offset, _ in records), default=0),
         )
         if adjust.kv_applied_offset != applied_offset:
-            log.warning(
-                "WAL records after offset %d were written after this node was fenced and taken over: "
-                "their KV changes were never acknowledged and are not applied",
-                applied_offset,
-            )
+            log_event(log, logging.WARNING, "wal.kv_after_takeover_skipped", node=self.node_id, after_wal_offset=applied_offset, reason="written after this node was fenced and taken over")  # fmt: skip
             applied_offset = adjust.kv_applied_offset
         plan = plan_replay(records, opening, kv_applied_offset=applied_offset, handed_back=adjust.handed_back)
         for wal_offset, mutations in plan.kv_records:

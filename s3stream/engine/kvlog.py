@@ -31,6 +31,7 @@ from s3stream.engine.walbody import KvMutation, KvOp
 from s3stream.engine.waltrim import WalTrimTracker
 from s3stream.errors import InvalidArgumentError, S3StreamError
 from s3stream.ids import NodeId
+from s3stream.logfmt import log_event
 from s3stream.metadata.base import KvWrite, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class KvApplier:
                     )
                 except S3StreamError as exc:
                     # The change stays in the WAL: a restart re-applies it in order. Tell the writer.
-                    log.warning("KV change of WAL record %d failed to apply: %s", entry.wal_offset, exc)
+                    log_event(log, logging.WARNING, "kv.apply_failed", wal_offset=entry.wal_offset, error=exc)
                     self._applied(entry)
                     if not entry.future.done():
                         entry.future.set_exception(exc)

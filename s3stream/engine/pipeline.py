@@ -321,7 +321,13 @@ class UploadPipeline:
                 # Held for an external commit, which uploads the stream's data before it commits: a
                 # refusal here is never "taken over", and dropping the data would lose acknowledged
                 # records. The commit is retried (and fails the engine if it keeps being refused).
-                log.error("stream %d is reserved: its data is kept in the commit", stream_id)
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "commit.stream_reserved",
+                    stream=stream_id,
+                    action="data kept in the commit",
+                )
                 continue
             try:
                 meta = await self.metadata.describe_stream(stream_id)
@@ -331,7 +337,7 @@ class UploadPipeline:
             if meta.epoch != epochs[stream_id] or meta.state != StreamState.OPENED or meta.end_offset > start:
                 lost.add(stream_id)
         if not lost:
-            log.warning("commit rejected with no stream to drop, retrying: %s", exc)
+            log_event(log, logging.WARNING, "commit.rejected", error=exc, action="retry")
             await asyncio.sleep(self.config.upload_retry_backoff_ms / 1000)
             return request
         for lost_id in lost:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from s3stream.errors import ClosedError, S3StreamError, UnavailableError
+from s3stream.logfmt import log_event
 from s3stream.metacopy.objects import (
     copy_prefix,
     encode_log,
@@ -163,12 +164,7 @@ class MetadataCopy:
                     with contextlib.suppress(TimeoutError, S3StreamError):
                         await asyncio.wait_for(asyncio.shield(future), self._wait_timeout_s)
                     if last > self._copied:
-                        log.warning(
-                            "metadata copy closed with groups %d..%d not yet in the bucket (copied at the next "
-                            "open)",
-                            self._copied + 1,
-                            last,
-                        )
+                        log_event(log, logging.WARNING, "metacopy.closed_behind", first_group=self._copied + 1, last_group=last, action="copied at the next open")  # fmt: skip
         finally:
             self._store.attach_copy(None)
             if self._task is not None:
@@ -218,7 +214,9 @@ class MetadataCopy:
                 return
             except UnavailableError as exc:
                 self.stats["retries"] += 1
-                log.warning("metadata copy: %s failed, retrying in %d ms: %s", what, backoff_ms, exc)
+                log_event(
+                    log, logging.WARNING, "metacopy.step_failed", step=what, retry_ms=backoff_ms, error=exc
+                )
                 await asyncio.sleep(backoff_ms / 1000)
                 backoff_ms = min(2 * backoff_ms, RETRY_BACKOFF_MS_MAX)
 
@@ -250,7 +248,9 @@ class MetadataCopy:
         try:
             await self._prune()
         except UnavailableError as exc:  # the next snapshot prunes again
-            log.warning("metadata copy: could not delete obsolete copy objects: %s", exc)
+            log_event(
+                log, logging.WARNING, "metacopy.delete_failed", error=exc, action="retried at the next pass"
+            )
 
     async def _prune(self) -> None:
         """Delete the snapshots older than the newest ``SNAPSHOTS_KEPT`` and the log objects that hold

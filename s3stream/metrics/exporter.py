@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from s3stream.errors import InvalidArgumentError
+from s3stream.logfmt import log_event
 from s3stream.metrics.uri import URI_KEY, ExporterAddress
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class MetricsExporter:
         )
         self._thread.start()
         self._closed = False
-        log.info("metrics: serving Prometheus metrics at %s", self.endpoint)
+        log_event(log, logging.INFO, "metrics.serving", endpoint=self.endpoint)
 
     @property
     def endpoint(self) -> str:

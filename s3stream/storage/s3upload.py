@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, NotFoundError, S3StreamError
+from s3stream.logfmt import log_event
 from s3stream.storage.base import (
     MAX_PART_COUNT,
     MAX_PART_SIZE_BYTES,
@@ -241,7 +242,7 @@ class S3Upload:
         except NotFoundError:
             pass
         except S3StreamError as exc:  # the parts stay invisible; a bucket lifecycle rule reaps them
-            log.warning("abort of multipart upload %s for %r failed: %s", upload_id, self.key, exc)
+            log_event(log, logging.WARNING, "s3.abort_failed", upload_id=upload_id, key=self.key, error=exc)
 
     # -- steps -------------------------------------------------------------------------------
 

@@ -175,7 +175,7 @@ async def test_open_with_an_unreachable_s3_endpoint_opens_and_warns(
     uri = "0@s3://b?endpoint=http://127.0.0.1:1&region=us-east-1&pathStyle=true&accessKey=a&secretKey=b"
     client = await open_client(tmp_path, bucket_uri=uri, config=CONFIG, metadata=MemoryMetadataStore())
     await client.close()
-    assert "object storage did not answer at open" in caplog.text
+    assert "storage.unreachable_at_open" in caplog.text
 
 
 # -- one object storage, two metadata stores ----------------------------------------------------------

@@ -278,6 +278,6 @@ def _driver_rss(ctx: Context) -> Result:
 
 
 async def run(ctx: Context) -> list[Result]:
-    from benchmarks.workloads.spark_source import measure_source
+    from benchmarks.workloads._spark_source import measure_source
 
     return await asyncio.to_thread(_measure, ctx) + await asyncio.to_thread(measure_source, ctx)

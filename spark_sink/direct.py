@@ -6,10 +6,14 @@ Per micro-batch (``docs/spark-sink.md`` section "Direct writes"):
    path's record names it complete -> nothing to do (a replay of a committed batch);
 2. check: every partition's stream ends at the topic's committed end (else a foreign or unfinished
    write sits past it: ``ConflictError``, nothing written);
-3. persist the normalized rows; **count pass** (one small row per task and partition); plan every
-   task's absolute base offsets (:func:`~spark_sink.direct_protocol.plan_bases`);
+3. persist the normalized rows with their row hashes; **count pass**, a Spark aggregation
+   (:func:`~spark_sink.direct_count.count_pass`: one small row per task and partition with its row
+   digest, no row enters Python); plan every task's absolute base offsets
+   (:func:`~spark_sink.direct_protocol.plan_bases`);
 4. prepare ``tasks x SLOTS_PER_TASK`` object ids; **write pass**: each task attempt encodes its rows
-   with absolute offsets and uploads one object under its slot's id, returning a description;
+   with absolute offsets, checks its counts and row digests against the count pass's and uploads one
+   object under its slot's id, returning a description (each task reads only its own assignment,
+   from one broadcast of the plan);
 5. check the descriptions tile every partition's range (:func:`~spark_sink.direct_protocol.check_tiling`);
    commit every object, the stream ends, the progress record and the committed record in ONE
    ``commit_objects`` transaction, conditional on both records still holding what step 1 read, and
@@ -33,12 +37,12 @@ from s3stream.errors import ConflictError, InvalidArgumentError
 from s3stream.facade import SyncClient, SyncStream
 from s3stream.ids import ObjectId, StreamId
 from s3stream.metadata.base import CommittedObject, StreamOffsetRange
+from spark_sink.direct_count import count_pass, with_digest
 from spark_sink.direct_protocol import (
     DirectProgress,
     ObjectDescription,
     OffsetPlan,
     SlotTable,
-    TaskCount,
     WrittenRange,
     check_tiling,
     committed_after_direct,
@@ -46,11 +50,10 @@ from spark_sink.direct_protocol import (
     direct_progress_key,
     load_committed,
     plan_bases,
+    task_assignments,
 )
 from spark_sink.direct_tasks import (
-    COUNT_DDL,
     WRITE_DDL,
-    CountFunction,
     DirectOptions,
     TaskObserver,
     WriteFunction,
@@ -172,9 +175,9 @@ class DirectWriter:
         self.check_ends(committed, batch_id)
         from pyspark import StorageLevel
 
-        persisted = rows.persist(getattr(StorageLevel, self.persist_level))
+        persisted = with_digest(rows).persist(getattr(StorageLevel, self.persist_level))
         try:
-            counts = self._count(persisted, encode)
+            counts = count_pass(persisted, encode)
             plan = plan_bases(counts, committed.ends)
             self.observer(f"after_count:{batch_id}")
             t1 = time.perf_counter()
@@ -206,14 +209,6 @@ class DirectWriter:
             commit_s=t3 - t2,
         )
 
-    def _count(self, rows: DataFrame, encode: EncodeOptions) -> list[TaskCount]:
-        out: list[TaskCount] = []
-        for row in rows.mapInArrow(CountFunction(encode), COUNT_DDL).collect():
-            if row["error"] is not None:
-                raise InvalidArgumentError(str(row["error"]))
-            out.append(TaskCount(row["task"], row["partition"], row["records"], row["payload_bytes"]))
-        return out
-
     def _prepare(self, plan: OffsetPlan) -> SlotTable:
         tasks = plan.tasks
         first = self.client.prepare_objects(SlotTable(0, tasks).id_count, ttl_ms=self.prepared_ttl_ms)
@@ -222,19 +217,25 @@ class DirectWriter:
     def _write_objects(
         self, rows: DataFrame, encode: EncodeOptions, plan: OffsetPlan, slots: SlotTable
     ) -> list[ObjectDescription]:
+        assignments = task_assignments(plan, slots)
+        # one broadcast: each Python worker loads the plan once, each task looks up its own entry
+        shared = rows.sparkSession.sparkContext.broadcast(assignments)
         options = DirectOptions(
             encode=encode,
             bucket_uri=self.bucket_uri,
             namespace=self.namespace,
             stream_ids=tuple(int(s.stream_id) for s in self.streams),
             stream_epochs=tuple(s.stream.epoch for s in self.streams),
-            bases=dict(plan.bases),
-            counts=dict(plan.counts),
-            slots=slots,
+            assignments=shared,
+            slots_per_task=slots.slots_per_task,
             task_observer=self.task_observer or no_task_observer,
         )
         out: list[ObjectDescription] = []
-        for row in rows.mapInArrow(WriteFunction(options), WRITE_DDL).collect():
+        try:
+            collected = rows.mapInArrow(WriteFunction(options), WRITE_DDL).collect()
+        finally:
+            shared.unpersist()
+        for row in collected:
             if row["error"] is not None:
                 raise ConflictError(str(row["error"]))
             ranges = tuple(

@@ -29,7 +29,7 @@ import struct
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,7 +64,6 @@ _SPOOL_ENTRY = struct.Struct(
 )
 
 
-@runtime_checkable
 class SharedValue(Protocol):
     """A value shipped once to each executor (``pyspark.Broadcast``)."""
 
@@ -100,7 +99,7 @@ class DirectOptions:
     def assignment(self, task: int) -> TaskAssignment | None:
         """``task``'s assignment (None: the count pass saw no rows in it). O(1)."""
         shared = self.assignments
-        mapping: Mapping[int, TaskAssignment] = shared.value if isinstance(shared, SharedValue) else shared
+        mapping = shared if isinstance(shared, Mapping) else shared.value
         return mapping.get(task)
 
 

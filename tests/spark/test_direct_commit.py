@@ -10,6 +10,7 @@ a write pass that outlives its ids' TTL are checked without a Spark cluster's co
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from s3stream.config import Config
 from s3stream.engine.stream import Status
 from s3stream.errors import ConflictError, InvalidArgumentError, UnavailableError
 from s3stream.facade import SyncClient, SyncStream
+from s3stream.ids import ObjectId
 from s3stream.metadata.base import CommitObjectsRequest, MetadataStore, ObjectState
 from s3stream.metadata.url import open_metadata_store
 from spark_sink.direct import DirectStats, DirectWriter, describe
@@ -131,11 +133,15 @@ class DroppedCommitStore:
         self._inner = inner
         self.armed = False
         self.commit_first = True
+        self.fail_releases = False
+        """Release-only requests (no objects) raise UnavailableError without writing."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     async def commit_objects(self, request: CommitObjectsRequest) -> None:
+        if self.fail_releases and not request.objects:
+            raise UnavailableError("the store is away")
         if self.armed and request.objects:
             self.armed = False
             if self.commit_first:
@@ -312,6 +318,24 @@ def test_a_commit_with_an_unknown_outcome_is_settled_by_the_replay_and_later_bat
         # the lost attempt's ids (not committed) expire after their TTL, like a crashed driver's
         left = len(topic.objects(ObjectState.PREPARED))
         assert left == (0 if commit_first else 4 * SLOTS_PER_TASK)
+
+
+def test_releases_after_a_commit_that_fail_leave_the_ids_to_expire_and_the_writer_goes_on(
+    tmp_path: Path, metadata_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with open_topic(tmp_path, metadata_url, 1) as topic:
+        writer = topic.writer()
+        first = int(topic.client.prepare_objects(5, ttl_ms=60_000))
+        ids = [ObjectId(first + i) for i in range(5)]
+        topic.store.fail_releases = True
+        with caplog.at_level(logging.WARNING, logger="spark_sink.direct"):
+            writer._release([ids[:3], ids[3:]], batch_id=7)  # the batch is committed: no error
+        assert "micro-batch 7 is committed; releasing 5 unused object ids failed" in caplog.text
+        assert len(topic.objects(ObjectState.PREPARED)) == 5
+        topic.store.fail_releases = False
+        writer._release([ids[:3], ids[3:]], batch_id=7)
+        assert topic.objects(ObjectState.PREPARED) == []
+        assert len(topic.objects(ObjectState.MARK_DESTROYED)) == 5
 
 
 def test_settling_needs_no_round_trip_when_nothing_is_reserved(tmp_path: Path, metadata_url: str) -> None:

@@ -95,6 +95,8 @@ class Config:
     wal_failover_progress_leases: int = 6
     wal_failover_run_failures_max: int = 3
     wal_failover_attempts_max: int = 5
+    # -- direct writes (objects uploaded elsewhere, committed by commit_objects) ----------------
+    direct_prepared_ttl_ms: int = 24 * 60 * 60 * 1000
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -258,6 +260,10 @@ KEYS: tuple[Key, ...] = (
     Key("s3.wal.failover.attempts.max", "wal_failover_attempts_max", int, 1, 1_000,
         "takeover attempts (across nodes) after which the takeover is FAILED: the slot is freed and the "
         "dead node may register again and replay its own WAL; ours 5"),
+    Key("s3.direct.prepared.ttl.ms", "direct_prepared_ttl_ms", int, 1, 7 * 86_400_000,
+        "TTL of the object ids a direct write (the Spark sink's direct path) prepares: the longest its "
+        "write pass may take before the commit (longer: the micro-batch fails, nothing committed); "
+        "ids a crashed driver left expire after it and GC deletes their objects; ours 24 h"),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}

@@ -22,11 +22,12 @@ values, so each rule is a unit test:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from s3stream.engine.kvlog import DIRECT_KV_PREFIX
 from s3stream.errors import ConflictError, CorruptionError, InvalidArgumentError
+from s3stream.metadata.controller import PREPARE_MAX_COUNT
 from spark_sink.protocol import Committed, committed_key
 
 DIRECT_PROGRESS_VERSION = 3
@@ -40,6 +41,10 @@ SLOTS_PER_TASK = 16
 succeeds; PySpark gives no stage attempt number, so a stage re-attempt starts again at slot 0 and
 moves past the slots earlier attempts took. An attempt past the last slot fails the micro-batch
 safely (nothing committed; the replay prepares new ids)."""
+
+PREPARE_IDS_PER_CALL_MAX = PREPARE_MAX_COUNT
+"""Ids one ``prepare_objects`` call may allocate: a micro-batch of more tasks prepares in several calls."""
+assert PREPARE_IDS_PER_CALL_MAX >= SLOTS_PER_TASK
 
 
 def direct_progress_key(query_id: str, topic: str) -> str:
@@ -184,28 +189,51 @@ def plan_bases(counts: Sequence[TaskCount], start_ends: Sequence[int]) -> Offset
     return OffsetPlan(tuple(start_ends), tuple(nxt), bases, merged, task_plans, tuple(by_task))
 
 
+def prepare_call_sizes(task_count: int, slots_per_task: int = SLOTS_PER_TASK) -> list[int]:
+    """The id counts of the ``prepare_objects`` calls for ``task_count`` tasks: whole tasks per call,
+    at most :data:`PREPARE_IDS_PER_CALL_MAX` ids each (the metadata store's limit per call)."""
+    per_call = tasks_per_prepare_call(slots_per_task)
+    return [min(per_call, task_count - start) * slots_per_task for start in range(0, task_count, per_call)]
+
+
+def tasks_per_prepare_call(slots_per_task: int = SLOTS_PER_TASK) -> int:
+    """How many tasks' slots one ``prepare_objects`` call holds."""
+    return PREPARE_IDS_PER_CALL_MAX // slots_per_task
+
+
 @dataclass(frozen=True, slots=True)
 class SlotTable:
-    """Object ids prepared for a micro-batch: task ``t``'s slot ``s`` is ``first_id + index(t) *
-    slots_per_task + s`` where ``index`` is ``t``'s position among the planned tasks."""
+    """Object ids prepared for a micro-batch, ``slots_per_task`` per task, in one ``prepare_objects``
+    call per :func:`tasks_per_prepare_call` tasks (each call's ids are consecutive, the calls' are
+    not). Task ``t`` at position ``i`` among the planned tasks is in call ``c = i //
+    tasks_per_prepare_call()``; its slot ``s`` is ``first + (i - c * tasks_per_prepare_call()) *
+    slots_per_task + s`` where ``first`` is ``first_id`` for call 0 and ``later_first_ids[c - 1]``
+    after it."""
 
     first_id: int
     tasks: tuple[int, ...]
     slots_per_task: int = SLOTS_PER_TASK
+    later_first_ids: tuple[int, ...] = ()
     _index: dict[int, int] = field(init=False, repr=False, compare=False)
     """task -> its position in ``tasks``, built once: :meth:`object_id` is O(1)."""
 
     def __post_init__(self) -> None:
+        calls = len(prepare_call_sizes(len(self.tasks), self.slots_per_task))
+        if len(self.later_first_ids) != max(0, calls - 1):
+            raise InvalidArgumentError(
+                f"{len(self.tasks)} tasks take {calls} prepare calls, got {1 + len(self.later_first_ids)} first ids"
+            )
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tasks)})
 
-    def __getstate__(self) -> tuple[int, tuple[int, ...], int]:
-        return (self.first_id, self.tasks, self.slots_per_task)
+    def __getstate__(self) -> tuple[int, tuple[int, ...], int, tuple[int, ...]]:
+        return (self.first_id, self.tasks, self.slots_per_task, self.later_first_ids)
 
-    def __setstate__(self, state: tuple[int, tuple[int, ...], int]) -> None:
-        first_id, tasks, slots_per_task = state
+    def __setstate__(self, state: tuple[int, tuple[int, ...], int, tuple[int, ...]]) -> None:
+        first_id, tasks, slots_per_task, later_first_ids = state
         object.__setattr__(self, "first_id", first_id)
         object.__setattr__(self, "tasks", tasks)
         object.__setattr__(self, "slots_per_task", slots_per_task)
+        object.__setattr__(self, "later_first_ids", later_first_ids)
         self.__post_init__()
 
     @property
@@ -214,10 +242,15 @@ class SlotTable:
 
     def object_id(self, task: int, slot: int) -> int:
         assert 0 <= slot < self.slots_per_task
-        return self.first_id + self._index[task] * self.slots_per_task + slot
+        call, position = divmod(self._index[task], tasks_per_prepare_call(self.slots_per_task))
+        first = self.first_id if call == 0 else self.later_first_ids[call - 1]
+        return first + position * self.slots_per_task + slot
 
-    def all_ids(self) -> range:
-        return range(self.first_id, self.first_id + self.id_count)
+    def all_ids(self) -> Iterator[int]:
+        """Every prepared id, call by call."""
+        sizes = prepare_call_sizes(len(self.tasks), self.slots_per_task)
+        for first, size in zip((self.first_id, *self.later_first_ids), sizes, strict=True):
+            yield from range(first, first + size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from spark_sink.direct_protocol import (
     WrittenRange,
     check_tiling,
     plan_bases,
+    prepare_call_sizes,
     task_assignments,
+    tasks_per_prepare_call,
 )
 from spark_sink.direct_tasks import DirectOptions
 from spark_sink.encode import EncodeOptions
@@ -40,7 +42,11 @@ def test_a_large_plan_is_handled_in_time_linear_in_its_size() -> None:
     descriptions_input = []
     started = time.process_time()
     plan = plan_bases(counts, [100] * PARTITIONS)
-    slots = SlotTable(1_000, plan.tasks)
+    # the ids of several prepare calls, here back to back so task i's slot 0 is 1_000 + i x slots
+    sizes = prepare_call_sizes(len(plan.tasks))
+    assert len(sizes) > 1
+    firsts = [1_000 + sum(sizes[:c]) for c in range(len(sizes))]
+    slots = SlotTable(firsts[0], plan.tasks, later_first_ids=tuple(firsts[1:]))
     assignments = task_assignments(plan, slots)
     options = DirectOptions(
         encode=EncodeOptions(
@@ -87,3 +93,13 @@ def test_a_slot_table_pickles_with_its_index() -> None:
     again = pickle.loads(pickle.dumps(slots))
     assert again == slots
     assert [again.object_id(t, 1) for t in (3, 9, 4)] == [8, 10, 12]
+
+
+def test_a_slot_table_of_several_prepare_calls_pickles_with_its_later_first_ids() -> None:
+    per_call = tasks_per_prepare_call(2)
+    tasks = tuple(range(per_call + 1))
+    slots = SlotTable(7, tasks, slots_per_task=2, later_first_ids=(100_000,))
+    again = pickle.loads(pickle.dumps(slots))
+    assert again == slots
+    assert again.object_id(per_call - 1, 1) == 7 + (per_call - 1) * 2 + 1
+    assert again.object_id(per_call, 1) == 100_001

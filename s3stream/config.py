@@ -108,6 +108,8 @@ class Config:
     data_buckets_probe_successes: int = 3
     data_buckets_request_timeout_ms: int = 2_000
     data_buckets_weights_poll_ms: int = 2_000
+    # -- direct writes (objects uploaded elsewhere, committed by commit_objects) ----------------
+    direct_prepared_ttl_ms: int = 24 * 60 * 60 * 1000
 
     def __post_init__(self) -> None:
         for key in KEYS:
@@ -297,6 +299,10 @@ KEYS: tuple[Key, ...] = (
         "apiCallAttemptTimeoutMs wins); the call deadline is twice it; ours 2000"),
     Key("s3.data.buckets.weights.poll.ms", "data_buckets_weights_poll_ms", int, 10, 600_000,
         "how often a node reads the live sharding weights from the metadata KV; ours 2000"),
+    Key("s3.direct.prepared.ttl.ms", "direct_prepared_ttl_ms", int, 1, 7 * 86_400_000,
+        "TTL of the object ids a direct write (the Spark sink's direct path) prepares: the longest its "
+        "write pass may take before the commit (longer: the micro-batch fails, nothing committed); "
+        "ids a crashed driver left expire after it and GC deletes their objects; ours 24 h"),
 )  # fmt: skip
 KEYS_BY_NAME = {name: key for key in KEYS for name in (key.name, *key.aliases)}
 KEYS_BY_FIELD = {key.field: key for key in KEYS}

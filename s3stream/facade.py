@@ -280,6 +280,13 @@ class SyncClient:
             )
         )
 
+    def settle_external(self, streams: Sequence[SyncStream]) -> int:
+        """See :meth:`s3stream.engine.client.Client.settle_external`."""
+        for stream in streams:
+            if not isinstance(stream, SyncStream):
+                raise InvalidArgumentError(f"streams must be SyncStreams, got {type(stream).__name__}")
+        return self._run.run(self.client.settle_external([s.stream for s in streams]))
+
     def close(self) -> None:
         """Close the client (every open stream forces its data up), then stop the loop thread."""
         try:

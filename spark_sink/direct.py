@@ -2,18 +2,26 @@
 
 Per micro-batch (``docs/spark-sink.md`` section "Direct writes"):
 
-1. skip: (query, topic)'s direct progress record names this batch or a later one, or the driver
-   path's record names it complete -> nothing to do (a replay of a committed batch);
+1. settle: streams an earlier commit of this writer left reserved with an unknown outcome take the
+   metadata's ends (``SyncClient.settle_external``); skip: (query, topic)'s direct progress record
+   names this batch or a later one, or the driver path's record names it complete -> nothing to do
+   (a replay of a committed batch);
 2. check: every partition's stream ends at the topic's committed end (else a foreign or unfinished
    write sits past it: ``ConflictError``, nothing written);
-3. persist the normalized rows; **count pass** (one small row per task and partition); plan every
-   task's absolute base offsets (:func:`~spark_sink.direct_protocol.plan_bases`);
-4. prepare ``tasks x SLOTS_PER_TASK`` object ids; **write pass**: each task attempt encodes its rows
-   with absolute offsets and uploads one object under its slot's id, returning a description;
-5. check the descriptions tile every partition's range (:func:`~spark_sink.direct_protocol.check_tiling`);
-   commit every object, the stream ends, the progress record and the committed record in ONE
-   ``commit_objects`` transaction, conditional on both records still holding what step 1 read, and
-   release the other prepared ids; unpersist.
+3. persist the normalized rows with their row hashes; **count pass**, a Spark aggregation
+   (:func:`~spark_sink.direct_count.count_pass`: one small row per task and partition with its row
+   digest, no row enters Python); plan every task's absolute base offsets
+   (:func:`~spark_sink.direct_protocol.plan_bases`);
+4. prepare ``tasks x SLOTS_PER_TASK`` object ids (in calls of at most ``PREPARE_IDS_PER_CALL_MAX``);
+   **write pass**: each task attempt encodes its rows with absolute offsets, checks its counts and
+   row digests against the count pass's and uploads one object under its slot's id, returning a
+   description (each task reads only its own assignment, from one broadcast of the plan);
+5. check the descriptions tile every partition's range (:func:`~spark_sink.direct_protocol.check_tiling`)
+   and the ids' TTL (``s3.direct.prepared.ttl.ms``) has not run out; commit every object, the stream
+   ends, the progress record and the committed record in ONE ``commit_objects`` transaction,
+   conditional on both records still holding what step 1 read, releasing the other prepared ids (as
+   many as one commit takes; the rest in bounded calls after it, :mod:`spark_sink.direct_ids`);
+   unpersist.
 
 The engine's ``commit_external`` reserves the topic's streams, waits for the appends in flight, uploads
 whatever the WAL holds of them and checks their ends before the transaction: data the driver appended
@@ -24,20 +32,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from s3stream.errors import ConflictError, InvalidArgumentError
+from s3stream.errors import ConflictError, ErrorCode, InvalidArgumentError, NotFoundError, UnavailableError
 from s3stream.facade import SyncClient, SyncStream
 from s3stream.ids import ObjectId, StreamId
 from s3stream.metadata.base import CommittedObject, StreamOffsetRange
+from spark_sink.direct_count import count_pass, with_digest
+from spark_sink.direct_ids import PreparedDeadline, check_commit_size, expired_error, split_release
 from spark_sink.direct_protocol import (
     DirectProgress,
     ObjectDescription,
     OffsetPlan,
     SlotTable,
+    TaskAssignment,
     TaskCount,
     WrittenRange,
     check_tiling,
@@ -46,12 +58,13 @@ from spark_sink.direct_protocol import (
     direct_progress_key,
     load_committed,
     plan_bases,
+    prepare_call_sizes,
+    task_assignments,
 )
 from spark_sink.direct_tasks import (
-    COUNT_DDL,
     WRITE_DDL,
-    CountFunction,
     DirectOptions,
+    SharedValue,
     TaskObserver,
     WriteFunction,
     no_task_observer,
@@ -63,6 +76,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 PERSIST_LEVEL_DEFAULT = "MEMORY_AND_DISK"
 """How the micro-batch is kept between the count pass and the write pass (a ``StorageLevel`` name)."""
 PERSIST_LEVELS = ("MEMORY_AND_DISK", "MEMORY_AND_DISK_SER", "DISK_ONLY", "MEMORY_ONLY")
@@ -119,6 +133,10 @@ class DirectWriter:
         self.bucket_uri = bucket_uri
         self.namespace = namespace
         self.prepared_ttl_ms = prepared_ttl_ms
+        """TTL of the ids :meth:`_prepare` takes (``s3.direct.prepared.ttl.ms``): the longest the
+        write pass may take."""
+        self._deadline: PreparedDeadline | None = None
+        """Set by :meth:`_prepare`, checked by :meth:`_commit` (one micro-batch at a time)."""
         self.observer = observer
         self.task_observer = task_observer
         self.persist_level = persist_level
@@ -164,15 +182,14 @@ class DirectWriter:
         """Write the normalized ``rows`` of micro-batch ``encode.batch_id`` (see the module docstring)."""
         batch_id = encode.batch_id
         t0 = time.perf_counter()
+        self.settle()
         snap = self.snapshot(query_id)
         committed = snap.committed
         if self.already_committed(query_id, batch_id, snap):
             self.observer(f"skip:{batch_id}")
             return DirectStats(batch_id, 0, 0, 0, 0, 0, True, 0.0, 0.0, 0.0)
         self.check_ends(committed, batch_id)
-        from pyspark import StorageLevel
-
-        persisted = rows.persist(getattr(StorageLevel, self.persist_level))
+        persisted = self._persist(rows)
         try:
             counts = self._count(persisted, encode)
             plan = plan_bases(counts, committed.ends)
@@ -181,7 +198,7 @@ class DirectWriter:
             if not plan.tasks:
                 self.observer(f"after_batch:{batch_id}")
                 return DirectStats(batch_id, 0, 0, 0, 0, 0, False, t1 - t0, 0.0, 0.0)
-            slots = self._prepare(plan)
+            slots = self._prepare(plan, batch_id=batch_id)
             self.observer(f"after_prepare:{batch_id}")
             described = self._write_objects(persisted, encode, plan, slots)
             self.observer(f"after_upload:{batch_id}")
@@ -206,51 +223,64 @@ class DirectWriter:
             commit_s=t3 - t2,
         )
 
-    def _count(self, rows: DataFrame, encode: EncodeOptions) -> list[TaskCount]:
-        out: list[TaskCount] = []
-        for row in rows.mapInArrow(CountFunction(encode), COUNT_DDL).collect():
-            if row["error"] is not None:
-                raise InvalidArgumentError(str(row["error"]))
-            out.append(TaskCount(row["task"], row["partition"], row["records"], row["payload_bytes"]))
-        return out
+    def _persist(self, rows: DataFrame) -> DataFrame:
+        """The normalized ``rows`` with their row hashes (:func:`with_digest`), persisted at
+        ``persist_level`` for both passes."""
+        from pyspark import StorageLevel
 
-    def _prepare(self, plan: OffsetPlan) -> SlotTable:
+        return with_digest(rows).persist(getattr(StorageLevel, self.persist_level))
+
+    def _count(self, rows: DataFrame, encode: EncodeOptions) -> list[TaskCount]:
+        """The count pass over the persisted ``rows`` (:func:`count_pass`)."""
+        return count_pass(rows, encode)
+
+    def settle(self) -> int:
+        """Settle this writer's streams if a commit with an unknown outcome left them reserved: they
+        take the metadata's ends, so the progress record read next decides whether the batch is
+        committed and :meth:`check_ends` compares the right offsets. Returns how many were settled."""
+        settled = self.client.settle_external(self.streams)
+        if settled:
+            self.observer("settled")
+        return settled
+
+    def _prepare(self, plan: OffsetPlan, *, batch_id: int) -> SlotTable:
+        """The ids of every task's slots, in bounded ``prepare_objects`` calls; starts the TTL clock."""
+        check_commit_size(plan, batch_id=batch_id)
         tasks = plan.tasks
-        first = self.client.prepare_objects(SlotTable(0, tasks).id_count, ttl_ms=self.prepared_ttl_ms)
-        return SlotTable(int(first), tasks)
+        self._deadline = PreparedDeadline(self.prepared_ttl_ms)
+        firsts = [
+            int(self.client.prepare_objects(count, ttl_ms=self.prepared_ttl_ms))
+            for count in prepare_call_sizes(len(tasks))
+        ]
+        return SlotTable(firsts[0], tasks, later_first_ids=tuple(firsts[1:]))
 
     def _write_objects(
         self, rows: DataFrame, encode: EncodeOptions, plan: OffsetPlan, slots: SlotTable
     ) -> list[ObjectDescription]:
-        options = DirectOptions(
+        # one broadcast: each Python worker loads the plan once, each task looks up its own entry
+        shared = rows.sparkSession.sparkContext.broadcast(task_assignments(plan, slots))
+        options = self._options(encode, slots, shared)
+        try:
+            collected = rows.mapInArrow(WriteFunction(options), WRITE_DDL).collect()
+        finally:
+            shared.unpersist()
+        return [describe(row.asDict()) for row in collected]
+
+    def _options(
+        self, encode: EncodeOptions, slots: SlotTable, assignments: Mapping[int, TaskAssignment] | SharedValue
+    ) -> DirectOptions:
+        """What the write pass's tasks are given: ``assignments`` is :func:`task_assignments` of the
+        plan, or a broadcast of it."""
+        return DirectOptions(
             encode=encode,
             bucket_uri=self.bucket_uri,
             namespace=self.namespace,
             stream_ids=tuple(int(s.stream_id) for s in self.streams),
             stream_epochs=tuple(s.stream.epoch for s in self.streams),
-            bases=dict(plan.bases),
-            counts=dict(plan.counts),
-            slots=slots,
+            assignments=assignments,
+            slots_per_task=slots.slots_per_task,
             task_observer=self.task_observer or no_task_observer,
         )
-        out: list[ObjectDescription] = []
-        for row in rows.mapInArrow(WriteFunction(options), WRITE_DDL).collect():
-            if row["error"] is not None:
-                raise ConflictError(str(row["error"]))
-            ranges = tuple(
-                WrittenRange(int(p), int(s), int(e), int(b)) for p, s, e, b in json.loads(row["ranges"])
-            )
-            out.append(
-                ObjectDescription(
-                    row["task"],
-                    row["slot"],
-                    row["object_id"],
-                    row["size_bytes"],
-                    row["stream_object"],
-                    ranges,
-                )
-            )
-        return out
 
     def _commit(
         self,
@@ -263,7 +293,9 @@ class DirectWriter:
         batch_id: int,
     ) -> None:
         """ONE ``commit_objects``: the winners in task order, the stream ends, the progress and
-        committed records (conditional on what :meth:`snapshot` read), the other slots' ids released."""
+        committed records (conditional on what :meth:`snapshot` read), the other slots' ids released
+        (as many as the commit takes, the rest after it: :func:`split_release`). Refused before the
+        store is asked when the ids' TTL has run out (:class:`PreparedDeadline`)."""
         stream_ids = [StreamId(int(s.stream_id)) for s in self.streams]
         objects = [
             CommittedObject(
@@ -287,18 +319,60 @@ class DirectWriter:
         used = {w.object_id for w in winners}
         progress_key = direct_progress_key(query_id, self.topic)
         new_committed = committed_after_direct(snap.committed, plan, query_id=query_id, batch_id=batch_id)
-        self.client.commit_objects(
-            self.streams,
-            objects,
-            kv_puts={
-                progress_key: DirectProgress(batch_id).encode(),
-                direct_committed_key(self.topic): new_committed.encode(),
-            },
-            # not the driver path's record (a WAL key): it moves only by an abandon, which needs
-            # records past the committed ends, and the continuity check refuses any such record
-            kv_expect={k: v for k, v in snap.raw.items() if k != committed_key(self.topic)},
-            release_ids=[ObjectId(i) for i in slots.all_ids() if i not in used],
-        )
+        unused = [ObjectId(i) for i in slots.all_ids() if i not in used]
+        release_now, release_later = split_release(unused, range_count=sum(len(o.ranges) for o in objects))
+        deadline = self._deadline
+        assert deadline is not None, "_prepare runs before _commit"
+        deadline.check(batch_id=batch_id)
+        try:
+            self.client.commit_objects(
+                self.streams,
+                objects,
+                kv_puts={
+                    progress_key: DirectProgress(batch_id).encode(),
+                    direct_committed_key(self.topic): new_committed.encode(),
+                },
+                # not the driver path's record (a WAL key): it moves only by an abandon, which needs
+                # records past the committed ends, and the continuity check refuses any such record
+                kv_expect={k: v for k, v in snap.raw.items() if k != committed_key(self.topic)},
+                release_ids=release_now,
+            )
+        except NotFoundError as exc:
+            if exc.code != ErrorCode.OBJECT_NOT_EXIST:
+                raise
+            # expired by the store's clock, just inside the driver's
+            raise expired_error(
+                batch_id, deadline.ttl_ms, f"an object id was gone at the commit ({exc})"
+            ) from exc
+        self._release(release_later, batch_id=batch_id)
+
+    def _release(self, chunks: list[list[ObjectId]], *, batch_id: int) -> None:
+        """Release the unused ids the commit had no room for, one bounded call per chunk. The batch is
+        committed already: a store that fails here only leaves ids to expire after their TTL."""
+        for i, chunk in enumerate(chunks):
+            try:
+                self.client.commit_objects([], [], release_ids=chunk)
+            except UnavailableError as exc:
+                left = sum(len(c) for c in chunks[i:])
+                log.warning(
+                    "micro-batch %d is committed; releasing %d unused object ids failed (%s): they expire "
+                    "after s3.direct.prepared.ttl.ms",
+                    batch_id,
+                    left,
+                    exc,
+                )
+                return
+
+
+def describe(row: Mapping[str, Any]) -> ObjectDescription:
+    """The description of one row of the write pass (:data:`WRITE_DDL`); an error row raises its
+    error as ConflictError."""
+    if row["error"] is not None:
+        raise ConflictError(str(row["error"]))
+    ranges = tuple(WrittenRange(int(p), int(s), int(e), int(b)) for p, s, e, b in json.loads(row["ranges"]))
+    return ObjectDescription(
+        row["task"], row["slot"], row["object_id"], row["size_bytes"], row["stream_object"], ranges
+    )
 
 
 def kv_get(client: SyncClient, key: str) -> bytes | None:

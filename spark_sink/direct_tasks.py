@@ -1,17 +1,20 @@
-"""The direct path's executor side: the count pass and the write pass, inside ``mapInArrow``.
+"""The direct path's executor side: the write pass, inside ``mapInArrow``.
 
-Both passes run over the same persisted micro-batch (the sink's normalized rows). Neither sends a
-payload byte to the driver: the count pass returns one row per (Spark partition, topic partition)
-(:data:`COUNT_DDL`), the write pass one row per task attempt that wrote an object (:data:`WRITE_DDL`:
-its id, size and per-partition ranges as a small JSON list).
+It runs over the persisted micro-batch (the sink's normalized rows with their row hashes) after the
+count pass (:mod:`spark_sink.direct_count`, a Spark aggregation). It sends no payload byte to the
+driver: one row per task attempt that wrote an object (:data:`WRITE_DDL`: its id, size and
+per-partition ranges as a small JSON list). Each task reads only its own
+:class:`~spark_sink.direct_protocol.TaskAssignment` (ranges and object ids), shipped as one Spark
+broadcast of the whole plan (loaded once per Python worker) or inline: no task scans the plan.
 
 The write pass encodes a task's rows into Kafka RecordBatch v2 payloads exactly as the driver path
 does (:class:`~spark_sink.encode._Encoder`: same cut at ``batch_bytes_target``), but with absolute base
 offsets: partition ``p`` of task ``t`` starts at the plan's base ``(t, p)``. Payloads are spooled per
 partition (memory up to a bound, then a local temporary file) because an object holds its streams in
-stream id order while a task's rows come in any order; then the task recounts (a difference from the
-count pass fails the micro-batch: the rows changed, e.g. a lost cache block recomputed from a source
-that does not replay the same rows) and uploads ONE object create-only under the id of its attempt's
+stream id order while a task's rows come in any order; then the task recounts and recomputes each
+partition's row digest (:mod:`spark_sink.direct_digest`; a difference from the count pass fails the
+micro-batch: the rows changed, e.g. a lost cache block recomputed from a source that does not replay
+the same rows, even with the same counts) and uploads ONE object create-only under the id of its attempt's
 slot: a stream object when the task holds one partition, else a StreamSet object.
 
 ``task_observer`` (a picklable callable in :class:`DirectOptions`, a no-op by default) is called on the
@@ -26,7 +29,7 @@ import struct
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,20 +37,11 @@ import pyarrow.compute as pc
 from s3stream.direct.writer import write_object
 from s3stream.errors import ConflictError
 from s3stream.objectformat.writer import RecordFields
-from spark_sink.direct_protocol import SlotTable, attempt_slots
+from spark_sink.direct_digest import DIGEST_COLUMN, rows_digest
+from spark_sink.direct_protocol import SLOTS_PER_TASK, TaskAssignment, attempt_slots
 from spark_sink.encode import PARTITION_COLUMN, EncodeOptions, _Encoder, _Pending, check_rows
 from spark_sink.kafka_codec import encode_batch
 
-COUNT_SCHEMA = pa.schema(
-    [
-        pa.field("task", pa.int32(), nullable=False),  # Spark partition
-        pa.field("partition", pa.int32(), nullable=False),  # topic partition (-1 on an error row)
-        pa.field("records", pa.int64(), nullable=False),
-        pa.field("payload_bytes", pa.int64(), nullable=False),  # key + value bytes
-        pa.field("error", pa.string(), nullable=True),
-    ]
-)
-COUNT_DDL = "task int, partition int, records bigint, payload_bytes bigint, error string"
 WRITE_SCHEMA = pa.schema(
     [
         pa.field("task", pa.int32(), nullable=False),
@@ -69,6 +63,14 @@ _SPOOL_ENTRY = struct.Struct(
     "i"  # payload bytes that follow
 )
 
+
+class SharedValue(Protocol):
+    """A value shipped once to each executor (``pyspark.Broadcast``)."""
+
+    @property
+    def value(self) -> Mapping[int, TaskAssignment]: ...
+
+
 TaskObserver = Callable[[str, int, int, int], None]
 """``(step, batch id, task, task attempt)``, called on the executor at ``after_encode`` and
 ``after_upload``."""
@@ -89,61 +91,16 @@ class DirectOptions:
     stream_ids: tuple[int, ...]
     """Index = partition."""
     stream_epochs: tuple[int, ...]
-    bases: Mapping[tuple[int, int], int]
-    counts: Mapping[tuple[int, int], int]
-    slots: SlotTable
+    assignments: Mapping[int, TaskAssignment] | SharedValue
+    """task -> its assignment; a Spark ``Broadcast`` of that mapping on a cluster."""
+    slots_per_task: int = SLOTS_PER_TASK
     task_observer: TaskObserver = field(default=no_task_observer)
 
-
-def _count_error(task: int, message: str) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {"task": [task], "partition": [-1], "records": [0], "payload_bytes": [0], "error": [message]},
-        schema=COUNT_SCHEMA,
-    )
-
-
-def count_partition(
-    options: EncodeOptions, task: int, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """The count pass of one task: rows and key+value bytes per topic partition (or one error row)."""
-    records: dict[int, int] = {}
-    sizes: dict[int, int] = {}
-    for rows in batches:
-        message = check_rows(rows, options)
-        if message is not None:
-            yield _count_error(task, f"{message} (Spark partition {task})")
-            return
-        if not len(rows):
-            continue
-        part = rows.column(PARTITION_COLUMN)
-        size = pc.add(
-            pc.binary_length(rows.column("value")), pc.fill_null(pc.binary_length(rows.column("key")), 0)
-        )
-        grouped = (
-            pa.table({"p": part, "s": pc.cast(size, pa.int64())})
-            .group_by("p")
-            .aggregate([("s", "count"), ("s", "sum")])
-        )
-        for p, n, s in zip(
-            grouped.column("p").to_pylist(),
-            grouped.column("s_count").to_pylist(),
-            grouped.column("s_sum").to_pylist(),
-            strict=True,
-        ):
-            records[p] = records.get(p, 0) + n
-            sizes[p] = sizes.get(p, 0) + s
-    if records:
-        keys = sorted(records)
-        yield pa.RecordBatch.from_pydict(
-            {
-                "task": [task] * len(keys),
-                "partition": keys,
-                "records": [records[p] for p in keys],
-                "payload_bytes": [sizes[p] for p in keys],
-                "error": [None] * len(keys),
-            },
-            schema=COUNT_SCHEMA,
-        )
+    def assignment(self, task: int) -> TaskAssignment | None:
+        """``task``'s assignment (None: the count pass saw no rows in it). O(1)."""
+        shared = self.assignments
+        mapping = shared if isinstance(shared, Mapping) else shared.value
+        return mapping.get(task)
 
 
 class _Spool:
@@ -176,12 +133,12 @@ class _Spool:
 class _DirectEncoder(_Encoder):
     """The driver path's encoder, emitting each Kafka batch at its absolute offset into a spool."""
 
-    def __init__(self, options: DirectOptions, task: int) -> None:
+    def __init__(self, options: DirectOptions, task: int, assignment: TaskAssignment | None) -> None:
         super().__init__(options.encode, task)
         self.direct = options
-        partitions = [p for (t, p) in options.counts if t == task]
-        self.next_offset = {p: options.bases[(task, p)] for p in partitions}
-        memory = SPOOL_MEMORY_BYTES_MAX // max(1, len(partitions))
+        ranges = () if assignment is None else assignment.ranges
+        self.next_offset = {r.partition: r.base for r in ranges}
+        memory = SPOOL_MEMORY_BYTES_MAX // max(1, len(ranges))
         self.spools: dict[int, _Spool] = {}
         self.memory = memory
         self.unplanned: int | None = None
@@ -228,10 +185,12 @@ def write_partition(
     task_attempt: int,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """The write pass of one task attempt: encode, recount, upload one object, describe it."""
+    """The write pass of one task attempt: encode, recount and digest, upload one object, describe it."""
     where = f"micro-batch {options.encode.batch_id}, Spark partition {task}"
-    planned = sorted(p for (t, p) in options.counts if t == task)
-    encoder = _DirectEncoder(options, task)
+    assignment = options.assignment(task)
+    planned = () if assignment is None else assignment.ranges
+    encoder = _DirectEncoder(options, task, assignment)
+    digests: dict[int, int] = {}
     try:
         for rows in batches:
             message = check_rows(rows, options.encode)
@@ -240,32 +199,28 @@ def write_partition(
                 return
             part = rows.column(PARTITION_COLUMN)
             for target in sorted(pc.unique(part).to_pylist()):
-                encoder.add(
-                    target,
-                    rows if options.encode.partition_count == 1 else rows.filter(pc.equal(part, target)),
-                )
+                mine = rows if options.encode.partition_count == 1 else rows.filter(pc.equal(part, target))
+                digests[target] = digests.get(target, 0) + rows_digest(mine.column(DIGEST_COLUMN))
+                encoder.add(target, mine)
         encoder.finish()
-        got = {p: s.records for p, s in encoder.spools.items()}
-        want = {p: options.counts[(task, p)] for p in planned}
+        got = {p: (s.records, digests.get(p, 0)) for p, s in encoder.spools.items()}
+        want = {r.partition: (r.records, r.digest) for r in planned}
         if encoder.unplanned is not None or got != want:
-            yield _write_error(
-                task,
-                f"{where}: the write pass has {got} records per partition, the count pass had {want}: the "
-                "micro-batch's rows changed between the passes; nothing of it is committed",
-            )
+            yield _write_error(task, _changed_message(where, got, want))
             return
-        if not planned:
+        if assignment is None:
             return
         options.task_observer("after_encode", options.encode.batch_id, task, task_attempt)
-        order = sorted(planned, key=lambda p: options.stream_ids[p])
+        order = sorted(planned, key=lambda r: options.stream_ids[r.partition])
 
         def records() -> Iterator[RecordFields]:
-            for p in order:
+            for r in order:
+                p = r.partition
                 yield from encoder.spools[p].read(options.stream_ids[p], options.stream_epochs[p])
 
         written = None
-        for slot in attempt_slots(task_attempt, options.slots.slots_per_task):
-            object_id = options.slots.object_id(task, slot)
+        for slot in attempt_slots(task_attempt, options.slots_per_task):
+            object_id = assignment.first_object_id + slot
             try:
                 size = write_object(options.bucket_uri, options.namespace, object_id, records()).size_bytes
             except ConflictError:  # another attempt created this slot's object: take the next slot
@@ -276,15 +231,12 @@ def write_partition(
             yield _write_error(
                 task,
                 f"{where}: attempt {task_attempt} found no free object id slot of "
-                f"{options.slots.slots_per_task}; the micro-batch fails and its replay prepares new ids",
+                f"{options.slots_per_task}; the micro-batch fails and its replay prepares new ids",
             )
             return
         slot, object_id, size = written
         options.task_observer("after_upload", options.encode.batch_id, task, task_attempt)
-        ranges = [
-            [p, options.bases[(task, p)], options.bases[(task, p)] + want[p], encoder.spools[p].bytes]
-            for p in planned
-        ]
+        ranges = [[r.partition, r.base, r.end, encoder.spools[r.partition].bytes] for r in planned]
         yield pa.RecordBatch.from_pydict(
             {
                 "task": [task],
@@ -301,17 +253,21 @@ def write_partition(
         encoder.close()
 
 
-@dataclass(frozen=True, slots=True)
-class CountFunction:
-    """The picklable ``mapInArrow`` function of the count pass."""
-
-    options: EncodeOptions
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        return count_partition(self.options, ctx.partitionId() if ctx is not None else 0, batches)
+def _changed_message(where: str, got: dict[int, tuple[int, int]], want: dict[int, tuple[int, int]]) -> str:
+    """Why the write pass refuses a task's rows: the counts or the row digests differ from the count pass's."""
+    got_counts = {p: n for p, (n, _) in sorted(got.items())}
+    want_counts = {p: n for p, (n, _) in sorted(want.items())}
+    if got_counts != want_counts:
+        return (
+            f"{where}: the write pass has {got_counts} records per partition, the count pass had "
+            f"{want_counts}: the micro-batch's rows changed between the passes; nothing of it is committed"
+        )
+    differ = sorted(p for p in got if got[p][1] != want[p][1])
+    return (
+        f"{where}: the row digest of partition(s) {differ} differs from the count pass's (same record "
+        "counts, other rows): the micro-batch's rows changed between the passes (a non-deterministic "
+        "recompute); nothing of it is committed"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -376,7 +376,7 @@ class S3StreamSink:
                     streams=self._ensure_streams(),
                     bucket_uri=target,
                     namespace=self._config.namespace,
-                    prepared_ttl_ms=self._config.object_prepared_ttl_ms,
+                    prepared_ttl_ms=self._config.direct_prepared_ttl_ms,
                     observer=self._progress_observer,
                     task_observer=self._task_observer,
                     persist_level=self.persist_level,

@@ -1,10 +1,10 @@
 """One big micro-batch through the sink's direct path, with the driver's peak memory measured.
 
-``python -m benchmarks.workloads._spark_big_batch --data-dir D --bucket-uri U --mib N --driver-memory 1g``: a
-small micro-batch first (the driver's peak RSS with Spark, the engine and a direct batch warmed up),
-then one of ``N`` MiB of 1 KiB rows generated on the executors, both through ``S3StreamSink`` (direct
-path). Prints one JSON line: rows, seconds, and the peak RSS (``VmHWM``) of the Python driver after
-each batch and of the JVM.
+``python -m benchmarks.workloads._spark_big_batch --data-dir D --bucket-uri U --mib N --driver-memory 1g``: an
+empty micro-batch first (the driver's peak RSS with Spark and the engine started: the baseline), a
+1,000-row one (a direct batch warmed up), then one of ``N`` MiB of 1 KiB rows generated on the
+executors, all through ``S3StreamSink`` (direct path). Prints one JSON line: rows, seconds, and the
+peak RSS (``VmHWM``) of the Python driver after each batch and of the JVM.
 """
 
 from __future__ import annotations
@@ -89,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         persist_level=args.persist_level,
     )
     try:
+        sink(_rows(spark, 0, 0, args.tasks, args.partitions), 0)
+        rss_empty = peak_rss_bytes(os.getpid())
         t0 = time.perf_counter()
-        sink(_rows(spark, 0, 1000, args.tasks, args.partitions), 0)
+        sink(_rows(spark, 0, 1000, args.tasks, args.partitions), 1)
         warm_s = time.perf_counter() - t0
         rss_small = peak_rss_bytes(os.getpid())
         t1 = time.perf_counter()
-        sink(_rows(spark, 1000, rows, args.tasks, args.partitions), 1)
+        sink(_rows(spark, 1000, rows, args.tasks, args.partitions), 2)
         big_s = time.perf_counter() - t1
         rss_big = peak_rss_bytes(os.getpid())
         jvm = jvm_pid()
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 "driver_memory": args.driver_memory,
                 "small_s": warm_s,
                 "big_s": big_s,
+                "driver_peak_rss_empty_bytes": rss_empty,
                 "driver_peak_rss_small_bytes": rss_small,
                 "driver_peak_rss_big_bytes": rss_big,
                 "jvm_peak_rss_bytes": None if jvm is None else peak_rss_bytes(jvm),

@@ -405,6 +405,19 @@ class Client:
         )
         await self.engine.commit_external([s.handle for s in streams], request)
 
+    async def settle_external(self, streams: Sequence[Stream]) -> int:
+        """Settle streams a :meth:`commit_objects` with an unknown outcome (e.g. UnavailableError from
+        the metadata store) left reserved, for a caller that will not send the same request again
+        (e.g. its progress record shows the commit happened): each stream's next and confirm offsets
+        become the metadata's end offset and appends are accepted again. Streams not left reserved
+        by a commit are untouched. Returns how many were settled; see
+        :func:`s3stream.engine.external.settle_external`."""
+        self._check_open()
+        for stream in streams:
+            if not isinstance(stream, Stream) or stream.engine is not self.engine:
+                raise InvalidArgumentError(f"{stream!r} is not a stream of this client")
+        return await self.engine.settle_external([s.handle for s in streams])
+
     async def close(self) -> None:
         """Close every open stream (forcing its data up), then the engine and its components."""
         if self._closed:

@@ -514,6 +514,14 @@ class Engine:
         async with self._external_lock:
             await external.commit_external(self, handles, request)
 
+    async def settle_external(self, handles: Sequence[StreamHandle]) -> int:
+        """Settle handles an external commit with an unknown outcome left reserved
+        (:func:`s3stream.engine.external.settle_external`): they take the metadata's end offsets and
+        are released. Returns how many were settled."""
+        self._check_alive()
+        async with self._external_lock:
+            return await external.settle_external(self, handles)
+
     async def commit_objects_now(self, request: CommitObjectsRequest) -> None:
         """``commit_objects`` under this engine's node session (a node-level refusal fences the
         engine); callers go through :meth:`commit_external`."""

@@ -20,7 +20,9 @@ A commit whose outcome is unknown (the metadata store failed mid-call) leaves it
 releasing them could let appends take offsets the commit may have used. The next
 :func:`commit_external` of those streams settles it and releases them: the same request again is a
 no-op if the first went through (and commits otherwise); another request is checked against the
-ends the first one left.
+ends the first one left. A caller that learns the outcome another way (a progress record the commit
+wrote) and will not send the request again settles them with :func:`settle_external`: each stream
+takes the metadata's end and is released.
 
 KV: the keys of an external commit's ``kv_puts`` and ``kv_expect`` are under :data:`DIRECT_KV_PREFIX`,
 which the WAL's KV path refuses (:mod:`s3stream.engine.kvlog`): a WAL replay re-applies only keys
@@ -128,6 +130,45 @@ async def _drain_and_upload(engine: Engine, handles: Sequence[StreamHandle]) -> 
         await engine.force_upload(handle.stream_id)
 
 
+async def _settle(engine: Engine, handle: StreamHandle) -> None:
+    """Move a handle reserved since a commit of ours with an unknown outcome to the metadata's end.
+
+    While reserved no append can move the handle, and only that commit can have moved the stream
+    (this node owns it at this epoch): an end past the handle's offsets is that commit's, an equal
+    end means it did not happen. An end below them, or a handle with unconfirmed appends, breaks
+    that reasoning: ConflictError, the handle left as it is."""
+    meta = await engine.metadata.describe_stream(handle.stream_id)
+    if meta.end_offset > handle.next_offset == handle.confirm_offset:
+        handle.next_offset = handle.confirm_offset = meta.end_offset
+    elif not handle.next_offset == handle.confirm_offset == meta.end_offset:
+        raise ConflictError(
+            f"stream {handle.stream_id}: reserved by an external commit with an unknown outcome, the "
+            f"engine is at offset {handle.next_offset} (confirmed {handle.confirm_offset}), metadata at "
+            f"{meta.end_offset}: it cannot be settled",
+            code=ErrorCode.OFFSET_NOT_MATCHED,
+        )
+
+
+def _unsettled(handles: Sequence[StreamHandle]) -> list[StreamHandle]:
+    return [h for h in handles if h.status is Status.RESERVED and h.reservation == EXTERNAL_COMMIT]
+
+
+async def settle_external(engine: Engine, handles: Sequence[StreamHandle]) -> int:
+    """Settle the handles an external commit with an unknown outcome left reserved, without sending it
+    again: each takes the metadata's end offset (:func:`_settle`) and is released; handles not
+    reserved by an external commit are left alone. Returns how many were settled.
+
+    A caller that will not retry the same request (its progress record shows the commit happened, or
+    it plans anew from the metadata) calls this first; otherwise its handles stay reserved and their
+    offsets stale until the next :func:`commit_external` of the same streams. If the metadata cannot
+    be read, the error propagates and the handles stay reserved (settling later is still safe)."""
+    unsettled = _unsettled(handles)
+    for handle in unsettled:
+        await _settle(engine, handle)
+    release(unsettled)
+    return len(unsettled)
+
+
 async def commit_external(
     engine: Engine, handles: Sequence[StreamHandle], request: CommitObjectsRequest
 ) -> None:
@@ -135,7 +176,7 @@ async def commit_external(
     stream the request names (``stream_epochs``), open in this engine at those epochs."""
     _check_request(engine, handles, request)
     new_ends = _new_ends(request)
-    unsettled = {h for h in handles if h.status is Status.RESERVED and h.reservation == EXTERNAL_COMMIT}
+    unsettled = set(_unsettled(handles))
     reserve(handles, EXTERNAL_COMMIT)
     settled = True  # False only while the commit's outcome is unknown
     try:

@@ -1,4 +1,4 @@
-"""The direct path's executor functions without Spark: count rows, objects with absolute offsets, slots.
+"""The direct path's executor write pass without Spark: objects with absolute offsets, slots, digests.
 
 A real local object store (``file://``); the objects are opened with the object format's reader and
 their Kafka batches decoded, so what a task uploads is checked byte for byte against its rows.
@@ -7,6 +7,7 @@ their Kafka batches decoded, so what a task uploads is checked byte for byte aga
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,21 +18,29 @@ import pytest
 
 from s3stream.objectformat import ObjectReader, object_key
 from s3stream.storage.local import LocalObjectStorage
-from spark_sink.direct_protocol import SlotTable, TaskCount, plan_bases
-from spark_sink.direct_tasks import DirectOptions, count_partition, write_partition
+from spark_sink.direct_digest import DIGEST_COLUMN, rows_digest
+from spark_sink.direct_protocol import SlotTable, TaskAssignment, TaskCount, plan_bases, task_assignments
+from spark_sink.direct_tasks import DirectOptions, write_partition
 from spark_sink.encode import PARTITION_COLUMN, TIMESTAMP_MS_COLUMN, EncodeOptions
 from spark_sink.kafka_codec import decode_batch
 
 NS = "ns"
 
 
-def _rows(ids: range, partitions: int) -> pa.RecordBatch:
+def _hash(value: bytes) -> int:
+    """A stand-in for Spark's xxhash64: any signed 64-bit value per row."""
+    return int.from_bytes(hashlib.blake2b(value, digest_size=8).digest(), "big", signed=True)
+
+
+def _rows(ids: range, partitions: int, *, salt: str = "") -> pa.RecordBatch:
+    values = [f"{i}:{salt}".encode() + b"v" * (100 - len(salt)) for i in ids]
     return pa.RecordBatch.from_pydict(
         {
             PARTITION_COLUMN: pa.array([i % partitions for i in ids], pa.int32()),
             "key": pa.array([str(i).encode() for i in ids], pa.binary()),
-            "value": pa.array([f"{i}:".encode() + b"v" * 100 for i in ids], pa.binary()),
+            "value": pa.array(values, pa.binary()),
             TIMESTAMP_MS_COLUMN: pa.array([1_700_000_000_000 + i for i in ids], pa.int64()),
+            DIGEST_COLUMN: pa.array([_hash(v) for v in values], pa.int64()),
         }
     )
 
@@ -47,11 +56,17 @@ def _encode_options(partitions: int) -> EncodeOptions:
 
 
 def _counts(task: int, batches: list[pa.RecordBatch], partitions: int) -> list[TaskCount]:
+    """What the count pass (a Spark aggregation) reports for these rows."""
+    table = pa.Table.from_batches(batches)
     out = []
-    for rb in count_partition(_encode_options(partitions), task, iter(batches)):
-        for row in rb.to_pylist():
-            assert row["error"] is None
-            out.append(TaskCount(row["task"], row["partition"], row["records"], row["payload_bytes"]))
+    for p in range(partitions):
+        mine = table.filter(pa.compute.equal(table.column(PARTITION_COLUMN), p))
+        if mine.num_rows:
+            size = sum(
+                len(k) + len(v)
+                for k, v in zip(mine["key"].to_pylist(), mine["value"].to_pylist(), strict=True)
+            )
+            out.append(TaskCount(task, p, mine.num_rows, size, rows_digest(mine.column(DIGEST_COLUMN))))
     return out
 
 
@@ -63,10 +78,15 @@ def _options(root: Path, counts: list[TaskCount], partitions: int, ends: list[in
         namespace=NS,
         stream_ids=tuple(10 + (partitions - 1 - p) for p in range(partitions)),  # descending stream ids
         stream_epochs=(3,) * partitions,
-        bases=dict(plan.bases),
-        counts=dict(plan.counts),
-        slots=SlotTable(100, plan.tasks, slots_per_task=4),
+        assignments=task_assignments(plan, SlotTable(100, plan.tasks, slots_per_task=4)),
+        slots_per_task=4,
     )
+
+
+def _assigned(options: DirectOptions, task: int) -> TaskAssignment:
+    got = options.assignment(task)
+    assert got is not None
+    return got
 
 
 def _decoded(root: Path, object_id: int, size: int) -> dict[int, list[tuple[int, bytes]]]:
@@ -99,13 +119,6 @@ def _write(options: DirectOptions, task: int, attempt: int, batches: list[pa.Rec
     return rows[0]
 
 
-def test_count_rows_per_partition(tmp_path: Path) -> None:
-    batches = [_rows(range(0, 30), 3), _rows(range(30, 40), 3)]
-    counts = _counts(5, batches, 3)
-    assert [(c.task, c.partition, c.records) for c in counts] == [(5, 0, 14), (5, 1, 13), (5, 2, 13)]
-    assert sum(c.payload_bytes for c in counts) == sum(len(str(i)) * 2 + 1 + 100 for i in range(40))
-
-
 def test_a_task_writes_one_streamset_object_at_its_planned_offsets(tmp_path: Path) -> None:
     batches = [_rows(range(0, 300), 2), _rows(range(300, 320), 2)]
     counts = _counts(1, batches, 2)
@@ -113,7 +126,7 @@ def test_a_task_writes_one_streamset_object_at_its_planned_offsets(tmp_path: Pat
     row = _write(options, 1, 0, batches)
     assert row["error"] is None
     assert row["slot"] == 0
-    assert row["object_id"] == options.slots.object_id(1, 0)
+    assert row["object_id"] == _assigned(options, 1).first_object_id
     assert row["stream_object"] is False
     ranges = json.loads(str(row["ranges"]))
     assert [r[:3] for r in ranges] == [[0, 57, 57 + 160], [1, 63, 63 + 160]]
@@ -157,6 +170,23 @@ def test_rows_that_changed_since_the_count_pass_fail_the_batch_without_an_object
     assert not any(tmp_path.rglob("*/ns/*"))
 
 
+def test_other_rows_with_the_same_counts_fail_the_batch_without_an_object(tmp_path: Path) -> None:
+    # a non-deterministic recompute: as many rows per partition, other values
+    counted = [_rows(range(0, 20), 2)]
+    options = _options(tmp_path, _counts(0, counted, 2), 2, [0, 0])
+    row = _write(options, 0, 0, [_rows(range(0, 20), 2, salt="x")])
+    assert "row digest of partition(s) [0, 1] differs" in str(row["error"])
+    assert not any(tmp_path.rglob("*/ns/*"))
+
+
+def test_the_digest_ignores_row_order_and_batch_boundaries(tmp_path: Path) -> None:
+    counted = [_rows(range(0, 30), 2)]
+    options = _options(tmp_path, _counts(0, counted, 2), 2, [0, 0])
+    shuffled = [_rows(range(29, 9, -1), 2), _rows(range(0, 10), 2)]
+    row = _write(options, 0, 0, shuffled)
+    assert row["error"] is None
+
+
 @pytest.mark.parametrize("step", ["after_encode", "after_upload"])
 def test_the_task_observer_sees_each_step(tmp_path: Path, step: str) -> None:
     seen: list[tuple[str, int, int, int]] = []
@@ -186,5 +216,5 @@ def test_an_attempt_whose_slot_is_taken_moves_to_the_next_slot(tmp_path: Path) -
     before = first_key.read_bytes()
     again = _write(options, 0, 0, batches)
     assert again["slot"] == 1
-    assert again["object_id"] == options.slots.object_id(0, 1)
+    assert again["object_id"] == _assigned(options, 0).first_object_id + 1
     assert first_key.read_bytes() == before, "create-only: the first attempt's object is never replaced"

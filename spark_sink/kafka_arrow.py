@@ -38,6 +38,11 @@ RECORDS_SCHEMA = pa.schema(
 """The columns :func:`decode_batch_arrow` returns (the record's own fields)."""
 VARINT_BYTES_MAX = 10
 """A 64-bit zigzag varint takes at most 10 bytes."""
+RECORD_BODY_MIN_BYTES = 6
+"""The fewest bytes a record has after its length prefix: attributes (1), then timestamp delta,
+offset delta, key length, value length and header count (a varint of at least 1 byte each)."""
+RECORD_MIN_BYTES = 1 + RECORD_BODY_MIN_BYTES
+"""The fewest bytes a record takes in a batch, its length prefix included."""
 
 _EMPTY_HEADERS = pa.array([], type=HEADER_TYPE.value_type)
 
@@ -158,13 +163,19 @@ def _bulk_records(body: bytes, count: int) -> _Bulk | None:
 
 def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
     """Start and end of each record's bytes after its length prefix; None unless ``count`` records
-    of at least one byte fill ``body`` exactly.
+    of at least :data:`RECORD_BODY_MIN_BYTES` bytes fill ``body`` exactly.
+
+    A count that cannot fit ``body`` or a record length below the minimum gives None at once (the
+    per-record decoder then names the fault), so a damaged count or length never costs a loop step
+    per claimed record.
 
     A Python loop follows the length prefixes; once three records in a row had the same size, the
     records after them are checked in one numpy step (:func:`_same_size_run`) and skipped, so rows
     of one size (or runs of them) cost no loop step each."""
-    raw = np.frombuffer(body, dtype=np.uint8)
     size = len(body)
+    if count > size // RECORD_MIN_BYTES:
+        return None
+    raw = np.frombuffer(body, dtype=np.uint8)
     starts: list[int] = []
     lengths: list[int] = []
     add_start = starts.append
@@ -188,6 +199,8 @@ def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
                 else:
                     z, pos = _long_zigzag(body, pos)
             length = (z >> 1) ^ -(z & 1)
+            if length < RECORD_BODY_MIN_BYTES:  # also keeps pos moving forward
+                return None
             add_start(pos)
             add_length(length)
             prefix_bytes = pos - record_at
@@ -196,7 +209,7 @@ def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
             stride = pos - record_at
             repeats = repeats + 1 if stride == last_stride else 0
             last_stride = stride
-            if repeats >= 2 and length >= 1 and done < count:
+            if repeats >= 2 and done < count:
                 run = _same_size_run(raw, record_at, pos, stride, prefix_bytes, count - done)
                 if run:
                     runs.append((np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)))
@@ -217,7 +230,7 @@ def _record_bounds(body: bytes, count: int) -> tuple[Any, Any] | None:
     runs.append((np.array(starts, dtype=np.int64), np.array(lengths, dtype=np.int64)))
     start_at = np.concatenate([r[0] for r in runs])
     length_of = np.concatenate([r[1] for r in runs])
-    if pos != size or (count and int(length_of.min()) < 1):
+    if pos != size:
         return None
     return start_at, start_at + length_of
 

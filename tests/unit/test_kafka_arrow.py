@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 from typing import Any
 
 import crc32c
@@ -14,8 +15,10 @@ from s3stream.errors import CorruptionError
 from spark_sink.kafka_arrow import RECORDS_SCHEMA, decode_batch_arrow
 from spark_sink.kafka_codec import (
     ATTRIBUTES_OFFSET,
+    BATCH_HEADER,
     BATCH_HEADER_SIZE,
     CRC_OFFSET,
+    LENGTH_FIELD_END,
     decode_batch,
     encode_batch,
 )
@@ -145,3 +148,64 @@ def test_a_1kib_batch_takes_the_bulk_path(monkeypatch: pytest.MonkeyPatch) -> No
     assert rb.num_rows == 500
     assert rb.column(2).to_pylist() == list(range(10, 510))
     assert rb.column(1).to_pylist() == [b"x" * 1024] * 500
+
+
+def _forge(body: bytes, count: int) -> bytes:
+    """A batch with a valid CRC whose header claims ``count`` records over ``body``."""
+    buf = bytearray(BATCH_HEADER_SIZE) + body
+    BATCH_HEADER.pack_into(
+        buf, 0, 0, len(buf) - LENGTH_FIELD_END, -1, 2, 0, 0, count - 1, 0, 0, -1, -1, -1, count
+    )
+    _refresh_crc(buf)
+    return bytes(buf)
+
+
+def _peak_bytes(fn: Any) -> int:
+    """The most bytes allocated at once while ``fn()`` runs (its exceptions swallowed)."""
+    tracemalloc.start()
+    try:
+        fn()
+    except CorruptionError:
+        pass
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("first", [b"\x01", b"\x03"])
+def test_a_huge_count_over_a_tiny_body_is_refused_without_a_step_per_record(first: bytes) -> None:
+    """Record length -1 or -2 (the walk would stay on, or step back to, that byte) and 2,000,000
+    records claimed over 14 bytes: the per-record decoder's CorruptionError, with no per-claimed-record work or memory."""
+    buf = _forge(first + bytes(13), 2_000_000)
+    with pytest.raises(CorruptionError) as want:
+        decode_batch(buf, source="t", base_offset=0)
+    with pytest.raises(CorruptionError) as got:
+        decode_batch_arrow(buf, source="t", base_offset=0, start_offset=0, end_offset=1 << 62)
+    assert str(got.value) == str(want.value)
+    peak = _peak_bytes(
+        lambda: decode_batch_arrow(buf, source="t", base_offset=0, start_offset=0, end_offset=1 << 62)
+    )
+    assert peak < 1 << 20
+
+
+def test_a_record_length_below_the_minimum_stops_the_bounds_walk_at_once() -> None:
+    """A count the body could hold, but the first length is -1 (the walk would stay on that byte)."""
+    from spark_sink.kafka_arrow import RECORD_MIN_BYTES, _record_bounds
+
+    count = 300_000
+    body = b"\x01" + bytes(count * RECORD_MIN_BYTES - 1)
+    assert _record_bounds(body, count) is None
+    assert _peak_bytes(lambda: _record_bounds(body, count)) < 1 << 20
+
+
+def test_records_of_the_minimum_size_still_take_the_bulk_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Null key, null value, no headers, one-byte deltas: 7 bytes a record, which the count check allows."""
+    import spark_sink.kafka_arrow as ka
+
+    buf = bytes(encode_batch([None] * 3, [None] * 3, [0] * 3))
+    assert len(buf) - BATCH_HEADER_SIZE == 3 * ka.RECORD_MIN_BYTES
+    monkeypatch.setattr(ka, "decode_batch", None)
+    rb = decode_batch_arrow(buf, source="t", base_offset=4, start_offset=0, end_offset=9)
+    assert rb.column(2).to_pylist() == [4, 5, 6]
+    assert rb.column(1).null_count == 3

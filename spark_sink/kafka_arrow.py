@@ -44,6 +44,10 @@ offset delta, key length, value length and header count (a varint of at least 1 
 RECORD_MIN_BYTES = 1 + RECORD_BODY_MIN_BYTES
 """The fewest bytes a record takes in a batch, its length prefix included."""
 
+INT64_MAX = (1 << 63) - 1
+TIMESTAMP_MS_MAX = INT64_MAX // 1000
+"""The largest timestamp (ms, either sign) whose microseconds fit the int64 timestamp column."""
+
 _EMPTY_HEADERS = pa.array([], type=HEADER_TYPE.value_type)
 
 
@@ -75,6 +79,19 @@ def decode_batch_arrow(
         ts_delta, offset_delta, key_at, key_len, value_at, value_len = bulk
         data = pa.py_buffer(body)
         n = header.record_count
+        if n:  # checked before the int64 arithmetic, which would wrap silently
+            if header.log_append_time:
+                ts_lo = ts_hi = header.max_timestamp_ms
+            else:
+                ts_lo = header.first_timestamp_ms + int(ts_delta.min())
+                ts_hi = header.first_timestamp_ms + int(ts_delta.max())
+            _check_ranges(
+                header.base_offset + int(offset_delta.min()),
+                header.base_offset + int(offset_delta.max()),
+                ts_lo,
+                ts_hi,
+                source=source,
+            )
         offsets = offset_delta + header.base_offset
         if header.log_append_time:
             ts_ms = np.full(n, header.max_timestamp_ms, dtype=np.int64)
@@ -107,8 +124,32 @@ def _cut(rb: pa.RecordBatch, start_offset: int, end_offset: int) -> pa.RecordBat
     return rb.slice(int(keep[0]), int(keep[-1]) - int(keep[0]) + 1)
 
 
+def _check_ranges(offset_lo: int, offset_hi: int, ts_lo: int, ts_hi: int, *, source: str) -> None:
+    """CorruptionError unless the records' offsets fit int64 and their timestamps (ms) fit the
+    microsecond column; both decode paths check the same bounds in the same order, so they fail alike."""
+    from s3stream.errors import CorruptionError
+
+    for what, lo, hi, least, most in (
+        ("offset", offset_lo, offset_hi, -INT64_MAX - 1, INT64_MAX),
+        ("timestamp (ms)", ts_lo, ts_hi, -TIMESTAMP_MS_MAX, TIMESTAMP_MS_MAX),
+    ):
+        bad = lo if lo < least else hi if hi > most else None
+        if bad is not None:
+            raise CorruptionError(
+                f"Kafka record {what} {bad} outside [{least}, {most}]", source=source, position=0
+            )
+
+
 def _slow_records(view: memoryview, *, source: str, base_offset: int) -> pa.RecordBatch:
     decoded, _ = decode_batch(view, source=source, base_offset=base_offset)
+    if decoded.record_count:
+        _check_ranges(
+            min(decoded.offsets),
+            max(decoded.offsets),
+            min(decoded.timestamps_ms),
+            max(decoded.timestamps_ms),
+            source=source,
+        )
     return pa.RecordBatch.from_arrays(
         [
             pa.array(decoded.keys, pa.binary()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import tracemalloc
 from typing import Any
@@ -209,3 +210,45 @@ def test_records_of_the_minimum_size_still_take_the_bulk_path(monkeypatch: pytes
     rb = decode_batch_arrow(buf, source="t", base_offset=4, start_offset=0, end_offset=9)
     assert rb.column(2).to_pylist() == [4, 5, 6]
     assert rb.column(1).null_count == 3
+
+
+def _log_append_time(buf: bytearray, max_ts: int) -> bytearray:
+    """``buf`` with the log-append-time attribute set and the max timestamp ``max_ts`` (CRC redone)."""
+    struct.pack_into(">h", buf, ATTRIBUTES_OFFSET, struct.unpack_from(">h", buf, ATTRIBUTES_OFFSET)[0] | 0x08)
+    struct.pack_into(">q", buf, ATTRIBUTES_OFFSET + 2 + 4 + 8, max_ts)
+    _refresh_crc(buf)
+    return buf
+
+
+@pytest.mark.parametrize(
+    ("base", "timestamps", "append_max_ts", "what"),
+    [
+        ((1 << 63) - 2, [0, 0, 0], None, "offset 9223372036854775808 "),
+        (-(1 << 63), [0, 0], None, None),  # the least int64 offset is fine
+        (0, [0, 1 << 62], None, "timestamp (ms) 4611686018427387904 "),
+        (0, [5, -(1 << 62)], None, "timestamp (ms) -4611686018427387904 "),
+        (0, [0, 0], 1 << 62, "timestamp (ms) 4611686018427387904 "),
+        (0, [0, 0], (1 << 63) // 1000, None),  # the largest timestamp the column holds
+    ],
+)
+def test_offsets_and_timestamps_out_of_int64_fail_alike_in_both_paths(
+    base: int, timestamps: list[int], append_max_ts: int | None, what: str | None
+) -> None:
+    """The bulk path's int64 arithmetic must not wrap, and the per-record path (taken for records
+    with headers) must not leak OverflowError: both give the same CorruptionError."""
+    n = len(timestamps)
+    messages = []
+    for headers in (None, [[("h", b"x")]] * n):
+        buf = encode_batch([b"k"] * n, [b"v"] * n, timestamps, headers)
+        if append_max_ts is not None:
+            buf = _log_append_time(buf, append_max_ts)
+        if what is None:
+            rb = decode_batch_arrow(
+                bytes(buf), source="t", base_offset=base, start_offset=-(1 << 63), end_offset=1 << 62
+            )
+            assert rb.column(2).to_pylist() == list(range(base, base + n))
+            continue
+        with pytest.raises(CorruptionError, match=re.escape(what)) as got:
+            decode_batch_arrow(bytes(buf), source="t", base_offset=base, start_offset=0, end_offset=1 << 62)
+        messages.append(str(got.value))
+    assert len(set(messages)) <= 1

@@ -9,9 +9,9 @@ once with numpy and gathers keys and values straight into Arrow buffers.
 Invariants:
 
 * The result equals :func:`~spark_sink.kafka_codec.decode_batch`'s on the same bytes, row for row
-  (offsets, timestamps, keys with nulls, values with nulls, headers). A batch whose records carry
-  headers, or whose records do not pass the bulk checks, is decoded by ``decode_batch`` itself, so
-  bad bytes raise the same :class:`~s3stream.errors.CorruptionError` and nothing else.
+  (offsets, timestamps, keys with nulls, values with nulls, headers, the batch's timestamp type). A
+  batch whose records carry headers, or whose records do not pass the bulk checks, is decoded by
+  ``decode_batch`` itself, so bad bytes raise the same :class:`~s3stream.errors.CorruptionError` and nothing else.
 * Only records with offsets in ``[start_offset, end_offset)`` are returned (a payload overlapping a
   range's edges is cut to it), in the batch's order.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from spark_sink.kafka_codec import decode_batch, read_batch_header
+from spark_sink.kafka_codec import TIMESTAMP_TYPE_MASK, decode_batch, read_batch_header
 
 HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 RECORDS_SCHEMA = pa.schema(
@@ -33,9 +33,15 @@ RECORDS_SCHEMA = pa.schema(
         pa.field("offset", pa.int64()),
         pa.field("timestamp", pa.timestamp("us", tz="UTC")),
         pa.field("headers", HEADER_TYPE),
+        pa.field("timestamp_type", pa.int32()),
     ]
 )
-"""The columns :func:`decode_batch_arrow` returns (the record's own fields)."""
+"""The columns :func:`decode_batch_arrow` returns (the record's own fields, and its batch's
+timestamp type: :data:`TIMESTAMP_TYPE_CREATE_TIME` or :data:`TIMESTAMP_TYPE_LOG_APPEND_TIME`)."""
+TIMESTAMP_TYPE_CREATE_TIME = 0
+"""Kafka's ``timestampType`` of a record whose batch's attributes say create time."""
+TIMESTAMP_TYPE_LOG_APPEND_TIME = 1
+"""Kafka's ``timestampType`` of a record whose batch's attributes say log append time."""
 VARINT_BYTES_MAX = 10
 """A 64-bit zigzag varint takes at most 10 bytes."""
 RECORD_BODY_MIN_BYTES = 6
@@ -104,6 +110,7 @@ def decode_batch_arrow(
                 pa.array(offsets, pa.int64()),
                 pa.array(ts_ms * 1000, pa.timestamp("us", tz="UTC")),
                 pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), _EMPTY_HEADERS),
+                _timestamp_types(n, header.log_append_time),
             ],
             schema=RECORDS_SCHEMA,
         )
@@ -140,6 +147,11 @@ def _check_ranges(offset_lo: int, offset_hi: int, ts_lo: int, ts_hi: int, *, sou
             )
 
 
+def _timestamp_types(n: int, log_append_time: bool) -> pa.Array:
+    kind = TIMESTAMP_TYPE_LOG_APPEND_TIME if log_append_time else TIMESTAMP_TYPE_CREATE_TIME
+    return pa.array(np.full(n, kind, dtype=np.int32))
+
+
 def _slow_records(view: memoryview, *, source: str, base_offset: int) -> pa.RecordBatch:
     decoded, _ = decode_batch(view, source=source, base_offset=base_offset)
     if decoded.record_count:
@@ -157,6 +169,7 @@ def _slow_records(view: memoryview, *, source: str, base_offset: int) -> pa.Reco
             pa.array(decoded.offsets, pa.int64()),
             pa.array([t * 1000 for t in decoded.timestamps_ms], pa.timestamp("us", tz="UTC")),
             pa.array([[{"key": k, "value": v} for k, v in h] for h in decoded.headers], HEADER_TYPE),
+            _timestamp_types(decoded.record_count, bool(decoded.attributes & TIMESTAMP_TYPE_MASK)),
         ],
         schema=RECORDS_SCHEMA,
     )

@@ -27,8 +27,6 @@ SOURCE_DDL = (
     "timestampType int, headers array<struct<key: string, value: binary>>"
 )
 """The Kafka source's columns (with ``includeHeaders``)."""
-TIMESTAMP_TYPE_CREATE_TIME = 0
-"""Kafka's ``timestampType`` of a batch whose attributes say create time (all the sink writes)."""
 FETCH_MAX_BYTES = 8 << 20
 """Bytes asked per fetch of a task."""
 ROWS_PER_ARROW_BATCH = 8192
@@ -84,7 +82,7 @@ class _Pieces:
                 pa.array(np.full(n, self.partition, dtype=np.int32)),
                 records.column("offset").chunk(0),
                 records.column("timestamp").chunk(0),
-                pa.array(np.full(n, TIMESTAMP_TYPE_CREATE_TIME, dtype=np.int32)),
+                records.column("timestamp_type").chunk(0),
                 records.column("headers").chunk(0),
             ],
             schema=SOURCE_SCHEMA,

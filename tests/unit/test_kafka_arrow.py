@@ -252,3 +252,14 @@ def test_offsets_and_timestamps_out_of_int64_fail_alike_in_both_paths(
             decode_batch_arrow(bytes(buf), source="t", base_offset=base, start_offset=0, end_offset=1 << 62)
         messages.append(str(got.value))
     assert len(set(messages)) <= 1
+
+
+@pytest.mark.parametrize("headers", [None, [[("h", b"x")]] * 3], ids=["bulk", "per-record"])
+@pytest.mark.parametrize("append", [False, True], ids=["create-time", "log-append-time"])
+def test_the_batch_timestamp_type_is_every_row_s(headers: Any, append: bool) -> None:
+    buf = encode_batch([b"k"] * 3, [b"v"] * 3, [1, 2, 3], headers)
+    if append:
+        buf = _log_append_time(buf, 99)
+    rb = decode_batch_arrow(bytes(buf), source="t", base_offset=0, start_offset=1, end_offset=9)
+    assert rb.column("timestamp_type").to_pylist() == [1 if append else 0] * 2
+    assert rb.column("timestamp").cast("int64").to_pylist() == ([99_000] * 2 if append else [2000, 3000])

@@ -6,7 +6,8 @@ record batches in the Kafka source's schema (:data:`SOURCE_DDL`).
 
 Invariants: a task yields exactly the records with offsets in its ranges, in offset order, each once
 (payload batches overlapping a range's edges are cut to it); a gap or overlap in what the reader
-returns is a :class:`~s3stream.errors.CorruptionError`, never silently skipped.
+returns, or a payload whose records are not exactly the offsets the stream gives it, is a
+:class:`~s3stream.errors.CorruptionError`, never silently skipped.
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ class _Pieces:
         return out
 
 
+def _check_offsets(rb: pa.RecordBatch, stream_id: int, base: int, end: int, start: int, stop: int) -> None:
+    """CorruptionError unless the decoded rows of batch ``[base, end)`` hold exactly the offsets
+    ``start, start + 1, ..., stop - 1`` (a payload whose records disagree with the offsets the
+    stream gives it would otherwise shift or drop rows silently)."""
+    offsets = rb.column("offset").to_numpy()
+    if len(offsets) == stop - start and np.array_equal(offsets, np.arange(start, stop, dtype=np.int64)):
+        return
+    found = f"{len(offsets)} rows" + (f" at [{offsets[0]}, {offsets[-1]}]" if len(offsets) else "")
+    raise CorruptionError(
+        f"stream {stream_id}: batch [{base}, {end}) decoded to offsets {found}, expected [{start}, {stop})",
+        source=f"stream {stream_id} offset {base}",
+    )
+
+
 def read_ranges(key: ReaderKey, topic: str, ranges: Sequence[ReadRange]) -> Iterator[pa.RecordBatch]:
     """The records of ``ranges`` as Arrow batches of :data:`SOURCE_SCHEMA`."""
     reader = shared_reader(key)
@@ -112,15 +127,17 @@ def read_ranges(key: ReaderKey, topic: str, ranges: Sequence[ReadRange]) -> Iter
                         f"stream {r.stream_id}: batch [{b.base_offset}, {b.end_offset}) does not continue at {pos}",
                         source=f"stream {r.stream_id}",
                     )
-                pieces.add(
-                    decode_batch_arrow(
-                        b.payload,
-                        source=f"stream {r.stream_id} offset {b.base_offset}",
-                        base_offset=b.base_offset,
-                        start_offset=pos,
-                        end_offset=r.end_offset,
-                    )
+                rb = decode_batch_arrow(
+                    b.payload,
+                    source=f"stream {r.stream_id} offset {b.base_offset}",
+                    base_offset=b.base_offset,
+                    start_offset=pos,
+                    end_offset=r.end_offset,
                 )
+                _check_offsets(
+                    rb, r.stream_id, b.base_offset, b.end_offset, pos, min(b.end_offset, r.end_offset)
+                )
+                pieces.add(rb)
                 pos = b.end_offset
                 if pieces.full():
                     yield pieces.take()

@@ -8,6 +8,7 @@ import crc32c
 import pytest
 
 import spark_sink.source_read as sr
+from s3stream.errors import CorruptionError
 from s3stream.ids import StreamId
 from s3stream.model import FetchedBatch
 from spark_sink.kafka_codec import ATTRIBUTES_OFFSET, CRC_OFFSET, TIMESTAMP_TYPE_MASK, encode_batch
@@ -51,6 +52,16 @@ def test_rows_of_the_ranges_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [r["offset"] for r in rows] == [2, 3, 4, 5]
     assert [r["value"] for r in rows] == [b"2", b"3", b"0", b"1"]
     assert {(r["topic"], r["partition"], r["timestampType"]) for r in rows} == {("topic", 3, 0)}
+
+
+@pytest.mark.parametrize("records", [2, 4], ids=["fewer", "more"])
+def test_a_payload_whose_record_count_disagrees_with_its_offsets_is_corruption(
+    monkeypatch: pytest.MonkeyPatch, records: int
+) -> None:
+    """The batch says ``[4, 7)`` but its payload holds 2 or 4 records: never rows at the wrong offsets."""
+    batches = [_batch(0, 4), _batch(4, 3, records), _batch(7, 3)]
+    with pytest.raises(CorruptionError, match=r"stream 7: batch \[4, 7\) decoded to offsets"):
+        _read(monkeypatch, batches, 0, 10)
 
 
 def test_log_append_time_batches_give_timestamp_type_1(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -140,12 +140,20 @@ class MultiBucketStorage(ObjectStorage):
             key=lambda b: (not self._healthy(b), not self._preferred(b), self.bucket_ids.index(b)),
         )
 
-    async def _holders(self, key: str, *, fresh: bool = False) -> list[int]:
+    async def _holders(self, key: str, *, fresh: bool = False) -> tuple[list[int], list[int]]:
+        """The buckets of this list holding ``key``, and the ids its placement names that this node
+        does not know (a bucket another node's newer list added)."""
         object_id = _object_id(key)
         if object_id is None:
-            return list(self.bucket_ids)
+            return list(self.bucket_ids), []
         placed = await self.placement.lookup(object_id, fresh=fresh)
-        return [b for b in placed if b in self._buckets]
+        return [b for b in placed if b in self._buckets], [b for b in placed if b not in self._buckets]
+
+    def _unknown_buckets(self, key: str, unknown: Sequence[int]) -> UnavailableError:
+        return UnavailableError(
+            f"object {key!r} is placed in bucket id(s) {sorted(set(unknown))} that this node's bucket list "
+            f"{list(self.bucket_ids)} does not name: restart the node with the full bucket list"
+        )
 
     # -- ObjectStorage -------------------------------------------------------------------------
     async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
@@ -194,7 +202,7 @@ class MultiBucketStorage(ObjectStorage):
     async def copy_into(self, upload: Upload, target: int, source_key: str, start: int, end: int) -> None:
         """Append ``[start, end)`` of ``source_key`` to ``upload`` (writing to bucket ``target``):
         server-side when the target holds the source, else ranged reads and writes."""
-        holders = await self._holders(source_key)
+        holders, _ = await self._holders(source_key)
         if target in holders:
             try:
                 await upload.copy(source_key, start, end)
@@ -228,8 +236,10 @@ class MultiBucketStorage(ObjectStorage):
         when none answers. NotFoundError only when every bucket asked said the key is missing."""
         asked: set[int] = set()
         last: BaseException | None = None
+        unknown: list[int] = []
         for fresh in (False, True):
-            order = [b for b in self._read_order(await self._holders(key, fresh=fresh)) if b not in asked]
+            holders, unknown = await self._holders(key, fresh=fresh)
+            order = [b for b in self._read_order(holders) if b not in asked]
             for bucket_id in order:
                 asked.add(bucket_id)
                 try:
@@ -241,11 +251,24 @@ class MultiBucketStorage(ObjectStorage):
                     last = exc
             if _object_id(key) is None:
                 break
+        if unknown:  # the object may be in a bucket this node cannot reach: not a missing key
+            raise self._unknown_buckets(key, unknown) from last
         if last is None:
             raise NotFoundError(f"object {key!r} is in no bucket")
         raise last
 
     async def delete(self, keys: Sequence[str]) -> None:
+        """Delete ``keys`` from every bucket. An object whose placement names a bucket this node does
+        not know raises UnavailableError before anything is deleted: its bytes would stay there, so GC
+        must keep the object's metadata until a node with the full list deletes it."""
+        if keys and self.placement.attached:
+            object_ids = {object_id: key for key in keys if (object_id := _object_id(key)) is not None}
+            if object_ids:
+                placed = await self.placement.lookup_many(list(object_ids))
+                for object_id, bucket_ids in placed.items():
+                    unknown = [b for b in bucket_ids if b not in self._buckets]
+                    if unknown:
+                        raise self._unknown_buckets(object_ids[object_id], unknown)
         await self._delete_from(self.bucket_ids, keys, strict=True)
 
     async def _delete_from(

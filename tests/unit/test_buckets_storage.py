@@ -397,3 +397,20 @@ async def test_a_suspect_buckets_successful_probe_adds_no_error() -> None:
     rig.clock.now_s += 4.5
     _, key = await rig.write(b"back")
     assert rig.holders(key) == [0]
+
+
+async def test_an_object_placed_in_a_bucket_this_node_does_not_know_is_unavailable_not_missing() -> None:
+    rig = make_rig("failover")  # this node knows buckets 0 and 1; another node's list added 2
+    object_id, key = await rig.new_key()
+    await rig.metadata.record_placement(object_id, [2])
+    with pytest.raises(UnavailableError, match=r"bucket id\(s\) \[2\].*restart the node"):
+        await rig.storage.get(key)
+    with pytest.raises(UnavailableError, match=r"\[2\]"):
+        await rig.storage.head(key)
+    with pytest.raises(UnavailableError, match=r"\[2\]"):
+        await rig.storage.delete([key])
+    # a copy in a known bucket still reads
+    both_id, both = await rig.new_key()
+    await rig.metadata.record_placement(both_id, [1, 2])
+    await rig.inner[1].put(both, b"here")
+    assert await rig.storage.get(both) == b"here"

@@ -24,7 +24,7 @@ from typing import TypeVar
 from s3stream.buckets.health import BucketHealth, BucketStats
 from s3stream.buckets.placement import PlacementLog
 from s3stream.buckets.strategy import PlacementStrategy
-from s3stream.buckets.upload import MultiBucketUpload
+from s3stream.buckets.upload import MultiBucketUpload, SourceReadFailed
 from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from s3stream.ids import ObjectId
 from s3stream.metadata.base import MetadataStore
@@ -201,7 +201,8 @@ class MultiBucketStorage(ObjectStorage):
 
     async def copy_into(self, upload: Upload, target: int, source_key: str, start: int, end: int) -> None:
         """Append ``[start, end)`` of ``source_key`` to ``upload`` (writing to bucket ``target``):
-        server-side when the target holds the source, else ranged reads and writes."""
+        server-side when the target holds the source, else ranged reads and writes. A failed read of
+        the source from another bucket raises :class:`SourceReadFailed` (not the target's fault)."""
         holders, _ = await self._holders(source_key)
         if target in holders:
             try:
@@ -212,7 +213,11 @@ class MultiBucketStorage(ObjectStorage):
         position = start
         while position < end:
             stop = min(end, position + COPY_CHUNK_BYTES)
-            await upload.write(await self.get(source_key, position, stop))
+            try:
+                chunk = await self.get(source_key, position, stop)
+            except Exception as exc:
+                raise SourceReadFailed(exc) from exc
+            await upload.write(chunk)
             position = stop
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:

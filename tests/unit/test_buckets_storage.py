@@ -414,3 +414,44 @@ async def test_an_object_placed_in_a_bucket_this_node_does_not_know_is_unavailab
     await rig.metadata.record_placement(both_id, [1, 2])
     await rig.inner[1].put(both, b"here")
     assert await rig.storage.get(both) == b"here"
+
+
+async def test_a_failed_source_read_of_a_copy_is_not_charged_to_the_healthy_target() -> None:
+    rig = make_rig("failover", errors_max=3)
+    _, source = await rig.write(b"in the primary only")
+    rig.fail(0)  # the primary goes down; new objects fail over to bucket 1
+    for _ in range(3):
+        _, key = await rig.write(b"x")
+        assert rig.holders(key) == [1]
+        rig.clock.now_s += 4.5
+    assert not rig.storage.health.is_healthy(0)
+    # a compaction-like copy into the healthy standby, its source only in the dead primary
+    _, compacted = await rig.new_key()
+    before = {op: n for op, n in rig.faulty[0].calls.items() if op.startswith("upload.")}
+    upload = rig.storage.upload(compacted)
+    assert upload.targets == (1,)  # type: ignore[attr-defined]
+    with pytest.raises(UnavailableError):
+        await upload.copy(source, 0, 5)
+    stats = rig.storage.stats()
+    assert stats[1].errors_recent == 0
+    assert stats[1].last_error == ""
+    assert rig.storage.health.is_healthy(1)
+    assert not rig.storage.health.is_suspect(1)
+    after = {op: n for op, n in rig.faulty[0].calls.items() if op.startswith("upload.")}
+    assert after == before  # the upload did not move onto the dead primary
+    assert rig.holders(compacted) == []
+
+
+async def test_a_failing_upload_does_not_move_onto_a_bucket_that_is_not_preferred() -> None:
+    rig = make_rig("failover", errors_max=3)
+    for _ in range(3):
+        rig.storage.health.record_error(0, UnavailableError("down"))
+    assert not rig.storage.health.is_healthy(0)
+    rig.fail(1, "upload.complete", times=1)
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"standby")
+    with pytest.raises(UnavailableError):
+        await upload.complete()  # the caller retries; moving onto the unhealthy primary would not help
+    assert rig.faulty[0].calls["upload.write"] == 0
+    assert rig.holders(key) == []

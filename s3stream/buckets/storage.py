@@ -25,7 +25,13 @@ from s3stream.buckets.health import BucketHealth, BucketStats
 from s3stream.buckets.placement import PlacementLog
 from s3stream.buckets.strategy import PlacementStrategy
 from s3stream.buckets.upload import MultiBucketUpload, SourceReadFailed
-from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from s3stream.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
 from s3stream.ids import ObjectId
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat.keys import parse_object_key
@@ -171,7 +177,7 @@ class MultiBucketStorage(ObjectStorage):
             tried += targets
             failed = [(b, r) for b, r in zip(targets, results, strict=True) if isinstance(r, BaseException)]
             for bucket_id, error in failed:
-                self.health.record_error(bucket_id, error)
+                self.health.record_error(bucket_id, error, write=True)
             done = [b for b, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)]
             for bucket_id in done:
                 self.health.record_upload(bucket_id)
@@ -238,9 +244,17 @@ class MultiBucketStorage(ObjectStorage):
 
     async def _first_answer(self, key: str, read: Callable[[int], Awaitable[_T]]) -> _T:
         """``read`` from the buckets holding ``key``, healthy first; the placement is read again once
-        when none answers. NotFoundError only when every bucket asked said the key is missing."""
+        when none answers. For an object key any error of one copy (S3StreamError but ConflictError,
+        or a timeout) moves on to the next; other keys move on after NotFound or a bucket not
+        answering. When all fail: the first error that is not NotFoundError, else NotFoundError (only
+        when every bucket asked said the key is missing)."""
+        is_object = _object_id(key) is not None
+        passed: tuple[type[BaseException], ...] = (
+            (S3StreamError, TimeoutError) if is_object else (NotFoundError, UnavailableError, TimeoutError)
+        )
         asked: set[int] = set()
-        last: BaseException | None = None
+        first: BaseException | None = None
+        missing: NotFoundError | None = None
         unknown: list[int] = []
         for fresh in (False, True):
             holders, unknown = await self._holders(key, fresh=fresh)
@@ -249,18 +263,23 @@ class MultiBucketStorage(ObjectStorage):
                 asked.add(bucket_id)
                 try:
                     return await read(bucket_id)
-                except NotFoundError as exc:
-                    last = last if isinstance(last, UnavailableError) else exc
-                except (UnavailableError, TimeoutError) as exc:
+                except ConflictError:
+                    raise
+                except passed as exc:
+                    if isinstance(exc, NotFoundError):
+                        missing = missing or exc
+                        continue
                     self.health.record_error(bucket_id, exc)
-                    last = exc
-            if _object_id(key) is None:
+                    first = first or exc
+            if not is_object:
                 break
-        if unknown:  # the object may be in a bucket this node cannot reach: not a missing key
-            raise self._unknown_buckets(key, unknown) from last
-        if last is None:
-            raise NotFoundError(f"object {key!r} is in no bucket")
-        raise last
+        if unknown and first is None:  # the object may be in a bucket this node cannot reach
+            raise self._unknown_buckets(key, unknown) from missing
+        if first is not None:
+            raise first
+        if missing is not None:
+            raise missing
+        raise NotFoundError(f"object {key!r} is in no bucket")
 
     async def delete(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` from every bucket. An object whose placement names a bucket this node does
@@ -361,4 +380,4 @@ class MultiBucketStorage(ObjectStorage):
 def _retriable(error: BaseException) -> bool:
     from s3stream.buckets.health import counts_as_error
 
-    return counts_as_error(error)
+    return counts_as_error(error, write=True)

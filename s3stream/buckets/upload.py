@@ -113,7 +113,7 @@ class MultiBucketUpload(Upload):
             ]
             for bucket_id, error in failed:
                 if _source_error(error) is None:  # a failed source read is not the target's fault
-                    self._owner.health.record_error(bucket_id, error)
+                    self._owner.health.record_error(bucket_id, error, write=True)
             if not failed:
                 return
             bucket_id, error = failed[0]
@@ -133,7 +133,7 @@ class MultiBucketUpload(Upload):
         """Switch a one-bucket upload from ``failed`` to the next bucket and replay; False: cannot."""
         from s3stream.buckets.health import counts_as_error
 
-        if not self._movable() or not counts_as_error(error):
+        if not self._movable() or not counts_as_error(error, write=True):
             return False
         target = self._owner.next_bucket(self._tried)
         if target is None or not self._preferred(target):  # never onto a bucket that is failing too
@@ -180,7 +180,7 @@ class MultiBucketUpload(Upload):
             source_error = _source_error(replay_error)
             if source_error is not None:
                 raise source_error from None
-            self._owner.health.record_error(target, replay_error)
+            self._owner.health.record_error(target, replay_error, write=True)
             raise
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -214,7 +214,7 @@ class MultiBucketUpload(Upload):
                 (b, r) for (b, _), r in zip(items, results, strict=True) if isinstance(r, BaseException)
             ]
             for bucket_id, error in failed:
-                self._owner.health.record_error(bucket_id, error)
+                self._owner.health.record_error(bucket_id, error, write=True)
             if not failed:
                 for bucket_id, _ in items:
                     self._owner.health.record_upload(bucket_id)

@@ -15,7 +15,8 @@ permanent ones. Errors are translated here, at the boundary:
 | 416, range past the end                           | InvalidArgumentError                       |
 | 403 AccessDenied, bad signature, other 4xx        | InvalidArgumentError (fix the credentials, |
 |   NoCredentials, parameter validation             | bucket policy or configuration: a retry    |
-|                                                   | cannot help, so this is not Unavailable)   |
+|                                                   | cannot help, so this is not Unavailable);  |
+|                                                   | 403 as its kind AccessDeniedError          |
 | transient, still failing at the deadline          | UnavailableError (``retriable`` = True)    |
 
 Payload hashing: SigV4 over plain HTTP signs each body's SHA-256. For bodies of at least
@@ -51,6 +52,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from s3stream.errors import (
+    AccessDeniedError,
     ClosedError,
     ConflictError,
     InvalidArgumentError,
@@ -247,7 +249,7 @@ def translate_error(exc: Exception, what: str) -> S3StreamError:
         if code == "InvalidRange" or status == 416:
             return InvalidArgumentError(f"{detail}: range not satisfiable")
         if status == 403:
-            return InvalidArgumentError(f"{detail}: access denied; check the credentials and bucket policy")
+            return AccessDeniedError(f"{detail}: access denied; check the credentials and bucket policy")
         return InvalidArgumentError(detail)
     if isinstance(exc, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
         return InvalidArgumentError(f"{what}: no usable S3 credentials ({exc})")

@@ -5,6 +5,7 @@ live weights, a weight of 0 draining, and the keys that are not objects."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +16,7 @@ from s3stream.buckets.strategy import make_strategy
 from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.support.buckets import make_rig
+from tests.support.faults import Fault
 
 
 async def test_round_robin_spreads_new_objects_evenly_and_records_them() -> None:
@@ -455,3 +457,43 @@ async def test_a_failing_upload_does_not_move_onto_a_bucket_that_is_not_preferre
         await upload.complete()  # the caller retries; moving onto the unhealthy primary would not help
     assert rig.faulty[0].calls["upload.write"] == 0
     assert rig.holders(key) == []
+
+
+def _raising(error: Exception) -> Callable[[str], Exception]:
+    return lambda _what: error
+
+
+async def test_any_error_of_one_copy_falls_back_to_another_bucket() -> None:
+    from s3stream.errors import AccessDeniedError, CorruptionError
+
+    rig = make_rig("replication")
+    _, key = await rig.write(b"both")
+    for error in (
+        AccessDeniedError("get: AccessDenied (HTTP 403): access denied"),
+        CorruptionError("bad bytes", source=key),
+        InvalidArgumentError("get: 400"),
+    ):
+        rig.faulty[0].plan.faults = [Fault("get", make_error=_raising(error))]
+        rig.faulty[0].plan.enabled = True
+        rig.storage.placement._cache.clear()
+        assert await rig.storage.get(key) == b"both"
+    rig.fail(1, "get")  # both fail: the first error is raised
+    rig.faulty[0].plan.faults = [Fault("get", make_error=lambda _what: AccessDeniedError("get: denied"))]
+    with pytest.raises(AccessDeniedError):
+        await rig.storage.get(key)
+
+
+async def test_access_denied_on_writes_counts_against_a_bucket_so_failover_leaves_it() -> None:
+    from s3stream.errors import AccessDeniedError
+
+    rig = make_rig("failover", errors_max=3)
+    plan = rig.faulty[0].plan
+    plan.faults = [Fault("*", make_error=lambda what: AccessDeniedError(f"{what}: access denied"))]
+    plan.enabled = True
+    for _ in range(3):
+        _, key = await rig.write(b"x")  # moves to the standby within the call
+        assert rig.holders(key) == [1]
+        rig.clock.now_s += 4.5
+    assert not rig.storage.health.is_healthy(0)
+    await rig.storage.put("metadata-copy/z", b"z")
+    assert rig.holders("metadata-copy/z") == [1]

@@ -497,3 +497,37 @@ async def test_access_denied_on_writes_counts_against_a_bucket_so_failover_leave
     assert not rig.storage.health.is_healthy(0)
     await rig.storage.put("metadata-copy/z", b"z")
     assert rig.holders("metadata-copy/z") == [1]
+
+
+async def test_the_monitor_logs_an_unexpected_error_and_keeps_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    rig = make_rig("sharding", weights={0: 1, 1: 1})
+    real_kv_get = rig.metadata.kv_get
+    calls = 0
+
+    async def flaky_kv_get(key: str) -> bytes | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the first poll runs in start(), the second in the task
+            raise RuntimeError("a bug")
+        return await real_kv_get(key)
+
+    rig.metadata.kv_get = flaky_kv_get  # type: ignore[method-assign]
+    monitor = BucketsMonitor(rig.storage, rig.metadata, node_id=None, poll_ms=10)
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.05)
+        await rig.metadata.kv_put(WEIGHTS_KEY, b"0:0,1:1")
+        for _ in range(100):
+            if rig.storage.strategy.weights == {0: 0, 1: 1}:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.01)
+        assert rig.storage.strategy.weights == {0: 0, 1: 1}  # type: ignore[attr-defined]
+        assert any(
+            "buckets.monitor_failed" in r.getMessage() and "a bug" in r.getMessage() for r in caplog.records
+        )
+    finally:
+        await monitor.close()

@@ -531,3 +531,19 @@ async def test_the_monitor_logs_an_unexpected_error_and_keeps_running(
         )
     finally:
         await monitor.close()
+
+
+async def test_sharding_prefers_a_healthy_weight_zero_bucket_over_dead_weighted_ones() -> None:
+    rig = make_rig("sharding", (0, 1, 2), weights={0: 2, 1: 1, 2: 0})
+    for bucket_id in (0, 1):
+        for _ in range(3):
+            rig.storage.health.record_error(bucket_id, UnavailableError("down"))
+    assert not rig.storage.health.is_healthy(0)
+    assert not rig.storage.health.is_healthy(1)
+    written = [await rig.write() for _ in range(4)]
+    assert all(rig.holders(key) == [2] for _, key in written)
+    strategy = rig.storage.strategy
+    healthy = rig.storage.health.is_healthy
+    assert strategy.next_after((0, 1, 2), healthy, [0]) == 2
+    rig.storage.health._buckets[0].healthy = True  # back: the weighted buckets are the choice again
+    assert strategy.choose((0, 1, 2), healthy) == (0,)

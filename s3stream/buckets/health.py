@@ -28,9 +28,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from s3stream.buckets.spec import redacted
 from s3stream.errors import AccessDeniedError, UnavailableError
-from s3stream.logfmt import log_event
+from s3stream.logfmt import log_event, redact
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +118,7 @@ class BucketHealth:
         bucket = self._buckets[bucket_id]
         now = self._clock_s()
         bucket.errors.append(now)
-        bucket.last_error = redacted(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX]
+        bucket.last_error = redact(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX]
         recent = sum(1 for at in bucket.errors if at > now - self.window_s)
         if bucket.healthy and recent >= self.errors_max:
             bucket.healthy = False
@@ -134,7 +133,7 @@ class BucketHealth:
         bucket = self._buckets[bucket_id]
         if error is not None:
             bucket.probe_ok = 0
-            bucket.last_error = redacted(f"probe: {type(error).__name__}: {error}")[:ERROR_TEXT_MAX]
+            bucket.last_error = redact(f"probe: {type(error).__name__}: {error}")[:ERROR_TEXT_MAX]
             return
         bucket.probe_ok += 1
         if not bucket.healthy and bucket.probe_ok >= self.probe_successes:

@@ -547,3 +547,16 @@ async def test_sharding_prefers_a_healthy_weight_zero_bucket_over_dead_weighted_
     assert strategy.next_after((0, 1, 2), healthy, [0]) == 2
     rig.storage.health._buckets[0].healthy = True  # back: the weighted buckets are the choice again
     assert strategy.choose((0, 1, 2), healthy) == (0,)
+
+
+async def test_the_last_error_is_redacted_of_a_registered_secret_with_a_comma() -> None:
+    from s3stream.logfmt import register_secret
+
+    secret = "health,Secret-Value-7c1d"
+    register_secret(secret)
+    rig = make_rig("failover")
+    rig.storage.health.record_error(0, UnavailableError(f"PUT secretKey={secret}: signed with {secret}"))
+    rig.storage.health.record_probe(1, UnavailableError(f"probe with {secret}"))
+    for stats in rig.storage.stats().values():
+        assert "Secret-Value" not in stats.last_error
+        assert "health," not in stats.last_error

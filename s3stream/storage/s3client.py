@@ -60,6 +60,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
+from s3stream.hooks import call_hook
 from s3stream.logfmt import register_secret
 from s3stream.storage.base import MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import validate_key, validate_prefix
@@ -413,15 +414,15 @@ class S3Client:
                 try:
                     result = await attempt(client)
                 except BaseException as exc:
-                    meter.attempted(op, exc, time.perf_counter() - started_s)
+                    call_hook("s3.request_meter", meter.attempted, op, exc, time.perf_counter() - started_s)
                     raise
-                meter.attempted(op, None, time.perf_counter() - started_s)
+                call_hook("s3.request_meter", meter.attempted, op, None, time.perf_counter() - started_s)
                 return result
 
         def on_retry(error: S3StreamError) -> None:
             self.stats.record("retry")
             if meter is not None:
-                meter.retried(op)
+                call_hook("s3.request_meter.retried", meter.retried, op)
 
         return await call_with_retries(
             f"{op} {what}",

@@ -6,6 +6,7 @@ SQLite, the WAL) translate their own exceptions at the boundary with ``raise ...
 | kind                    | what the caller should do                                    |
 |-------------------------|--------------------------------------------------------------|
 | InvalidArgumentError    | fix the call (bad value, empty/oversized batch, bad config)  |
+| AccessDeniedError       | (an InvalidArgumentError) fix the credentials or the policy  |
 | NotFoundError           | the stream / object / key does not exist                     |
 | OffsetOutOfRangeError   | fetch or trim outside ``[start_offset, confirm_offset]``      |
 | FencedError             | another owner holds a newer epoch: stop writing              |
@@ -65,6 +66,12 @@ class S3StreamError(Exception):
 
 class InvalidArgumentError(S3StreamError, ValueError):
     """The call itself is wrong: fix the arguments or the configuration."""
+
+
+class AccessDeniedError(InvalidArgumentError):
+    """The storage refused the credentials or the request (HTTP 403): fix the credentials or the
+    bucket policy. A kind of InvalidArgumentError; several buckets count it against a bucket's health
+    on writes (credentials revoked on one bucket)."""
 
 
 class NotFoundError(S3StreamError):

@@ -28,9 +28,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from s3stream.buckets.spec import redacted
-from s3stream.errors import UnavailableError
-from s3stream.logfmt import log_event
+from s3stream.errors import AccessDeniedError, UnavailableError
+from s3stream.logfmt import log_event, redact
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +40,11 @@ EVENTS_MAX = 10_000
 ERROR_TEXT_MAX = 300
 
 
-def counts_as_error(exc: BaseException) -> bool:
-    """Whether a failure says the bucket is not answering (the others are answers)."""
+def counts_as_error(exc: BaseException, *, write: bool = False) -> bool:
+    """Whether a failure says the bucket is not answering (the others are answers); on a ``write``
+    also a refusal of access (credentials revoked on this bucket: new writes should leave it)."""
+    if write and isinstance(exc, AccessDeniedError):
+        return True
     return isinstance(exc, UnavailableError | TimeoutError | asyncio.TimeoutError)
 
 
@@ -108,14 +110,15 @@ class BucketHealth:
         errors = self._buckets[bucket_id].errors
         return bool(errors) and errors[-1] > self._clock_s() - 2 * self.request_timeout_s
 
-    def record_error(self, bucket_id: int, exc: BaseException) -> None:
-        """Count ``exc`` against the bucket if it is one (:func:`counts_as_error`)."""
-        if not counts_as_error(exc):
+    def record_error(self, bucket_id: int, exc: BaseException, *, write: bool = False) -> None:
+        """Count ``exc`` against the bucket if it is one (:func:`counts_as_error`; ``write``: it failed
+        a write)."""
+        if not counts_as_error(exc, write=write):
             return
         bucket = self._buckets[bucket_id]
         now = self._clock_s()
         bucket.errors.append(now)
-        bucket.last_error = redacted(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX]
+        bucket.last_error = redact(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX]
         recent = sum(1 for at in bucket.errors if at > now - self.window_s)
         if bucket.healthy and recent >= self.errors_max:
             bucket.healthy = False
@@ -130,7 +133,7 @@ class BucketHealth:
         bucket = self._buckets[bucket_id]
         if error is not None:
             bucket.probe_ok = 0
-            bucket.last_error = redacted(f"probe: {type(error).__name__}: {error}")[:ERROR_TEXT_MAX]
+            bucket.last_error = redact(f"probe: {type(error).__name__}: {error}")[:ERROR_TEXT_MAX]
             return
         bucket.probe_ok += 1
         if not bucket.healthy and bucket.probe_ok >= self.probe_successes:
@@ -176,7 +179,7 @@ class BucketHealth:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure is a failed probe
                 if self._buckets[bucket_id].healthy:
-                    self.record_error(bucket_id, exc)
+                    self.record_error(bucket_id, exc, write=True)
                 self.record_probe(bucket_id, exc)
             else:
                 self.record_probe(bucket_id, None)

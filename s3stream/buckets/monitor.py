@@ -106,8 +106,12 @@ class BucketsMonitor:
                 if loop.time() >= next_publish:
                     next_publish = loop.time() + self.publish_interval_s
                     await self.publish()
+            except asyncio.CancelledError:
+                raise
             except S3StreamError as exc:  # metadata unavailable or this node fenced: next round
                 log_event(log, logging.WARNING, "buckets.monitor_failed", error=exc, action="retry")
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the task silently: log it, next round
+                log_event(log, logging.ERROR, "buckets.monitor_failed", error=f"{type(exc).__name__}: {exc}", action="retry")  # fmt: skip
             await asyncio.sleep(self.poll_s)
 
     async def close(self) -> None:

@@ -64,3 +64,13 @@ class PlacementLog:
         found = (await self._store().placements([object_id])).get(object_id) or (self.first_bucket_id,)
         self._remember(object_id, found)
         return found
+
+    async def lookup_many(self, object_ids: Sequence[ObjectId]) -> dict[ObjectId, tuple[int, ...]]:
+        """The buckets holding each of ``object_ids``, read from the metadata (one batched query; the
+        cache is refreshed, not trusted)."""
+        found = await self._store().placements(list(object_ids))
+        result: dict[ObjectId, tuple[int, ...]] = {}
+        for object_id in object_ids:
+            result[object_id] = found.get(object_id) or (self.first_bucket_id,)
+            self._remember(object_id, result[object_id])
+        return result

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from s3stream.errors import InvalidArgumentError
+from s3stream.logfmt import redact
 from s3stream.metadata.placement_ops import BUCKET_ID_MAX, BUCKETS_PER_OBJECT_MAX
 from s3stream.storage.uri import parse_bucket_uri
 
@@ -34,8 +35,10 @@ class BucketEntry:
 
 
 def redacted(text: str) -> str:
-    """``text`` with the value of every ``secretKey`` replaced by ``***`` (for messages)."""
-    return _SECRET_VALUE.sub(r"\1***", text)
+    """``text`` with every credential :func:`s3stream.logfmt.redact` knows (registered secrets, a
+    comma in one included, URL passwords, secret parameters) and the value of every ``secretKey``
+    replaced by ``***`` (for messages)."""
+    return _SECRET_VALUE.sub(r"\1***", redact(text))
 
 
 def is_bucket_list(text: str | None) -> bool:

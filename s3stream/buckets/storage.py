@@ -24,8 +24,14 @@ from typing import TypeVar
 from s3stream.buckets.health import BucketHealth, BucketStats
 from s3stream.buckets.placement import PlacementLog
 from s3stream.buckets.strategy import PlacementStrategy
-from s3stream.buckets.upload import MultiBucketUpload
-from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from s3stream.buckets.upload import MultiBucketUpload, SourceReadFailed
+from s3stream.errors import (
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    S3StreamError,
+    UnavailableError,
+)
 from s3stream.ids import ObjectId
 from s3stream.metadata.base import MetadataStore
 from s3stream.objectformat.keys import parse_object_key
@@ -140,12 +146,20 @@ class MultiBucketStorage(ObjectStorage):
             key=lambda b: (not self._healthy(b), not self._preferred(b), self.bucket_ids.index(b)),
         )
 
-    async def _holders(self, key: str, *, fresh: bool = False) -> list[int]:
+    async def _holders(self, key: str, *, fresh: bool = False) -> tuple[list[int], list[int]]:
+        """The buckets of this list holding ``key``, and the ids its placement names that this node
+        does not know (a bucket another node's newer list added)."""
         object_id = _object_id(key)
         if object_id is None:
-            return list(self.bucket_ids)
+            return list(self.bucket_ids), []
         placed = await self.placement.lookup(object_id, fresh=fresh)
-        return [b for b in placed if b in self._buckets]
+        return [b for b in placed if b in self._buckets], [b for b in placed if b not in self._buckets]
+
+    def _unknown_buckets(self, key: str, unknown: Sequence[int]) -> UnavailableError:
+        return UnavailableError(
+            f"object {key!r} is placed in bucket id(s) {sorted(set(unknown))} that this node's bucket list "
+            f"{list(self.bucket_ids)} does not name: restart the node with the full bucket list"
+        )
 
     # -- ObjectStorage -------------------------------------------------------------------------
     async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
@@ -163,7 +177,7 @@ class MultiBucketStorage(ObjectStorage):
             tried += targets
             failed = [(b, r) for b, r in zip(targets, results, strict=True) if isinstance(r, BaseException)]
             for bucket_id, error in failed:
-                self.health.record_error(bucket_id, error)
+                self.health.record_error(bucket_id, error, write=True)
             done = [b for b, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)]
             for bucket_id in done:
                 self.health.record_upload(bucket_id)
@@ -193,8 +207,9 @@ class MultiBucketStorage(ObjectStorage):
 
     async def copy_into(self, upload: Upload, target: int, source_key: str, start: int, end: int) -> None:
         """Append ``[start, end)`` of ``source_key`` to ``upload`` (writing to bucket ``target``):
-        server-side when the target holds the source, else ranged reads and writes."""
-        holders = await self._holders(source_key)
+        server-side when the target holds the source, else ranged reads and writes. A failed read of
+        the source from another bucket raises :class:`SourceReadFailed` (not the target's fault)."""
+        holders, _ = await self._holders(source_key)
         if target in holders:
             try:
                 await upload.copy(source_key, start, end)
@@ -204,7 +219,11 @@ class MultiBucketStorage(ObjectStorage):
         position = start
         while position < end:
             stop = min(end, position + COPY_CHUNK_BYTES)
-            await upload.write(await self.get(source_key, position, stop))
+            try:
+                chunk = await self.get(source_key, position, stop)
+            except Exception as exc:
+                raise SourceReadFailed(exc) from exc
+            await upload.write(chunk)
             position = stop
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -225,27 +244,55 @@ class MultiBucketStorage(ObjectStorage):
 
     async def _first_answer(self, key: str, read: Callable[[int], Awaitable[_T]]) -> _T:
         """``read`` from the buckets holding ``key``, healthy first; the placement is read again once
-        when none answers. NotFoundError only when every bucket asked said the key is missing."""
+        when none answers. For an object key any error of one copy (S3StreamError but ConflictError,
+        or a timeout) moves on to the next; other keys move on after NotFound or a bucket not
+        answering. When all fail: the first error that is not NotFoundError, else NotFoundError (only
+        when every bucket asked said the key is missing)."""
+        is_object = _object_id(key) is not None
+        passed: tuple[type[BaseException], ...] = (
+            (S3StreamError, TimeoutError) if is_object else (NotFoundError, UnavailableError, TimeoutError)
+        )
         asked: set[int] = set()
-        last: BaseException | None = None
+        first: BaseException | None = None
+        missing: NotFoundError | None = None
+        unknown: list[int] = []
         for fresh in (False, True):
-            order = [b for b in self._read_order(await self._holders(key, fresh=fresh)) if b not in asked]
+            holders, unknown = await self._holders(key, fresh=fresh)
+            order = [b for b in self._read_order(holders) if b not in asked]
             for bucket_id in order:
                 asked.add(bucket_id)
                 try:
                     return await read(bucket_id)
-                except NotFoundError as exc:
-                    last = last if isinstance(last, UnavailableError) else exc
-                except (UnavailableError, TimeoutError) as exc:
+                except ConflictError:
+                    raise
+                except passed as exc:
+                    if isinstance(exc, NotFoundError):
+                        missing = missing or exc
+                        continue
                     self.health.record_error(bucket_id, exc)
-                    last = exc
-            if _object_id(key) is None:
+                    first = first or exc
+            if not is_object:
                 break
-        if last is None:
-            raise NotFoundError(f"object {key!r} is in no bucket")
-        raise last
+        if unknown and first is None:  # the object may be in a bucket this node cannot reach
+            raise self._unknown_buckets(key, unknown) from missing
+        if first is not None:
+            raise first
+        if missing is not None:
+            raise missing
+        raise NotFoundError(f"object {key!r} is in no bucket")
 
     async def delete(self, keys: Sequence[str]) -> None:
+        """Delete ``keys`` from every bucket. An object whose placement names a bucket this node does
+        not know raises UnavailableError before anything is deleted: its bytes would stay there, so GC
+        must keep the object's metadata until a node with the full list deletes it."""
+        if keys and self.placement.attached:
+            object_ids = {object_id: key for key in keys if (object_id := _object_id(key)) is not None}
+            if object_ids:
+                placed = await self.placement.lookup_many(list(object_ids))
+                for object_id, bucket_ids in placed.items():
+                    unknown = [b for b in bucket_ids if b not in self._buckets]
+                    if unknown:
+                        raise self._unknown_buckets(object_ids[object_id], unknown)
         await self._delete_from(self.bucket_ids, keys, strict=True)
 
     async def _delete_from(
@@ -333,4 +380,4 @@ class MultiBucketStorage(ObjectStorage):
 def _retriable(error: BaseException) -> bool:
     from s3stream.buckets.health import counts_as_error
 
-    return counts_as_error(error)
+    return counts_as_error(error, write=True)

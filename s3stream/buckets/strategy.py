@@ -10,7 +10,8 @@ the health tracker learns when a bucket is back.
 * ``replication``: every bucket, healthy or not (an object is committed only once all hold it).
 * ``sharding``: one bucket per object, drawn by weight among the healthy buckets of weight > 0
   (smooth weighted round robin: over any run of objects each bucket's share follows its weight; a
-  weight of 0 takes no new objects and still serves reads). Weights change while running.
+  weight of 0 takes no new objects and still serves reads, unless every weighted bucket is unhealthy:
+  then the healthy ones of weight 0 take them in turn). Weights change while running.
 """
 
 from __future__ import annotations
@@ -117,11 +118,18 @@ class Sharding:
 
     def choose(self, bucket_ids: Sequence[int], healthy: Callable[[int], bool]) -> tuple[int, ...]:
         weighted = [b for b in bucket_ids if self._weights.get(b, 0) > 0]
-        candidates = [b for b in weighted if healthy(b)] or weighted or list(bucket_ids)
+        # every weighted bucket down: a healthy bucket of weight 0 rather than a dead one
+        candidates = (
+            [b for b in weighted if healthy(b)]
+            or [b for b in bucket_ids if healthy(b)]
+            or weighted
+            or list(bucket_ids)
+        )
+        by_weight = all(self._weights.get(b, 0) > 0 for b in candidates)
         with self._lock:
             total = 0
             for bucket_id in candidates:
-                weight = max(self._weights.get(bucket_id, 0), 1 if not weighted else 0)
+                weight = self._weights.get(bucket_id, 0) if by_weight else 1
                 self._current[bucket_id] = self._current.get(bucket_id, 0) + weight
                 total += weight
             chosen = max(candidates, key=lambda b: (self._current[b], -bucket_ids.index(b)))
@@ -132,6 +140,10 @@ class Sharding:
         self, bucket_ids: Sequence[int], healthy: Callable[[int], bool], tried: Sequence[int]
     ) -> int | None:
         weighted = [b for b in bucket_ids if self._weights.get(b, 0) > 0]
+        for pool in (weighted, bucket_ids):  # a healthy bucket first, weighted or not
+            for bucket_id in pool:
+                if bucket_id not in tried and healthy(bucket_id):
+                    return bucket_id
         found = _fallback(weighted, healthy, tried)
         return found if found is not None else _fallback(bucket_ids, healthy, tried)
 

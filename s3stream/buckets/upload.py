@@ -18,6 +18,11 @@ Invariants:
   was placed (its placement record may itself have waited out that bucket's deadline, through the
   metadata copy) and another bucket is neither, ``complete()`` moves the object there (the same one
   move, replayed, recorded) instead of completing on a bucket that just failed.
+* A move only ever goes to a preferred bucket (healthy, not suspect); with none, the upload fails and
+  its caller retries.
+* A copy whose source must be read from another bucket and cannot be (:class:`SourceReadFailed`) is
+  the source's failure: it is not counted against the target bucket's health, the upload does not move,
+  and the source's error is raised.
 """
 
 from __future__ import annotations
@@ -41,6 +46,20 @@ MOVES_MAX = 1
 
 _Op = tuple[bytes, None, int, int] | tuple[None, str, int, int]
 """A written chunk ``(data, None, 0, 0)`` or a copy ``(None, source_key, start, end)``."""
+
+
+class SourceReadFailed(Exception):
+    """Reading the source of a copy from another bucket failed with ``error``: the source's fault, not
+    the target's. Internal to this package: the upload neither charges the target's health with it nor
+    moves, and raises ``error`` itself."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _source_error(error: BaseException) -> BaseException | None:
+    return error.error if isinstance(error, SourceReadFailed) else None
 
 
 class MultiBucketUpload(Upload):
@@ -93,10 +112,15 @@ class MultiBucketUpload(Upload):
                 (b, r) for (b, _), r in zip(items, results, strict=True) if isinstance(r, BaseException)
             ]
             for bucket_id, error in failed:
-                self._owner.health.record_error(bucket_id, error)
+                if _source_error(error) is None:  # a failed source read is not the target's fault
+                    self._owner.health.record_error(bucket_id, error, write=True)
             if not failed:
                 return
             bucket_id, error = failed[0]
+            source_error = _source_error(error)
+            if source_error is not None:  # moving would not help: the source is read the same way
+                await self.abort()
+                raise source_error
             if isinstance(error, asyncio.CancelledError) or not await self._move(bucket_id, error):
                 await self.abort()
                 raise error
@@ -109,10 +133,10 @@ class MultiBucketUpload(Upload):
         """Switch a one-bucket upload from ``failed`` to the next bucket and replay; False: cannot."""
         from s3stream.buckets.health import counts_as_error
 
-        if not self._movable() or not counts_as_error(error):
+        if not self._movable() or not counts_as_error(error, write=True):
             return False
         target = self._owner.next_bucket(self._tried)
-        if target is None:
+        if target is None or not self._preferred(target):  # never onto a bucket that is failing too
             return False
         await self._switch(failed, target)
         return True
@@ -123,18 +147,18 @@ class MultiBucketUpload(Upload):
         if not self._movable():
             return False
         (current,) = self._uploads
-        health = self._owner.health
-
-        def preferred(bucket_id: int) -> bool:
-            return health.is_healthy(bucket_id) and not health.is_suspect(bucket_id)
-
-        if preferred(current):
+        if self._preferred(current):
             return False
         target = self._owner.next_bucket(self._tried)
-        if target is None or not preferred(target):
+        if target is None or not self._preferred(target):
             return False
         await self._switch(current, target)
         return True
+
+    def _preferred(self, bucket_id: int) -> bool:
+        """Healthy and not suspect (no error within the call deadline)."""
+        health = self._owner.health
+        return health.is_healthy(bucket_id) and not health.is_suspect(bucket_id)
 
     async def _switch(self, failed: int, target: int) -> None:
         """Abort the upload on ``failed``, open one on ``target`` and replay what was written."""
@@ -152,8 +176,11 @@ class MultiBucketUpload(Upload):
                     assert source is not None
                     await self._owner.copy_into(upload, target, source, start, end)
         except BaseException as replay_error:
-            self._owner.health.record_error(target, replay_error)
             await self.abort()
+            source_error = _source_error(replay_error)
+            if source_error is not None:
+                raise source_error from None
+            self._owner.health.record_error(target, replay_error, write=True)
             raise
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -187,7 +214,7 @@ class MultiBucketUpload(Upload):
                 (b, r) for (b, _), r in zip(items, results, strict=True) if isinstance(r, BaseException)
             ]
             for bucket_id, error in failed:
-                self._owner.health.record_error(bucket_id, error)
+                self._owner.health.record_error(bucket_id, error, write=True)
             if not failed:
                 for bucket_id, _ in items:
                     self._owner.health.record_upload(bucket_id)

@@ -38,11 +38,12 @@ from typing import Any
 from s3stream._loop import run
 from s3stream.binding import METADATA_FILE, RecordedStorage, recorded_storage_of, without_secrets
 from s3stream.buckets.monitor import HEALTH_KEY_PREFIX, WEIGHTS_KEY
-from s3stream.buckets.spec import format_weights, parse_bucket_list, parse_weights, redacted
+from s3stream.buckets.spec import format_weights, parse_bucket_list, parse_weights
 from s3stream.cli._metadata import command_config, open_metadata_read_only, store_clock
 from s3stream.cli.reassign import writable_metadata
 from s3stream.cli.streams import DATA_DIR_ENV, add_engine_args, print_rows
 from s3stream.errors import CorruptionError, InvalidArgumentError, NotFoundError
+from s3stream.logfmt import redact
 from s3stream.metadata.base import MetadataStore
 from s3stream.metadata.sqlite_readonly import ReadOnlySqliteStore
 from s3stream.metadata.url import parse_metadata_url
@@ -130,7 +131,7 @@ def bucket_rows(
                 "uploads_recent": uploads if seen else None,
                 "write_share": round(uploads / uploads_total, 4) if seen and uploads_total else None,
                 "report_age_ms": max(0, now_ms - seen[0][0].at_ms) if seen else None,
-                "last_error": None if last_error is None else redacted(last_error),
+                "last_error": None if last_error is None else redact(last_error),
             }
         )
     return rows

@@ -35,6 +35,7 @@ from s3stream.errors import (
     NotFoundError,
     S3StreamError,
 )
+from s3stream.hooks import call_hook
 from s3stream.ids import ObjectId
 from s3stream.logfmt import log_event
 from s3stream.metadata.base import CommitStreamSetObjectRequest, MetadataStore, StreamState
@@ -370,11 +371,11 @@ class UploadPipeline:
                 result = await op()
             except (FencedError, ConflictError, NotFoundError, InvalidArgumentError, ClosedError):
                 if meter is not None:
-                    meter(what, False, None, time.perf_counter() - started_s)
+                    call_hook("upload.step_meter", meter, what, False, None, time.perf_counter() - started_s)
                 raise
             except (S3StreamError, OSError, TimeoutError) as exc:
                 if meter is not None:
-                    meter(what, False, None, time.perf_counter() - started_s)
+                    call_hook("upload.step_meter", meter, what, False, None, time.perf_counter() - started_s)
                 self.last_failure = f"{what}: {exc!r}"
                 self.stats.upload_retries += 1
                 log_event(log, logging.WARNING, "upload.step_failed", step=what, retry_in_s=delay_s, error=repr(exc))  # fmt: skip
@@ -382,7 +383,7 @@ class UploadPipeline:
                 delay_s = min(delay_s * 2, delay_max_s)
             else:
                 if meter is not None:
-                    meter(what, True, result, time.perf_counter() - started_s)
+                    call_hook("upload.step_meter", meter, what, True, result, time.perf_counter() - started_s)
                 self.last_failure = None
                 return result
 

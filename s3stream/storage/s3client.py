@@ -15,7 +15,8 @@ permanent ones. Errors are translated here, at the boundary:
 | 416, range past the end                           | InvalidArgumentError                       |
 | 403 AccessDenied, bad signature, other 4xx        | InvalidArgumentError (fix the credentials, |
 |   NoCredentials, parameter validation             | bucket policy or configuration: a retry    |
-|                                                   | cannot help, so this is not Unavailable)   |
+|                                                   | cannot help, so this is not Unavailable);  |
+|                                                   | 403 as its kind AccessDeniedError          |
 | transient, still failing at the deadline          | UnavailableError (``retriable`` = True)    |
 
 Payload hashing: SigV4 over plain HTTP signs each body's SHA-256. For bodies of at least
@@ -51,6 +52,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from s3stream.errors import (
+    AccessDeniedError,
     ClosedError,
     ConflictError,
     InvalidArgumentError,
@@ -58,6 +60,7 @@ from s3stream.errors import (
     S3StreamError,
     UnavailableError,
 )
+from s3stream.hooks import call_hook
 from s3stream.logfmt import register_secret
 from s3stream.storage.base import MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import validate_key, validate_prefix
@@ -247,7 +250,7 @@ def translate_error(exc: Exception, what: str) -> S3StreamError:
         if code == "InvalidRange" or status == 416:
             return InvalidArgumentError(f"{detail}: range not satisfiable")
         if status == 403:
-            return InvalidArgumentError(f"{detail}: access denied; check the credentials and bucket policy")
+            return AccessDeniedError(f"{detail}: access denied; check the credentials and bucket policy")
         return InvalidArgumentError(detail)
     if isinstance(exc, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
         return InvalidArgumentError(f"{what}: no usable S3 credentials ({exc})")
@@ -411,15 +414,15 @@ class S3Client:
                 try:
                     result = await attempt(client)
                 except BaseException as exc:
-                    meter.attempted(op, exc, time.perf_counter() - started_s)
+                    call_hook("s3.request_meter", meter.attempted, op, exc, time.perf_counter() - started_s)
                     raise
-                meter.attempted(op, None, time.perf_counter() - started_s)
+                call_hook("s3.request_meter", meter.attempted, op, None, time.perf_counter() - started_s)
                 return result
 
         def on_retry(error: S3StreamError) -> None:
             self.stats.record("retry")
             if meter is not None:
-                meter.retried(op)
+                call_hook("s3.request_meter.retried", meter.retried, op)
 
         return await call_with_retries(
             f"{op} {what}",

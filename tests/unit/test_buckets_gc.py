@@ -73,3 +73,18 @@ async def test_reclaiming_what_killed_writers_left_covers_every_bucket(tmp_path:
         assert not any(p.name.startswith(".") for b in (0, 1) for p in (tmp_path / f"b{b}").iterdir())
     finally:
         await storage.close()
+
+
+async def test_gc_keeps_an_object_placed_in_a_bucket_this_node_does_not_know() -> None:
+    rig = make_rig("failover")  # knows 0 and 1; another node's newer list wrote the object to bucket 2
+    clock = Clock()
+    object_id = await rig.metadata.prepare_objects(count=1, ttl_ms=1000)
+    await rig.metadata.record_placement(object_id, [2])
+    collector = GarbageCollector(
+        rig.metadata, rig.storage, namespace=NAMESPACE, retention_ms=0, orphan_ttl_ms=0, clock_ms=clock
+    )
+    clock.now_ms += 2000
+    with pytest.raises(UnavailableError, match=r"\[2\]"):
+        await PreparedObjectReaper(collector).run_once()
+    assert [o.object_id for o in await rig.metadata.list_objects([ObjectState.MARK_DESTROYED])] == [object_id]
+    assert await rig.metadata.placements([object_id]) == {object_id: (2,)}

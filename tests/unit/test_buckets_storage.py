@@ -5,6 +5,7 @@ live weights, a weight of 0 draining, and the keys that are not objects."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +16,7 @@ from s3stream.buckets.strategy import make_strategy
 from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.support.buckets import make_rig
+from tests.support.faults import Fault
 
 
 async def test_round_robin_spreads_new_objects_evenly_and_records_them() -> None:
@@ -397,3 +399,164 @@ async def test_a_suspect_buckets_successful_probe_adds_no_error() -> None:
     rig.clock.now_s += 4.5
     _, key = await rig.write(b"back")
     assert rig.holders(key) == [0]
+
+
+async def test_an_object_placed_in_a_bucket_this_node_does_not_know_is_unavailable_not_missing() -> None:
+    rig = make_rig("failover")  # this node knows buckets 0 and 1; another node's list added 2
+    object_id, key = await rig.new_key()
+    await rig.metadata.record_placement(object_id, [2])
+    with pytest.raises(UnavailableError, match=r"bucket id\(s\) \[2\].*restart the node"):
+        await rig.storage.get(key)
+    with pytest.raises(UnavailableError, match=r"\[2\]"):
+        await rig.storage.head(key)
+    with pytest.raises(UnavailableError, match=r"\[2\]"):
+        await rig.storage.delete([key])
+    # a copy in a known bucket still reads
+    both_id, both = await rig.new_key()
+    await rig.metadata.record_placement(both_id, [1, 2])
+    await rig.inner[1].put(both, b"here")
+    assert await rig.storage.get(both) == b"here"
+
+
+async def test_a_failed_source_read_of_a_copy_is_not_charged_to_the_healthy_target() -> None:
+    rig = make_rig("failover", errors_max=3)
+    _, source = await rig.write(b"in the primary only")
+    rig.fail(0)  # the primary goes down; new objects fail over to bucket 1
+    for _ in range(3):
+        _, key = await rig.write(b"x")
+        assert rig.holders(key) == [1]
+        rig.clock.now_s += 4.5
+    assert not rig.storage.health.is_healthy(0)
+    # a compaction-like copy into the healthy standby, its source only in the dead primary
+    _, compacted = await rig.new_key()
+    before = {op: n for op, n in rig.faulty[0].calls.items() if op.startswith("upload.")}
+    upload = rig.storage.upload(compacted)
+    assert upload.targets == (1,)  # type: ignore[attr-defined]
+    with pytest.raises(UnavailableError):
+        await upload.copy(source, 0, 5)
+    stats = rig.storage.stats()
+    assert stats[1].errors_recent == 0
+    assert stats[1].last_error == ""
+    assert rig.storage.health.is_healthy(1)
+    assert not rig.storage.health.is_suspect(1)
+    after = {op: n for op, n in rig.faulty[0].calls.items() if op.startswith("upload.")}
+    assert after == before  # the upload did not move onto the dead primary
+    assert rig.holders(compacted) == []
+
+
+async def test_a_failing_upload_does_not_move_onto_a_bucket_that_is_not_preferred() -> None:
+    rig = make_rig("failover", errors_max=3)
+    for _ in range(3):
+        rig.storage.health.record_error(0, UnavailableError("down"))
+    assert not rig.storage.health.is_healthy(0)
+    rig.fail(1, "upload.complete", times=1)
+    _, key = await rig.new_key()
+    upload = rig.storage.upload(key)
+    await upload.write(b"standby")
+    with pytest.raises(UnavailableError):
+        await upload.complete()  # the caller retries; moving onto the unhealthy primary would not help
+    assert rig.faulty[0].calls["upload.write"] == 0
+    assert rig.holders(key) == []
+
+
+def _raising(error: Exception) -> Callable[[str], Exception]:
+    return lambda _what: error
+
+
+async def test_any_error_of_one_copy_falls_back_to_another_bucket() -> None:
+    from s3stream.errors import AccessDeniedError, CorruptionError
+
+    rig = make_rig("replication")
+    _, key = await rig.write(b"both")
+    for error in (
+        AccessDeniedError("get: AccessDenied (HTTP 403): access denied"),
+        CorruptionError("bad bytes", source=key),
+        InvalidArgumentError("get: 400"),
+    ):
+        rig.faulty[0].plan.faults = [Fault("get", make_error=_raising(error))]
+        rig.faulty[0].plan.enabled = True
+        rig.storage.placement._cache.clear()
+        assert await rig.storage.get(key) == b"both"
+    rig.fail(1, "get")  # both fail: the first error is raised
+    rig.faulty[0].plan.faults = [Fault("get", make_error=lambda _what: AccessDeniedError("get: denied"))]
+    with pytest.raises(AccessDeniedError):
+        await rig.storage.get(key)
+
+
+async def test_access_denied_on_writes_counts_against_a_bucket_so_failover_leaves_it() -> None:
+    from s3stream.errors import AccessDeniedError
+
+    rig = make_rig("failover", errors_max=3)
+    plan = rig.faulty[0].plan
+    plan.faults = [Fault("*", make_error=lambda what: AccessDeniedError(f"{what}: access denied"))]
+    plan.enabled = True
+    for _ in range(3):
+        _, key = await rig.write(b"x")  # moves to the standby within the call
+        assert rig.holders(key) == [1]
+        rig.clock.now_s += 4.5
+    assert not rig.storage.health.is_healthy(0)
+    await rig.storage.put("metadata-copy/z", b"z")
+    assert rig.holders("metadata-copy/z") == [1]
+
+
+async def test_the_monitor_logs_an_unexpected_error_and_keeps_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    rig = make_rig("sharding", weights={0: 1, 1: 1})
+    real_kv_get = rig.metadata.kv_get
+    calls = 0
+
+    async def flaky_kv_get(key: str) -> bytes | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the first poll runs in start(), the second in the task
+            raise RuntimeError("a bug")
+        return await real_kv_get(key)
+
+    rig.metadata.kv_get = flaky_kv_get  # type: ignore[method-assign]
+    monitor = BucketsMonitor(rig.storage, rig.metadata, node_id=None, poll_ms=10)
+    await monitor.start()
+    try:
+        await asyncio.sleep(0.05)
+        await rig.metadata.kv_put(WEIGHTS_KEY, b"0:0,1:1")
+        for _ in range(100):
+            if rig.storage.strategy.weights == {0: 0, 1: 1}:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.01)
+        assert rig.storage.strategy.weights == {0: 0, 1: 1}  # type: ignore[attr-defined]
+        assert any(
+            "buckets.monitor_failed" in r.getMessage() and "a bug" in r.getMessage() for r in caplog.records
+        )
+    finally:
+        await monitor.close()
+
+
+async def test_sharding_prefers_a_healthy_weight_zero_bucket_over_dead_weighted_ones() -> None:
+    rig = make_rig("sharding", (0, 1, 2), weights={0: 2, 1: 1, 2: 0})
+    for bucket_id in (0, 1):
+        for _ in range(3):
+            rig.storage.health.record_error(bucket_id, UnavailableError("down"))
+    assert not rig.storage.health.is_healthy(0)
+    assert not rig.storage.health.is_healthy(1)
+    written = [await rig.write() for _ in range(4)]
+    assert all(rig.holders(key) == [2] for _, key in written)
+    strategy = rig.storage.strategy
+    healthy = rig.storage.health.is_healthy
+    assert strategy.next_after((0, 1, 2), healthy, [0]) == 2
+    rig.storage.health._buckets[0].healthy = True  # back: the weighted buckets are the choice again
+    assert strategy.choose((0, 1, 2), healthy) == (0,)
+
+
+async def test_the_last_error_is_redacted_of_a_registered_secret_with_a_comma() -> None:
+    from s3stream.logfmt import register_secret
+
+    secret = "health,Secret-Value-7c1d"
+    register_secret(secret)
+    rig = make_rig("failover")
+    rig.storage.health.record_error(0, UnavailableError(f"PUT secretKey={secret}: signed with {secret}"))
+    rig.storage.health.record_probe(1, UnavailableError(f"probe with {secret}"))
+    for stats in rig.storage.stats().values():
+        assert "Secret-Value" not in stats.last_error
+        assert "health," not in stats.last_error

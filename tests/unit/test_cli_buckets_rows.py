@@ -67,3 +67,15 @@ def test_no_uploads_means_no_share() -> None:
 def test_an_unreadable_report_is_a_corruption_error(value: bytes) -> None:
     with pytest.raises(CorruptionError, match="node 3"):
         NodeReport.decode(3, value)
+
+
+def test_a_reported_last_error_is_redacted_of_a_registered_secret_with_a_comma() -> None:
+    from s3stream.logfmt import register_secret
+
+    secret = "cli,Rows-Secret-9f2b"
+    register_secret(secret)
+    text = f"UnavailableError: PUT failed for secretKey={secret} (key {secret})"
+    rows = bucket_rows([(0, "x")], {}, [report(0, 1, b0={"healthy": False, "last_error": text})], now_ms=1)
+    shown = rows[0]["last_error"]
+    assert "Rows-Secret" not in shown
+    assert "cli," not in shown

@@ -12,6 +12,7 @@ import botocore.exceptions
 import pytest
 
 from s3stream.errors import (
+    AccessDeniedError,
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
@@ -161,8 +162,8 @@ def test_bad_policies_are_rejected(kwargs: dict[str, float]) -> None:
         (client_error("NoSuchUpload", 404), NotFoundError, False),
         (client_error("PreconditionFailed", 412), ConflictError, False),
         (client_error("InvalidRange", 416), InvalidArgumentError, False),
-        (client_error("AccessDenied", 403), InvalidArgumentError, False),
-        (client_error("SignatureDoesNotMatch", 403), InvalidArgumentError, False),
+        (client_error("AccessDenied", 403), AccessDeniedError, False),
+        (client_error("SignatureDoesNotMatch", 403), AccessDeniedError, False),
         (client_error("EntityTooSmall", 400), InvalidArgumentError, False),
         (client_error("RequestTimeout", 400), UnavailableError, True),
         (client_error("SlowDown", 503), UnavailableError, True),
@@ -192,7 +193,8 @@ def test_error_translation_table(exc: Exception, kind: type[S3StreamError], retr
 @pytest.mark.parametrize("code", ["AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId"])
 def test_forbidden_tells_the_caller_to_check_credentials(code: str) -> None:
     error = translate_error(client_error(code, 403), "GET 'k'")
-    assert type(error) is InvalidArgumentError
+    assert type(error) is AccessDeniedError  # a kind of InvalidArgumentError
+    assert isinstance(error, InvalidArgumentError)
     assert "check the credentials and bucket policy" in str(error)
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from compaction.observer import CompactionObserver
 from s3stream.clock import Clock, wall_clock_ms
 from s3stream.errors import InvalidArgumentError, S3StreamError
+from s3stream.hooks import call_hook
 from s3stream.ids import ObjectId
 from s3stream.logfmt import log_event
 from s3stream.metadata.base import MetadataStore
@@ -117,7 +118,7 @@ class GarbageCollector:
             batch_bytes = sum(o.size_bytes for o in doomed)
             deleted_bytes += batch_bytes
             if self.meter is not None:
-                self.meter(len(doomed), batch_bytes)
+                call_hook("gc.meter", self.meter, len(doomed), batch_bytes)
             requests += 1
         report = GcReport(len(expired), len(deleted_ids), deleted_bytes, requests)
         log_event(log, logging.INFO if deleted_ids else logging.DEBUG, "gc.deleted", objects=len(deleted_ids), bytes=deleted_bytes, prepared_expired=len(expired), requests=requests)  # fmt: skip

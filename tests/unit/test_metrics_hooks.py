@@ -85,3 +85,23 @@ async def test_a_raising_step_meter_does_not_fail_a_successful_upload_step() -> 
     assert await UploadPipeline._retry(pipeline, "commit", commit) == "committed"
     assert runs == 1  # not committed again
     assert meter.calls == 1
+
+
+async def test_a_raising_gc_meter_does_not_fail_the_deletion_pass() -> None:
+    from compaction.gc import GarbageCollector
+    from s3stream.metadata.memory import MemoryMetadataStore
+    from s3stream.objectformat import object_key
+    from s3stream.storage.memory import MemoryObjectStorage
+
+    store, storage = MemoryMetadataStore(), MemoryObjectStorage()
+    doomed = await store.prepare_objects(count=1, ttl_ms=1)  # the first id of the range
+    await storage.put(object_key(doomed, "ns"), b"bytes of an upload that never committed")
+    collector = GarbageCollector(store, storage, namespace="ns", retention_ms=0, orphan_ttl_ms=0)
+    meter = RaisingMeter()
+    collector.meter = meter
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    assert doomed in await collector.reap()  # expired, deleted, metered: the meter's error is ignored
+    assert meter.calls == 1
+    assert [o async for o in storage.list("")] == []

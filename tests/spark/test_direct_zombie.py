@@ -42,8 +42,12 @@ NODE_LEASE_MS = 600_000
 """Longer than the test: only the commit path's checks can refuse the zombie's commit."""
 RESUMED_EXIT_TIMEOUT_S = 300.0
 """How long the resumed zombie may take to fail its commit and exit before it is SIGKILLed."""
-REFUSALS = ("ConflictError", "FencedError")
-"""The errors a refused commit of the zombie's may raise (whichever check meets it first)."""
+REFUSALS = ("ConflictError", "FencedError", "UnavailableError")
+"""The errors a refused commit of the zombie's may raise (whichever check meets it first). While it
+was stopped, PostgreSQL may have ended its connection (a session idle in a transaction past
+``idle_in_transaction_session_timeout``): the commit then fails as unavailable before any check, and
+a retry would meet the checks. Either way nothing of the zombie's is committed, which the assertions
+after the refusal check on the data itself."""
 
 
 def _state(pid: int) -> str:

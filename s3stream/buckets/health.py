@@ -2,9 +2,9 @@
 
 A bucket becomes **unhealthy** once ``errors_max`` errors or timeouts (UnavailableError, TimeoutError)
 happened within ``window_ms``. Until then a bucket whose last error is younger than a call deadline
-(twice ``request_timeout_ms``) is **suspect**: still healthy, but new writes go to the other buckets
-while any is neither unhealthy nor suspect, so a dead bucket costs one deadline, not one per write
-until the threshold. Requests that answer (NotFound included) are not errors. An unhealthy
+(twice ``request_timeout_ms``, and never shorter than the wait for the next probe round) is
+**suspect**: still healthy, but new writes go to the other buckets while any is neither unhealthy
+nor suspect, so a dead bucket costs one deadline, not one per write until the threshold. Requests that answer (NotFound included) are not errors. An unhealthy
 bucket takes no new objects (the strategies skip it) but is still read when it holds an object that
 no healthy bucket has. The :class:`BucketHealth` component (``start()`` / ``close()``) probes every
 unhealthy or suspect bucket every ``probe_interval_ms`` (a small PUT of a reserved key, under
@@ -95,6 +95,11 @@ class BucketHealth:
         self.probe_successes = probe_successes
         self.request_timeout_s = request_timeout_ms / 1000
         self._clock_s = clock_s
+        # A suspicion lasts a call deadline, and at least until a probe round has looked at the bucket:
+        # rounds start probe_interval after the previous one ended (at most a request timeout), so two
+        # intervals leave room for a late round; with a short timeout the deadline alone would lapse
+        # before any probe, and the bucket would never reach the threshold.
+        self.suspect_s = max(2 * self.request_timeout_s, 2 * self.probe_interval_s + self.request_timeout_s)
         self._probe: Callable[[int], Awaitable[None]] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -103,12 +108,12 @@ class BucketHealth:
         return self._buckets[bucket_id].healthy
 
     def is_suspect(self, bucket_id: int) -> bool:
-        """Whether the bucket failed within the last call deadline (twice the request timeout). Below
-        the unhealthy threshold such a bucket still counts as healthy, but new writes prefer the others
-        meanwhile: the failing call already waited out its deadline, and the next one would likely
-        wait again before the threshold is reached."""
+        """Whether the bucket failed within the last ``suspect_s`` (a call deadline, or the wait for
+        the next probe round when that is longer). Below the unhealthy threshold such a bucket still
+        counts as healthy, but new writes prefer the others meanwhile: the failing call already
+        waited out its deadline, and the next one would likely wait again before the threshold."""
         errors = self._buckets[bucket_id].errors
-        return bool(errors) and errors[-1] > self._clock_s() - 2 * self.request_timeout_s
+        return bool(errors) and errors[-1] > self._clock_s() - self.suspect_s
 
     def record_error(self, bucket_id: int, exc: BaseException, *, write: bool = False) -> None:
         """Count ``exc`` against the bucket if it is one (:func:`counts_as_error`; ``write``: it failed

@@ -7,6 +7,10 @@ locally; it uploads a snapshot first (the copy is not restorable before one) and
 ``snapshot_every_groups`` groups or ``snapshot_interval_ms``, and then deletes the snapshots and log
 objects the two newest snapshots make unnecessary. Keys and framing: :mod:`s3stream.metacopy.objects`.
 
+Every group reaches a log object, also one a snapshot already holds: a snapshot does not drop the
+pending groups it covers. So the older kept snapshot plus the logs after it restore everything, even
+when the newest snapshot is damaged (restore skips the groups a log holds that its base already has).
+
 The window: once attached, every write operation of the store returns only after the copy holds the
 group commit it wrote (and every earlier one): :meth:`wait_copied`. So whatever an operation
 acknowledged is in the bucket; a data dir lost right after loses from the copy only what was never
@@ -239,7 +243,7 @@ class MetadataCopy:
         finally:
             await asyncio.to_thread(_unlink_quietly, target)
         await self._storage.put(snapshot_key(self._prefix, seq), encode_snapshot(seq, database))
-        await self._store.copy_done(through_seq=seq, snapshot_seq=seq)
+        await self._store.copy_done(snapshot_seq=seq)  # its groups still go to a log
         self.stats["snapshots"] += 1
         self._snapshot_seq = max(self._snapshot_seq, seq)
         self._groups_since_snapshot = 0

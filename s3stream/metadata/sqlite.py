@@ -358,8 +358,9 @@ class SqliteMetadataStore(TransactionalStore):
             functools.partial(sqlite_copy.pending, bytes_max=bytes_max), write=False
         )
 
-    async def copy_done(self, *, through_seq: int, snapshot_seq: int | None = None) -> None:
-        """The groups up to ``through_seq`` are in the bucket (a snapshot covering ``snapshot_seq``)."""
+    async def copy_done(self, *, through_seq: int | None = None, snapshot_seq: int | None = None) -> None:
+        """The groups up to ``through_seq`` are in a log object in the bucket; a snapshot covering
+        ``snapshot_seq`` is."""
         self._check_open()
         await self._worker.call(
             functools.partial(sqlite_copy.drop_pending, through_seq=through_seq, snapshot_seq=snapshot_seq),

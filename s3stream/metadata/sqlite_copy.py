@@ -159,9 +159,12 @@ def pending(conn: sqlite3.Connection, *, bytes_max: int) -> list[tuple[int, byte
     return out
 
 
-def drop_pending(conn: sqlite3.Connection, *, through_seq: int, snapshot_seq: int | None = None) -> None:
-    """Forget the groups up to ``through_seq`` (they are in the bucket); record a new snapshot."""
-    conn.execute("DELETE FROM pending_copy WHERE seq <= ?", (through_seq,))
+def drop_pending(
+    conn: sqlite3.Connection, *, through_seq: int | None = None, snapshot_seq: int | None = None
+) -> None:
+    """Forget the groups up to ``through_seq`` (they are in a log object); record a new snapshot."""
+    if through_seq is not None:
+        conn.execute("DELETE FROM pending_copy WHERE seq <= ?", (through_seq,))
     if snapshot_seq is not None:
         conn.execute(
             "UPDATE copy_state SET snapshot_seq = max(snapshot_seq, ?) WHERE id = 0", (snapshot_seq,)

@@ -15,7 +15,7 @@ from s3stream.buckets.storage import MultiBucketStorage
 from s3stream.buckets.strategy import make_strategy
 from s3stream.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from s3stream.storage.memory import MemoryObjectStorage
-from tests.support.buckets import make_rig
+from tests.support.buckets import FakeClock, make_rig
 from tests.support.faults import Fault
 
 
@@ -560,3 +560,13 @@ async def test_the_last_error_is_redacted_of_a_registered_secret_with_a_comma() 
     for stats in rig.storage.stats().values():
         assert "Secret-Value" not in stats.last_error
         assert "health," not in stats.last_error
+
+
+async def test_with_a_short_request_timeout_a_suspect_bucket_waits_for_the_next_probe_round() -> None:
+    clock = FakeClock()
+    health = BucketHealth((0, 1), request_timeout_ms=300, probe_interval_ms=1_000, clock_s=clock)
+    health.record_error(0, UnavailableError("a write timed out"))
+    clock.now_s += 1.5  # past twice the request timeout, but no probe round has looked yet
+    assert health.is_suspect(0)
+    clock.now_s += 1.0
+    assert not health.is_suspect(0)

@@ -37,14 +37,16 @@ COPY_TABLES = {"copy_state", "pending_copy", "schema_version"}
 
 
 class FlakyStorage:
-    """The in-memory storage whose PUTs fail while ``down`` is set (a bucket that does not answer)."""
+    """The in-memory storage whose PUTs fail while ``down`` is set (a bucket that does not answer),
+    only those of keys containing ``down_only`` when that is set."""
 
     def __init__(self, inner: MemoryObjectStorage) -> None:
         self.inner = inner
         self.down = False
+        self.down_only = ""
 
     async def put(self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False) -> None:
-        if self.down:
+        if self.down and self.down_only in key:
             raise UnavailableError(f"PUT {key}: the test bucket is down")
         await self.inner.put(key, data, if_absent=if_absent)
 
@@ -222,6 +224,45 @@ async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(
     assert report.skipped[0].startswith(snaps[-1])
     assert "CRC32C" in report.skipped[0]
     assert report.stopped is None
+    assert dump(tmp_path / "b" / "metadata.db") == dump(tmp_path / "a" / "metadata.db")
+
+
+async def test_groups_a_snapshot_holds_still_reach_a_log_object(
+    store: SqliteMetadataStore, tmp_path: Path
+) -> None:
+    """A snapshot taken while groups are pending does not drop them: with that snapshot damaged, the
+    one before it plus the logs still restore everything."""
+    flaky = FlakyStorage(MemoryObjectStorage())
+    copy = MetadataCopy(store, flaky, namespace=NS)  # type: ignore[arg-type]
+    await copy.start()
+    try:
+        await first_snapshot(flaky.inner)
+        flaky.down, flaky.down_only = True, "/log/"  # the log upload of the next group retries
+        pending = asyncio.create_task(store.kv_put("held", b"1"))
+        await asyncio.sleep(0.1)
+        await copy._snapshot()  # a snapshot holding the pending group, before its log upload
+        state = await store.copy_state()
+        assert state is not None
+        assert state.pending_first_seq == 1  # still pending: it goes to a log too
+        flaky.down = False
+        await pending  # returned at the snapshot
+        for _ in range(500):
+            if log_key(copy.prefix, 1, 1) in await keys(flaky.inner):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await copy.close()
+    found = await keys(flaky.inner)
+    snaps = sorted(k for k in found if "/snapshot/" in k)
+    assert len(snaps) == 2
+    assert log_key(copy.prefix, 1, 1) in found
+    data = bytearray(await flaky.inner.get(snaps[-1]))
+    data[len(data) // 2] ^= 1
+    await flaky.inner.put(snaps[-1], bytes(data))
+    report = await restore(flaky.inner, namespace=NS, data_dir=tmp_path / "b")
+    assert report.snapshot_key == snaps[0]
+    assert report.stopped is None
+    assert report.last_seq == 1
     assert dump(tmp_path / "b" / "metadata.db") == dump(tmp_path / "a" / "metadata.db")
 
 

@@ -21,6 +21,7 @@ from crc32c import crc32c
 from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError
 from s3stream.ids import StreamId
 from s3stream.metadata.base import StreamOffsetRange
+from s3stream.native import NATIVE
 from s3stream.objectformat.block import check_block_header
 from s3stream.objectformat.codec import (
     DATA_BLOCK_FLAG,
@@ -173,6 +174,14 @@ class ObjectWriter:
         batches = list(batches)
         self._enter()
         try:
+            if NATIVE is not None and NATIVE.check_batches(
+                batches, self._last_stream, self._last_end, BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE
+            ):
+                i = 0
+                while i < len(batches):
+                    i = self._encode_batches(batches, i, len(batches))
+                    await self._maybe_flush_part()
+                return
             self._validate(batches)
             records = [(b.stream_id, b.epoch, b.base_offset, b.count, b.payload) for b in batches]
             i = 0
@@ -444,6 +453,52 @@ class ObjectWriter:
             self._last_stream, self._last_end = stream, last_end
         if full:
             self._cut_block()
+        return i
+
+    def _encode_batches(self, batches: list[StreamRecordBatch], i: int, n: int) -> int:
+        """:meth:`_encode_from` of ``batches[i:n]`` (accepted by the compiled ``check_batches``), the
+        records of each block encoded by the compiled ``encode_run`` in one call: the same bytes, the
+        same blocks and the same stops for a part handover."""
+        assert NATIVE is not None
+        encode_run = NATIVE.encode_run
+        threshold = self._block_size_bytes
+        while i < n:
+            batch = batches[i]
+            size = self._bio.tell()
+            stream = self._open_stream
+            if (
+                stream != batch.stream_id
+                or size - self._open_at + len(batch.payload) + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE)
+                > BLOCK_DATA_MAX_BYTES
+                or batch.base_offset + batch.count - self._open_start_offset > I32_MAX
+            ):
+                if stream is not None:
+                    self._cut_block()
+                    if size >= self._handover_bytes:  # let the caller hand out a part first
+                        return i
+                self._open_stream, self._open_at, self._open_start_offset = batch.stream_id, size, batch.base_offset
+                self._open_count = self._open_payload_bytes = 0
+                self._bio.write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
+                size += DATA_BLOCK_HEADER_SIZE
+            encoded, j, payload_bytes, last_end = encode_run(
+                batches,
+                i,
+                n,
+                batch.stream_id,
+                size - self._open_at,
+                self._open_start_offset,
+                self._open_payload_bytes,
+                threshold,
+            )
+            assert j > i, "a record that fits a block was not encoded"
+            self._bio.write(encoded)
+            self._open_count += j - i
+            self._open_payload_bytes = payload_bytes
+            self._last_stream, self._last_end = batch.stream_id, last_end
+            i = j
+            if payload_bytes >= threshold:
+                self._cut_block()
+                return i
         return i
 
     def _encode_columns(self, columns: RecordColumns, epoch: int, i: int, n: int) -> int:

@@ -1,0 +1,368 @@
+/* s3stream._native: the compiled hot path of the object codecs (optional; see s3stream/native.py).
+ *
+ * Layout: docs/format.md section 2 (data block) and "StreamRecordBatch" (big-endian throughout).
+ *
+ * Contract with the pure-Python codecs (s3stream/objectformat/block.py, writer.py): every function
+ * here either returns exactly what the Python code returns for the same input, or returns None,
+ * meaning "let the Python code decide" (it then raises the documented error or, for inputs this
+ * module does not take, such as payloads that are not bytes, does the work itself). This module
+ * never builds an error message of its own: detection is compiled, description stays in Python,
+ * so both implementations raise the same error type, message and position by construction.
+ *
+ * Records are built without calling StreamRecordBatch.__init__: configure() reads the byte offsets
+ * of the class's five slots (member descriptors) once, and the decoder allocates an instance and
+ * stores the five fields in those slots, as the Python decoder does through the slot setters.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DATA_BLOCK_MAGIC 0x5A
+#define DATA_BLOCK_HEADER_SIZE 10
+#define RECORD_MAGIC 0x22
+#define RECORD_HEADER_SIZE 33
+#define I32_MAX_ ((int64_t)0x7FFFFFFF)
+#define BLOCK_DATA_MAX_BYTES (I32_MAX_ - DATA_BLOCK_HEADER_SIZE)
+
+/* The record class and its slot offsets, in persisted field order. */
+static PyTypeObject *record_type = NULL;
+static Py_ssize_t slot_offsets[5];
+static const char *const slot_names[5] = {"stream_id", "epoch", "base_offset", "count", "payload"};
+
+#define SLOT(obj, k) (*(PyObject **)((char *)(obj) + slot_offsets[k]))
+
+static inline int64_t load_i64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int k = 0; k < 8; k++) v = (v << 8) | p[k];
+    return (int64_t)v;
+}
+
+static inline int32_t load_i32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
+}
+
+static inline void store_i64(unsigned char *p, int64_t value) {
+    uint64_t v = (uint64_t)value;
+    for (int k = 7; k >= 0; k--) {
+        p[k] = (unsigned char)(v & 0xFF);
+        v >>= 8;
+    }
+}
+
+static inline void store_i32(unsigned char *p, int32_t value) {
+    uint32_t v = (uint32_t)value;
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* A Python int as int64; 0 (and no exception) if it is not an int or does not fit. */
+static int as_i64(PyObject *obj, int64_t *out) {
+    if (!PyLong_Check(obj)) return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (int64_t)v;
+    return 1;
+}
+
+static PyObject *native_configure(PyObject *self, PyObject *cls) {
+    (void)self;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes the record class");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)cls;
+    Py_ssize_t offsets[5];
+    for (int k = 0; k < 5; k++) {
+        PyObject *descr = PyDict_GetItemString(type->tp_dict, slot_names[k]);
+        if (descr == NULL && type->tp_base != NULL)
+            descr = PyDict_GetItemString(type->tp_base->tp_dict, slot_names[k]);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, slot_names[k]);
+            return NULL;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, slot_names[k]);
+            return NULL;
+        }
+        offsets[k] = member->offset;
+    }
+    memcpy(slot_offsets, offsets, sizeof offsets);
+    Py_INCREF(type);
+    Py_XSETREF(record_type, type);
+    Py_RETURN_NONE;
+}
+
+/* A new record with the five fields (references stolen; NULL fields: a failure, all released). */
+static PyObject *new_record(PyObject *fields[5]) {
+    for (int k = 0; k < 5; k++) {
+        if (fields[k] == NULL) {
+            for (int j = 0; j < 5; j++) Py_XDECREF(fields[j]);
+            return NULL;
+        }
+    }
+    PyObject *record = record_type->tp_alloc(record_type, 0);
+    if (record == NULL) {
+        for (int j = 0; j < 5; j++) Py_DECREF(fields[j]);
+        return NULL;
+    }
+    for (int k = 0; k < 5; k++) SLOT(record, k) = fields[k];
+    return record;
+}
+
+/* An int object for value, reusing *cache when it holds the same value (new reference). */
+static PyObject *cached_int(PyObject **cache, int64_t *cached, int64_t value) {
+    if (*cache == NULL || *cached != value) {
+        PyObject *fresh = PyLong_FromLongLong(value);
+        if (fresh == NULL) return NULL;
+        Py_XSETREF(*cache, fresh);
+        *cached = value;
+    }
+    Py_INCREF(*cache);
+    return *cache;
+}
+
+/* decode_block(buf, pos, stream_id, start_offset, end_offset, record_count, size_bytes, exact)
+ *   -> (records, gapless, payload_bytes_each) | None
+ *
+ * The Python decoder's checks (block.decode_block_gapless), in the same order of acceptance; None
+ * wherever it would raise. payload_bytes_each is the common payload length when the records differ
+ * only in their base offsets, continue each other and have a positive count (decode.py's fast path
+ * accepts exactly those blocks when `exact`: the buffer is a bytes object holding only the block). */
+static PyObject *native_decode_block(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *buf_obj;
+    Py_ssize_t pos;
+    PyObject *o_stream, *o_start, *o_end, *o_count, *o_size;
+    int exact;
+    if (!PyArg_ParseTuple(args, "OnOOOOOp", &buf_obj, &pos, &o_stream, &o_start, &o_end, &o_count, &o_size,
+                          &exact))
+        return NULL;
+    if (record_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "s3stream._native is not configured");
+        return NULL;
+    }
+    int64_t stream, start_offset, end_offset, record_count, size;
+    if (!as_i64(o_stream, &stream) || !as_i64(o_start, &start_offset) || !as_i64(o_end, &end_offset) ||
+        !as_i64(o_count, &record_count) || !as_i64(o_size, &size))
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    PyObject *records = NULL;
+    PyObject *c_stream = NULL, *c_epoch = NULL, *c_count = NULL;
+    int64_t v_stream = 0, v_epoch = 0, v_count = 0;
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t len = view.len;
+    if (pos < 0 || pos > len || size < DATA_BLOCK_HEADER_SIZE || (int64_t)(len - pos) < size) goto fallback;
+    const unsigned char *block = data + pos;
+    if ((signed char)block[0] != (signed char)DATA_BLOCK_MAGIC) goto fallback;
+    if ((int64_t)load_i32(block + 2) != record_count) goto fallback;
+    if ((int64_t)load_i32(block + 6) != size - DATA_BLOCK_HEADER_SIZE) goto fallback;
+    /* record_count equals an i32 here */
+    int64_t cursor = DATA_BLOCK_HEADER_SIZE;
+    int64_t end = size;
+    int64_t last_header = end - RECORD_HEADER_SIZE;
+    __int128 expected = start_offset;
+    int gapless = 1;
+    int alike = 1;
+    int32_t first_length = 0;
+    int64_t first_epoch = 0;
+    int32_t first_count = 0;
+    Py_ssize_t n = record_count > 0 ? (Py_ssize_t)record_count : 0;
+    records = PyTuple_New(n);
+    if (records == NULL) goto error;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cursor > last_header) goto fallback;
+        const unsigned char *h = block + cursor;
+        signed char magic = (signed char)h[0];
+        int64_t stream_id = load_i64(h + 1);
+        int64_t epoch = load_i64(h + 9);
+        int64_t base_offset = load_i64(h + 17);
+        int32_t count = load_i32(h + 25);
+        int32_t length = load_i32(h + 29);
+        if (magic != RECORD_MAGIC || stream_id != stream || count < 0 || length < 0) goto fallback;
+        int64_t start = cursor + RECORD_HEADER_SIZE;
+        int64_t stop = start + length;
+        if ((__int128)base_offset != expected) {
+            /* the first record must start at the entry's start offset; later ones may leave a gap */
+            if (i == 0 || (__int128)base_offset < expected) goto fallback;
+            gapless = 0;
+        }
+        if (stop > end) goto fallback;
+        if (i == 0) {
+            first_length = length;
+            first_epoch = epoch;
+            first_count = count;
+        } else if (length != first_length || epoch != first_epoch || count != first_count) {
+            alike = 0;
+        }
+        PyObject *fields[5];
+        fields[0] = cached_int(&c_stream, &v_stream, stream_id);
+        fields[1] = cached_int(&c_epoch, &v_epoch, epoch);
+        fields[2] = PyLong_FromLongLong(base_offset);
+        fields[3] = cached_int(&c_count, &v_count, count);
+        fields[4] = PyBytes_FromStringAndSize((const char *)block + start, (Py_ssize_t)length);
+        PyObject *record = new_record(fields);
+        if (record == NULL) goto error;
+        PyTuple_SET_ITEM(records, i, record);
+        cursor = stop;
+        expected = (__int128)base_offset + count;
+    }
+    if (cursor != end) goto fallback;
+    if (expected != (__int128)end_offset) goto fallback;
+    PyObject *each;
+    if (exact && n > 0 && alike && gapless && first_count > 0 && start_offset >= 0 && pos == 0 &&
+        (int64_t)len == size && PyBytes_CheckExact(buf_obj))
+        each = PyLong_FromLong(first_length);
+    else
+        each = Py_NewRef(Py_None);
+    if (each == NULL) goto error;
+    result = Py_BuildValue("(NON)", records, gapless ? Py_True : Py_False, each);
+    records = NULL;
+    goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+    goto done;
+error:
+    result = NULL;
+done:
+    Py_XDECREF(records);
+    Py_XDECREF(c_stream);
+    Py_XDECREF(c_epoch);
+    Py_XDECREF(c_count);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* The five fields of a record batch that the writer takes as is: exact class, int fields in range,
+ * a bytes payload. 0 (no exception) otherwise. */
+struct fields {
+    int64_t stream_id, epoch, base_offset, count;
+    PyObject *payload;
+};
+
+static int read_fields(PyObject *record, struct fields *f) {
+    if (Py_TYPE(record) != record_type) return 0;
+    for (int k = 0; k < 5; k++)
+        if (SLOT(record, k) == NULL) return 0;
+    f->payload = SLOT(record, 4);
+    return as_i64(SLOT(record, 0), &f->stream_id) && as_i64(SLOT(record, 1), &f->epoch) &&
+           as_i64(SLOT(record, 2), &f->base_offset) && as_i64(SLOT(record, 3), &f->count) &&
+           PyBytes_CheckExact(f->payload);
+}
+
+/* check_batches(batches: list, last_stream, last_end, payload_max) -> bool
+ *
+ * True when every batch is a StreamRecordBatch (exactly) with a bytes payload and passes the
+ * writer's checks (ObjectWriter._validate: ranges and (stream id, offset) order); False otherwise
+ * (the Python check then raises, or accepts what this function does not take). */
+static PyObject *native_check_batches(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *batches;
+    long long last_stream, last_end, payload_max;
+    if (!PyArg_ParseTuple(args, "O!LLL", &PyList_Type, &batches, &last_stream, &last_end, &payload_max))
+        return NULL;
+    if (record_type == NULL) Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(batches);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct fields f;
+        if (!read_fields(PyList_GET_ITEM(batches, i), &f)) Py_RETURN_FALSE;
+        if (f.stream_id < 0 || f.base_offset < 0) Py_RETURN_FALSE;
+        if (f.count < 1 || f.count > I32_MAX_ || f.base_offset > INT64_MAX - f.count) Py_RETURN_FALSE;
+        if (PyBytes_GET_SIZE(f.payload) > payload_max) Py_RETURN_FALSE;
+        if (f.stream_id < last_stream || (f.stream_id == last_stream && f.base_offset < last_end))
+            Py_RETURN_FALSE;
+        last_stream = f.stream_id;
+        last_end = f.base_offset + f.count;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* encode_run(batches: list, i, n, stream_id, block_bytes, start_offset, payload_bytes, threshold)
+ *   -> (encoded: bytes, next_i, payload_bytes, last_end)
+ *
+ * Encodes batches[i:n] (already accepted by check_batches) into the open data block of stream
+ * `stream_id` that holds `block_bytes` bytes (its header included) and `payload_bytes` payload
+ * bytes, starting at `start_offset`: each record while it belongs to that block (same stream, the
+ * block's data stays <= BLOCK_DATA_MAX_BYTES, its offset span <= I32_MAX), stopping after the one
+ * that brings the payload bytes to `threshold` (the writer then cuts the block). The bytes are the
+ * records' headers and payloads back to back, exactly what ObjectWriter._encode_from writes. */
+static PyObject *native_encode_run(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *batches;
+    Py_ssize_t i, n;
+    long long stream, block_bytes, start_offset, payload_bytes, threshold;
+    if (!PyArg_ParseTuple(args, "O!nnLLLLL", &PyList_Type, &batches, &i, &n, &stream, &block_bytes,
+                          &start_offset, &payload_bytes, &threshold))
+        return NULL;
+    if (record_type == NULL || i < 0 || n > PyList_GET_SIZE(batches)) {
+        PyErr_SetString(PyExc_ValueError, "encode_run: bad arguments");
+        return NULL;
+    }
+    /* pass 1: how many records go into this block, and their encoded size */
+    Py_ssize_t j = i;
+    int64_t total = 0;
+    int64_t last_end = -1;
+    int64_t bytes_in_block = block_bytes;
+    int64_t payload = payload_bytes;
+    while (j < n) {
+        struct fields f;
+        if (!read_fields(PyList_GET_ITEM(batches, j), &f)) {
+            PyErr_SetString(PyExc_TypeError, "encode_run: a batch check_batches did not accept");
+            return NULL;
+        }
+        int64_t length = PyBytes_GET_SIZE(f.payload);
+        if (f.stream_id != stream ||
+            bytes_in_block + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE) > BLOCK_DATA_MAX_BYTES ||
+            f.base_offset + f.count - start_offset > I32_MAX_)
+            break;
+        bytes_in_block += RECORD_HEADER_SIZE + length;
+        total += RECORD_HEADER_SIZE + length;
+        payload += length;
+        last_end = f.base_offset + f.count;
+        j++;
+        if (payload >= threshold) break;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = i; k < j; k++) {
+        struct fields f;
+        read_fields(PyList_GET_ITEM(batches, k), &f);
+        Py_ssize_t length = PyBytes_GET_SIZE(f.payload);
+        p[0] = RECORD_MAGIC;
+        store_i64(p + 1, f.stream_id);
+        store_i64(p + 9, f.epoch);
+        store_i64(p + 17, f.base_offset);
+        store_i32(p + 25, (int32_t)f.count);
+        store_i32(p + 29, (int32_t)length);
+        memcpy(p + RECORD_HEADER_SIZE, PyBytes_AS_STRING(f.payload), (size_t)length);
+        p += RECORD_HEADER_SIZE + length;
+    }
+    return Py_BuildValue("(NnLL)", out, j, (long long)payload, (long long)last_end);
+}
+
+static PyMethodDef native_methods[] = {
+    {"configure", native_configure, METH_O, "Register the record class (reads its slot offsets)."},
+    {"decode_block", native_decode_block, METH_VARARGS, "Decode one data block, or None (see module)."},
+    {"check_batches", native_check_batches, METH_VARARGS, "Whether the writer may encode these batches here."},
+    {"encode_run", native_encode_run, METH_VARARGS, "Encode a run of batches into the open data block."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "s3stream._native",
+    "The compiled hot path of the object codecs (see s3stream.native).", -1, native_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }

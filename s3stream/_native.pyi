@@ -1,0 +1,30 @@
+from collections.abc import Buffer
+
+from s3stream.record import StreamRecordBatch
+
+def configure(cls: type[StreamRecordBatch], /) -> None: ...
+def decode_block(
+    buf: Buffer,
+    pos: int,
+    stream_id: int,
+    start_offset: int,
+    end_offset: int,
+    record_count: int,
+    size_bytes: int,
+    exact: bool,
+    /,
+) -> tuple[tuple[StreamRecordBatch, ...], bool, int | None] | None: ...
+def check_batches(
+    batches: list[StreamRecordBatch], last_stream: int, last_end: int, payload_max: int, /
+) -> bool: ...
+def encode_run(
+    batches: list[StreamRecordBatch],
+    i: int,
+    n: int,
+    stream_id: int,
+    block_bytes: int,
+    start_offset: int,
+    payload_bytes: int,
+    threshold: int,
+    /,
+) -> tuple[bytes, int, int, int]: ...

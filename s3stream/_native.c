@@ -115,6 +115,10 @@ static PyObject *new_record(PyObject *fields[5]) {
         return NULL;
     }
     for (int k = 0; k < 5; k++) SLOT(record, k) = fields[k];
+    /* Its fields are ints and a bytes object: it cannot be part of a reference cycle, so the cycle
+     * collector need not track it (as CPython untracks tuples of such values). A block's thousand
+     * records otherwise grow every full collection, which then traverses them all. */
+    PyObject_GC_UnTrack(record);
     return record;
 }
 
@@ -287,22 +291,23 @@ static PyObject *native_check_batches(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
-/* encode_run(batches: list, i, n, stream_id, block_bytes, start_offset, payload_bytes, threshold)
- *   -> (encoded: bytes, next_i, payload_bytes, last_end)
+/* encode_run(scratch: bytearray, batches: list, i, n, stream_id, block_bytes, start_offset,
+ *            payload_bytes, threshold) -> (encoded_bytes, next_i, payload_bytes, last_end)
  *
  * Encodes batches[i:n] (already accepted by check_batches) into the open data block of stream
  * `stream_id` that holds `block_bytes` bytes (its header included) and `payload_bytes` payload
  * bytes, starting at `start_offset`: each record while it belongs to that block (same stream, the
  * block's data stays <= BLOCK_DATA_MAX_BYTES, its offset span <= I32_MAX), stopping after the one
- * that brings the payload bytes to `threshold` (the writer then cuts the block). The bytes are the
- * records' headers and payloads back to back, exactly what ObjectWriter._encode_from writes. */
+ * that brings the payload bytes to `threshold` (the writer then cuts the block). The encoded bytes
+ * (the records' headers and payloads back to back, exactly what ObjectWriter._encode_from writes)
+ * go to scratch[:encoded_bytes]; scratch only grows, so a writer reusing it touches its pages once. */
 static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *batches;
+    PyObject *scratch, *batches;
     Py_ssize_t i, n;
     long long stream, block_bytes, start_offset, payload_bytes, threshold;
-    if (!PyArg_ParseTuple(args, "O!nnLLLLL", &PyList_Type, &batches, &i, &n, &stream, &block_bytes,
-                          &start_offset, &payload_bytes, &threshold))
+    if (!PyArg_ParseTuple(args, "O!O!nnLLLLL", &PyByteArray_Type, &scratch, &PyList_Type, &batches, &i, &n,
+                          &stream, &block_bytes, &start_offset, &payload_bytes, &threshold))
         return NULL;
     if (record_type == NULL || i < 0 || n > PyList_GET_SIZE(batches)) {
         PyErr_SetString(PyExc_ValueError, "encode_run: bad arguments");
@@ -332,9 +337,9 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
         j++;
         if (payload >= threshold) break;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    if (out == NULL) return NULL;
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    if (PyByteArray_GET_SIZE(scratch) < total && PyByteArray_Resize(scratch, (Py_ssize_t)total) < 0)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(scratch);
     for (Py_ssize_t k = i; k < j; k++) {
         struct fields f;
         read_fields(PyList_GET_ITEM(batches, k), &f);
@@ -348,7 +353,7 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
         memcpy(p + RECORD_HEADER_SIZE, PyBytes_AS_STRING(f.payload), (size_t)length);
         p += RECORD_HEADER_SIZE + length;
     }
-    return Py_BuildValue("(NnLL)", out, j, (long long)payload, (long long)last_end);
+    return Py_BuildValue("(LnLL)", (long long)total, j, (long long)payload, (long long)last_end);
 }
 
 static PyMethodDef native_methods[] = {

@@ -18,6 +18,7 @@ def check_batches(
     batches: list[StreamRecordBatch], last_stream: int, last_end: int, payload_max: int, /
 ) -> bool: ...
 def encode_run(
+    scratch: bytearray,
     batches: list[StreamRecordBatch],
     i: int,
     n: int,
@@ -27,4 +28,4 @@ def encode_run(
     payload_bytes: int,
     threshold: int,
     /,
-) -> tuple[bytes, int, int, int]: ...
+) -> tuple[int, int, int, int]: ...

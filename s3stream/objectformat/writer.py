@@ -154,6 +154,9 @@ class ObjectWriter:
         garbage collector to count and scan, 1,000 per upload of 1,000 streams; the IndexEntry
         objects are built once, at close)."""
         self._crcs: list[int] = []
+        self._scratch = bytearray()
+        """Where the compiled encoder puts a run of records before they join the buffer (reused: its
+        pages are touched once per writer, and the run is still in the cache when copied)."""
         self._last_stream = -1
         self._last_end = 0
         # the open block (None: no open block)
@@ -480,7 +483,8 @@ class ObjectWriter:
                 self._open_count = self._open_payload_bytes = 0
                 self._bio.write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
                 size += DATA_BLOCK_HEADER_SIZE
-            encoded, j, payload_bytes, last_end = encode_run(
+            encoded_bytes, j, payload_bytes, last_end = encode_run(
+                self._scratch,
                 batches,
                 i,
                 n,
@@ -491,7 +495,7 @@ class ObjectWriter:
                 threshold,
             )
             assert j > i, "a record that fits a block was not encoded"
-            self._bio.write(encoded)
+            self._bio.write(memoryview(self._scratch)[:encoded_bytes])
             self._open_count += j - i
             self._open_payload_bytes = payload_bytes
             self._last_stream, self._last_end = batch.stream_id, last_end

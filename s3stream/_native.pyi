@@ -1,10 +1,8 @@
-from collections.abc import Buffer
-
 from s3stream.record import StreamRecordBatch
 
 def configure(cls: type[StreamRecordBatch], /) -> None: ...
 def decode_block(
-    buf: Buffer,
+    buf: bytes | bytearray | memoryview,
     pos: int,
     stream_id: int,
     start_offset: int,

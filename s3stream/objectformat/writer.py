@@ -479,7 +479,11 @@ class ObjectWriter:
                     self._cut_block()
                     if size >= self._handover_bytes:  # let the caller hand out a part first
                         return i
-                self._open_stream, self._open_at, self._open_start_offset = batch.stream_id, size, batch.base_offset
+                self._open_stream, self._open_at, self._open_start_offset = (
+                    batch.stream_id,
+                    size,
+                    batch.base_offset,
+                )
                 self._open_count = self._open_payload_bytes = 0
                 self._bio.write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
                 size += DATA_BLOCK_HEADER_SIZE

@@ -356,11 +356,153 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LnLL)", (long long)total, j, (long long)payload, (long long)last_end);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Kafka RecordBatch v2 records (docs/spark-sink.md "Payload format"; spark_sink/kafka_codec.py). */
+
+/* Kafka's signed varint: zigzag, then 7 bits per byte, low groups first. Returns its length; writes
+ * it at p when p is not NULL. */
+static inline Py_ssize_t put_varint(unsigned char *p, int64_t n) {
+    uint64_t z = ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+    Py_ssize_t k = 0;
+    while (z >= 0x80) {
+        if (p) p[k] = (unsigned char)((z & 0x7F) | 0x80);
+        z >>= 7;
+        k++;
+    }
+    if (p) p[k] = (unsigned char)z;
+    return k + 1;
+}
+
+/* One record's header list as kafka_codec._encode_headers writes it, at p (NULL: only measure).
+ * -1 (no exception) for a list this function does not take: the Python encoder then does the batch. */
+static Py_ssize_t put_headers(unsigned char *p, PyObject *hdrs) {
+    if (hdrs == Py_None) {
+        if (p) p[0] = 0;
+        return 1;
+    }
+    if (!PyList_CheckExact(hdrs) && !PyTuple_CheckExact(hdrs)) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hdrs);
+    PyObject **items = PySequence_Fast_ITEMS(hdrs);
+    Py_ssize_t at = put_varint(p, n);
+    for (Py_ssize_t h = 0; h < n; h++) {
+        PyObject *pair = items[h];
+        if ((!PyTuple_CheckExact(pair) && !PyList_CheckExact(pair)) || PySequence_Fast_GET_SIZE(pair) != 2)
+            return -1;
+        PyObject *key = PySequence_Fast_ITEMS(pair)[0];
+        PyObject *value = PySequence_Fast_ITEMS(pair)[1];
+        if (!PyUnicode_CheckExact(key) || (value != Py_None && !PyBytes_CheckExact(value))) return -1;
+        Py_ssize_t key_len;
+        const char *key_utf8 = PyUnicode_AsUTF8AndSize(key, &key_len);
+        if (key_utf8 == NULL) { /* not encodable (lone surrogates): Python raises its own error */
+            PyErr_Clear();
+            return -1;
+        }
+        at += put_varint(p ? p + at : NULL, key_len);
+        if (p) memcpy(p + at, key_utf8, (size_t)key_len);
+        at += key_len;
+        if (value == Py_None) {
+            at += put_varint(p ? p + at : NULL, -1);
+        } else {
+            Py_ssize_t value_len = PyBytes_GET_SIZE(value);
+            at += put_varint(p ? p + at : NULL, value_len);
+            if (p) memcpy(p + at, PyBytes_AS_STRING(value), (size_t)value_len);
+            at += value_len;
+        }
+    }
+    return at;
+}
+
+/* One record (length, attributes, timestamp delta, offset delta, key, value, headers) at p (NULL:
+ * only measure). -1 (no exception) when it holds something this function does not take. */
+static Py_ssize_t put_record(unsigned char *p, Py_ssize_t i, PyObject *key, PyObject *value, int64_t tsd,
+                             PyObject *hdrs) {
+    if ((key != Py_None && !PyBytes_CheckExact(key)) || (value != Py_None && !PyBytes_CheckExact(value)))
+        return -1;
+    /* a header list that is empty or None is the single byte 0 */
+    if (hdrs != Py_None && (PyList_CheckExact(hdrs) || PyTuple_CheckExact(hdrs)) &&
+        PySequence_Fast_GET_SIZE(hdrs) == 0)
+        hdrs = Py_None;
+    Py_ssize_t hdr_len = put_headers(NULL, hdrs);
+    if (hdr_len < 0) return -1;
+    Py_ssize_t key_len = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
+    Py_ssize_t value_len = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+    int64_t body_len = 1 + put_varint(NULL, tsd) + put_varint(NULL, (int64_t)i) +
+                       put_varint(NULL, key == Py_None ? -1 : key_len) + key_len +
+                       put_varint(NULL, value == Py_None ? -1 : value_len) + value_len + hdr_len;
+    Py_ssize_t size = put_varint(NULL, body_len) + (Py_ssize_t)body_len;
+    if (p == NULL) return size;
+    Py_ssize_t at = put_varint(p, body_len);
+    p[at++] = 0; /* attributes */
+    at += put_varint(p + at, tsd);
+    at += put_varint(p + at, (int64_t)i);
+    at += put_varint(p + at, key == Py_None ? -1 : key_len);
+    if (key_len) memcpy(p + at, PyBytes_AS_STRING(key), (size_t)key_len);
+    at += key_len;
+    at += put_varint(p + at, value == Py_None ? -1 : value_len);
+    if (value_len) memcpy(p + at, PyBytes_AS_STRING(value), (size_t)value_len);
+    at += value_len;
+    at += put_headers(p + at, hdrs);
+    return at;
+}
+
+/* kafka_records(keys: list, values: list, timestamps_ms: list, headers: list | None, first_ts,
+ *               header_size) -> bytearray | None
+ *
+ * `header_size` zero bytes (the batch header, filled in by the caller), then the records with offset
+ * deltas 0, 1, ...: the bytes kafka_codec.encode_batch's loop joins. The caller has checked the
+ * counts and lengths. None (no exception) for anything else than lists of bytes/None, int
+ * timestamps whose deltas fit 64 bits, and header lists of (str, bytes/None) pairs: the Python
+ * loop then encodes the batch (or raises its error). */
+static PyObject *native_kafka_records(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *keys, *values, *timestamps, *headers, *first_obj;
+    int64_t first_ts;
+    Py_ssize_t header_size;
+    if (!PyArg_ParseTuple(args, "OOOOOn", &keys, &values, &timestamps, &headers, &first_obj, &header_size))
+        return NULL;
+    if (!as_i64(first_obj, &first_ts)) Py_RETURN_NONE;
+    if (!PyList_CheckExact(keys) || !PyList_CheckExact(values) || !PyList_CheckExact(timestamps) ||
+        (headers != Py_None && !PyList_CheckExact(headers)) || header_size < 0)
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(timestamps) != n ||
+        (headers != Py_None && PyList_GET_SIZE(headers) != n))
+        Py_RETURN_NONE;
+    /* pass 1: check and measure (the lists cannot change meanwhile: no Python code runs) */
+    int64_t total = header_size;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t ts;
+        if (!as_i64(PyList_GET_ITEM(timestamps, i), &ts)) Py_RETURN_NONE;
+        __int128 delta = (__int128)ts - first_ts;
+        if (delta < INT64_MIN || delta > INT64_MAX) Py_RETURN_NONE;
+        PyObject *hdrs = headers == Py_None ? Py_None : PyList_GET_ITEM(headers, i);
+        Py_ssize_t size =
+            put_record(NULL, i, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), (int64_t)delta, hdrs);
+        if (size < 0) Py_RETURN_NONE;
+        total += size;
+        if (total > PY_SSIZE_T_MAX / 2) Py_RETURN_NONE;
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(out);
+    memset(p, 0, (size_t)header_size);
+    p += header_size;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t ts;
+        as_i64(PyList_GET_ITEM(timestamps, i), &ts);
+        PyObject *hdrs = headers == Py_None ? Py_None : PyList_GET_ITEM(headers, i);
+        p += put_record(p, i, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), (int64_t)(ts - first_ts),
+                        hdrs);
+    }
+    return out;
+}
+
 static PyMethodDef native_methods[] = {
     {"configure", native_configure, METH_O, "Register the record class (reads its slot offsets)."},
     {"decode_block", native_decode_block, METH_VARARGS, "Decode one data block, or None (see module)."},
     {"check_batches", native_check_batches, METH_VARARGS, "Whether the writer may encode these batches here."},
     {"encode_run", native_encode_run, METH_VARARGS, "Encode a run of batches into the open data block."},
+    {"kafka_records", native_kafka_records, METH_VARARGS, "A Kafka RecordBatch v2's records, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,3 +27,12 @@ def encode_run(
     threshold: int,
     /,
 ) -> tuple[int, int, int, int]: ...
+def kafka_records(
+    keys: object,
+    values: object,
+    timestamps_ms: object,
+    headers: object,
+    first_ts: object,
+    header_size: int,
+    /,
+) -> bytearray | None: ...

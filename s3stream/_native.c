@@ -356,6 +356,87 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LnLL)", (long long)total, j, (long long)payload, (long long)last_end);
 }
 
+/* encode_columns_run(scratch, bases, payloads, end, i, n, stream_id, epoch, block_bytes,
+ *                    start_offset, payload_bytes, threshold)
+ *   -> (encoded_bytes, next_i, payload_bytes, last_end, deferred)
+ *
+ * encode_run for records [i, n) of one stream given as columns (ObjectWriter._encode_columns):
+ * record k is (stream_id, epoch, bases[k], end_k - bases[k], payloads[k]) with end_k = bases[k + 1],
+ * or `end` for the last one. `bases` is a buffer of native int64 (array('q')), `payloads` a list.
+ * Stops before record k when it does not belong to the open block (deferred false: the writer cuts
+ * the block), or when it fails the writer's checks or is not plain (a count out of range, a payload
+ * too large or not bytes; deferred true: the Python loop takes over at k and raises or encodes it). */
+static PyObject *native_encode_columns_run(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *scratch, *bases_obj, *payloads, *end_obj;
+    Py_ssize_t i, n;
+    long long stream, epoch, block_bytes, start_offset, payload_bytes, threshold, payload_max;
+    if (!PyArg_ParseTuple(args, "O!OO!OnnLLLLLLL", &PyByteArray_Type, &scratch, &bases_obj, &PyList_Type,
+                          &payloads, &end_obj, &i, &n, &stream, &epoch, &block_bytes, &start_offset,
+                          &payload_bytes, &threshold, &payload_max))
+        return NULL;
+    int64_t end;
+    int deferred = 0;
+    Py_buffer view;
+    if (PyObject_GetBuffer(bases_obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear(); /* not a buffer (a list of ints): the Python loop */
+        return Py_BuildValue("(nnLLO)", (Py_ssize_t)0, i, payload_bytes, (long long)-1, Py_True);
+    }
+    const int64_t *bases = (const int64_t *)view.buf;
+    Py_ssize_t count_total = view.itemsize == 8 ? view.len / 8 : 0;
+    int plain = view.itemsize == 8 && view.format != NULL &&
+                (strcmp(view.format, "q") == 0 || strcmp(view.format, "l") == 0 || strcmp(view.format, "=q") == 0);
+    if (!plain || !as_i64(end_obj, &end) || i < 0 || n > count_total || n > PyList_GET_SIZE(payloads)) {
+        PyBuffer_Release(&view);
+        return Py_BuildValue("(nnLLO)", (Py_ssize_t)0, i, payload_bytes, (long long)-1, Py_True);
+    }
+    /* pass 1: how many records go into this block */
+    Py_ssize_t j = i;
+    int64_t total = 0, bytes_in_block = block_bytes, payload = payload_bytes, last_end = -1;
+    while (j < n) {
+        PyObject *item = PyList_GET_ITEM(payloads, j);
+        int64_t base = bases[j];
+        int64_t end_k = j + 1 < count_total ? bases[j + 1] : end;
+        __int128 batch_count = (__int128)end_k - base;
+        if (!PyBytes_CheckExact(item) || batch_count < 1 || batch_count > I32_MAX_ ||
+            PyBytes_GET_SIZE(item) > payload_max) {
+            deferred = 1;
+            break;
+        }
+        int64_t length = PyBytes_GET_SIZE(item);
+        if (bytes_in_block + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE) > BLOCK_DATA_MAX_BYTES ||
+            (__int128)end_k - start_offset > I32_MAX_)
+            break;
+        bytes_in_block += RECORD_HEADER_SIZE + length;
+        total += RECORD_HEADER_SIZE + length;
+        payload += length;
+        last_end = end_k;
+        j++;
+        if (payload >= threshold) break;
+    }
+    if (PyByteArray_GET_SIZE(scratch) < total && PyByteArray_Resize(scratch, (Py_ssize_t)total) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(scratch);
+    for (Py_ssize_t k = i; k < j; k++) {
+        PyObject *item = PyList_GET_ITEM(payloads, k);
+        Py_ssize_t length = PyBytes_GET_SIZE(item);
+        int64_t end_k = k + 1 < count_total ? bases[k + 1] : end;
+        p[0] = RECORD_MAGIC;
+        store_i64(p + 1, stream);
+        store_i64(p + 9, epoch);
+        store_i64(p + 17, bases[k]);
+        store_i32(p + 25, (int32_t)(end_k - bases[k]));
+        store_i32(p + 29, (int32_t)length);
+        memcpy(p + RECORD_HEADER_SIZE, PyBytes_AS_STRING(item), (size_t)length);
+        p += RECORD_HEADER_SIZE + length;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(LnLLO)", (long long)total, j, (long long)payload, (long long)last_end,
+                         deferred ? Py_True : Py_False);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Kafka RecordBatch v2 records (docs/spark-sink.md "Payload format"; spark_sink/kafka_codec.py). */
 
@@ -502,6 +583,7 @@ static PyMethodDef native_methods[] = {
     {"decode_block", native_decode_block, METH_VARARGS, "Decode one data block, or None (see module)."},
     {"check_batches", native_check_batches, METH_VARARGS, "Whether the writer may encode these batches here."},
     {"encode_run", native_encode_run, METH_VARARGS, "Encode a run of batches into the open data block."},
+    {"encode_columns_run", native_encode_columns_run, METH_VARARGS, "encode_run for one stream's columns."},
     {"kafka_records", native_kafka_records, METH_VARARGS, "A Kafka RecordBatch v2's records, or None."},
     {NULL, NULL, 0, NULL},
 };

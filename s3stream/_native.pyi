@@ -36,3 +36,19 @@ def kafka_records(
     header_size: int,
     /,
 ) -> bytearray | None: ...
+def encode_columns_run(
+    scratch: bytearray,
+    bases: object,
+    payloads: list[bytes],
+    end: int,
+    i: int,
+    n: int,
+    stream_id: int,
+    epoch: int,
+    block_bytes: int,
+    start_offset: int,
+    payload_bytes: int,
+    threshold: int,
+    payload_max: int,
+    /,
+) -> tuple[int, int, int, int, bool]: ...

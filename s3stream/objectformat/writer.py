@@ -511,6 +511,72 @@ class ObjectWriter:
 
     def _encode_columns(self, columns: RecordColumns, epoch: int, i: int, n: int) -> int:
         """:meth:`_encode_from` of records ``[i, n)`` of one stream's columns with one epoch."""
+        payloads = columns.payloads
+        if NATIVE is not None and type(payloads) is list:
+            return self._encode_columns_compiled(columns, payloads, epoch, i, n)
+        return self._encode_columns_py(columns, epoch, i, n)
+
+    def _encode_columns_compiled(
+        self, columns: RecordColumns, payloads: list[bytes], epoch: int, i: int, n: int
+    ) -> int:
+        """:meth:`_encode_columns_py` with each block's run of records encoded by the compiled
+        ``encode_columns_run``: the same bytes, blocks and stops. A record it does not take (one that
+        fails the checks, or a payload that is not bytes) is left to :meth:`_encode_columns_py`, which
+        raises or encodes it with the same state."""
+        assert NATIVE is not None
+        stream_id = columns.stream_id
+        bases = columns.bases
+        self._check_columns_from(columns, epoch, i)
+        if self._open_stream is not None and self._open_stream != stream_id:
+            self._cut_block()
+            if self._bio.tell() >= self._handover_bytes:  # let the caller hand out a part first
+                return i
+        run = NATIVE.encode_columns_run
+        threshold = self._block_size_bytes
+        payload_max = BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE
+        while i < n:
+            opening = self._open_stream is None
+            encoded_bytes, j, payload_bytes, last_end, deferred = run(
+                self._scratch,
+                bases,
+                payloads,
+                columns.end,
+                i,
+                n,
+                stream_id,
+                epoch,
+                DATA_BLOCK_HEADER_SIZE if opening else self._bio.tell() - self._open_at,
+                bases[i] if opening else self._open_start_offset,
+                0 if opening else self._open_payload_bytes,
+                threshold,
+                payload_max,
+            )
+            if j > i:
+                if opening:
+                    size = self._bio.tell()
+                    self._open_stream, self._open_at, self._open_start_offset = stream_id, size, bases[i]
+                    self._open_count = 0
+                    self._bio.write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
+                self._bio.write(memoryview(self._scratch)[:encoded_bytes])
+                self._open_count += j - i
+                self._open_payload_bytes = payload_bytes
+                self._last_stream, self._last_end = stream_id, last_end
+                i = j
+                if payload_bytes >= threshold:
+                    self._cut_block()
+                    return i
+            if deferred:
+                return self._encode_columns_py(columns, epoch, i, n)
+            if i < n:  # record i does not fit the open block
+                assert not opening, "a record that fits an empty block was not encoded"
+                size = self._bio.tell()
+                self._cut_block()
+                if size >= self._handover_bytes:  # let the caller hand out a part first
+                    return i
+        return i
+
+    def _check_columns_from(self, columns: RecordColumns, epoch: int, i: int) -> None:
+        """The stream's order and ranges, checked before its records ``[i, ...)`` are encoded."""
         stream_id = columns.stream_id
         bases = columns.bases
         last_stream, last_end = self._last_stream, self._last_end
@@ -525,6 +591,13 @@ class ObjectWriter:
                 f"records of stream {stream_id} (epoch {epoch}) from offset {bases[i]} out of range or "
                 f"out of (stream id, offset) order after stream {last_stream} end offset {last_end}"
             )
+
+    def _encode_columns_py(self, columns: RecordColumns, epoch: int, i: int, n: int) -> int:
+        """:meth:`_encode_columns` in pure Python."""
+        stream_id = columns.stream_id
+        bases = columns.bases
+        self._check_columns_from(columns, epoch, i)
+        last_end = self._last_end
         count = len(bases)
         if i == 0 and n == count:  # the whole stream (the common case): no slice of the payloads
             payloads = columns.payloads

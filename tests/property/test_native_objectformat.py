@@ -8,7 +8,9 @@ code and these tests pass trivially; ``tests/unit/test_native_build.py`` makes s
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -298,3 +300,96 @@ def test_check_batches_accepts_exactly_the_plain_valid_batches() -> None:
     assert not module.check_batches(good, 2, 0, 100)  # a lower stream
     assert not module.check_batches([StreamRecordBatch(1, 0, 0, 1, b"toolong")], -1, 0, 3)
     assert not module.check_batches([StreamRecordBatch(1, 0, 0, 1, bytearray(b"x"))], -1, 0, 3)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding one stream's columns: ObjectWriter.write_columns / write_streams
+
+
+@dataclass
+class _Columns:
+    """A RecordColumns as the LogCache gives it (base offsets in an int64 array, payloads a list)."""
+
+    stream_id: int
+    epoch: int | None
+    bases: Any
+    payloads: Any
+    end: int
+    epochs: Any = None
+
+
+@st.composite
+def column_streams(draw: st.DrawFn) -> list[_Columns]:
+    streams: list[_Columns] = []
+    for stream_id in sorted(draw(st.sets(st.integers(0, 6), min_size=1, max_size=4))):
+        offset = draw(st.integers(0, 2**40))
+        bases, payloads = array("q"), []
+        for _ in range(draw(st.integers(1, 15))):
+            bases.append(offset)
+            payloads.append(draw(st.binary(max_size=draw(st.sampled_from([0, 30, 700])))))
+            offset += draw(st.integers(1, 20))
+        streams.append(_Columns(stream_id, draw(st.sampled_from([0, 5])), bases, payloads, offset))
+    damage = draw(
+        st.sampled_from(["none"] * 4 + ["zero_count", "huge_count", "bytearray", "list_bases", "end"])
+    )
+    target = draw(st.sampled_from(streams))
+    at = draw(st.integers(0, len(target.bases) - 1))
+    if damage == "zero_count" and at + 1 < len(target.bases):
+        target.bases[at + 1] = target.bases[at]
+    elif damage == "huge_count":
+        target.end += I32_MAX
+    elif damage == "bytearray":
+        target.payloads[at] = bytearray(b"not bytes")
+    elif damage == "list_bases":
+        target.bases = list(target.bases)
+    elif damage == "end":
+        target.end = I64_MAX + 1
+    return streams
+
+
+async def _write_columns(
+    streams: list[_Columns], block_size: int, handover: int, whole: bool, cut: int
+) -> tuple[Any, ...]:
+    upload = _Parts()
+    writer = ObjectWriter(upload, block_size_bytes=block_size, handover_bytes=handover)  # type: ignore[arg-type]
+    results: list[tuple[Any, ...]] = []
+    try:
+        if whole:
+            await writer.write_streams(streams)  # type: ignore[arg-type]
+        else:
+            for columns in streams:
+                split = min(cut, len(columns.bases))
+                await writer.write_columns(columns, 0, split)  # type: ignore[arg-type]
+                results.append(("ok", len(upload.parts)))
+                await writer.write_columns(columns, split)  # type: ignore[arg-type]
+                results.append(("ok", len(upload.parts)))
+    except S3StreamError as exc:
+        results.append(("error", type(exc), str(exc)))
+    written: tuple[Any, ...]
+    try:
+        done = await writer.close()
+        written = ("value", done.size_bytes, done.index)
+    except S3StreamError as exc:
+        written = ("error", type(exc), str(exc))
+    return tuple(results), written, tuple(upload.parts)
+
+
+@SETTINGS
+@given(
+    column_streams(),
+    st.sampled_from([1, 40, 700, 1 << 20]),
+    st.sampled_from([1, 100, 5000, 16 << 20]),
+    st.booleans(),
+    st.integers(0, 8),
+)
+def test_writer_columns_identical_bytes_parts_and_errors(
+    streams: list[_Columns], block_size: int, handover: int, whole: bool, cut: int
+) -> None:
+    compiled = asyncio.run(_write_columns(streams, block_size, handover, whole, cut))
+    saved = writer_module.NATIVE
+    writer_module.NATIVE = None
+    try:
+        python = asyncio.run(_write_columns(streams, block_size, handover, whole, cut))
+    finally:
+        writer_module.NATIVE = saved
+    assert compiled == python

@@ -182,6 +182,8 @@ static PyObject *native_decode_block(PyObject *self, PyObject *args) {
     int64_t first_epoch = 0;
     int32_t first_count = 0;
     Py_ssize_t n = record_count > 0 ? (Py_ssize_t)record_count : 0;
+    /* every record takes at least its header: more than fit is damage (and no giant tuple) */
+    if (n > (size - DATA_BLOCK_HEADER_SIZE) / RECORD_HEADER_SIZE) goto fallback;
     records = PyTuple_New(n);
     if (records == NULL) goto error;
     for (Py_ssize_t i = 0; i < n; i++) {

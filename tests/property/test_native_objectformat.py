@@ -191,6 +191,17 @@ def test_block_decode_offsets_past_i64_are_left_to_python() -> None:
     assert outcome(lambda: decode_block_gapless(block, 0, entry, source="obj")) == python
 
 
+def test_block_claiming_more_records_than_fit_fails_alike() -> None:
+    """A header and entry agreeing on 2**31 - 1 records in a tiny block: the same error, at once."""
+    records = [StreamRecordBatch(1, 0, 0, 1, b"ab")]
+    block = bytearray(encode_block(records))
+    block[2:6] = I32_MAX.to_bytes(4, "big")
+    entry = IndexEntry(1, 0, 1, I32_MAX, 0, len(block))
+    python = outcome(lambda: decode_block_gapless_py(bytes(block), 0, entry, source="obj"))
+    assert python[0] == "error"
+    assert outcome(lambda: decode_block_gapless(bytes(block), 0, entry, source="obj")) == python
+
+
 # ---------------------------------------------------------------------------------------------
 # Encoding: ObjectWriter.write through the compiled runs and through Python
 

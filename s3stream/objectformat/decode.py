@@ -70,7 +70,9 @@ class DecodedBlock(NamedTuple):
 def decode_data_block(data: bytes, entry: IndexEntry, *, source: str) -> DecodedBlock:
     """The records of the data block ``data`` (exactly its bytes) and whether they have no gap:
     :func:`~s3stream.objectformat.codec.decode_block_gapless` of ``data`` at 0, faster for blocks of
-    records that differ only in offsets and payloads (see the module docstring)."""
+    records that differ only in offsets and payloads (see the module docstring). Compiled
+    (:mod:`s3stream.native`) when built: the same value, and a block it does not accept goes to
+    :func:`decode_data_block_py`, which raises the error."""
     if NATIVE is not None:
         decoded = NATIVE.decode_block(
             data,

@@ -580,12 +580,155 @@ static PyObject *native_kafka_records(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* A varint at body[*pos] as kafka_codec.decode_varint reads it (bounded by the body's end, not the
+ * record's). 0 when it would raise (truncated, or longer than 10 bytes). */
+static inline int get_varint(const unsigned char *body, Py_ssize_t end, Py_ssize_t *pos, int64_t *out) {
+    uint64_t z = 0;
+    int shift = 0;
+    for (;;) {
+        if (*pos >= end) return 0;
+        unsigned char b = body[(*pos)++];
+        z |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) break;
+        shift += 7;
+        if (shift > 63) return 0;
+    }
+    *out = (int64_t)((z >> 1) ^ (~(z & 1) + 1));
+    return 1;
+}
+
+/* A nullable byte string (varint length, -1 null) ending by limit, as kafka_codec._nullable_bytes;
+ * *out is a new reference (None for null). 0 when it would raise; -1 on a Python error. */
+static int get_nullable(const unsigned char *body, Py_ssize_t end, Py_ssize_t *pos, Py_ssize_t limit,
+                        PyObject **out) {
+    int64_t length;
+    if (!get_varint(body, end, pos, &length)) return 0;
+    if (length == -1) {
+        *out = Py_NewRef(Py_None);
+        return 1;
+    }
+    if (length < 0 || (__int128)*pos + length > limit) return 0;
+    *out = PyBytes_FromStringAndSize((const char *)body + *pos, (Py_ssize_t)length);
+    if (*out == NULL) return -1;
+    *pos += (Py_ssize_t)length;
+    return 1;
+}
+
+#define CHECK_GOT(got)            \
+    do {                          \
+        if ((got) < 0) goto error; \
+        goto fallback;            \
+    } while (0)
+
+/* kafka_decode_records(body: bytes, count, base, first_ts, append_time | None)
+ *   -> (offsets, timestamps, keys, values, headers) | None
+ *
+ * kafka_codec._decode_records: the same five lists, or None wherever it would raise (the Python
+ * loop then raises its error) or where a value leaves 64 bits (the Python loop computes it). */
+static PyObject *native_kafka_decode_records(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *body_obj, *count_obj, *base_obj, *first_obj, *append_time;
+    if (!PyArg_ParseTuple(args, "O!OOOO", &PyBytes_Type, &body_obj, &count_obj, &base_obj, &first_obj,
+                          &append_time))
+        return NULL;
+    int64_t count, base, first_ts;
+    if (!as_i64(count_obj, &count) || !as_i64(base_obj, &base) || !as_i64(first_obj, &first_ts))
+        Py_RETURN_NONE;
+    const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(body_obj);
+    Py_ssize_t end = PyBytes_GET_SIZE(body_obj);
+    Py_ssize_t n = count > 0 ? (Py_ssize_t)count : 0;
+    /* a record that parses takes at least 7 bytes (its length, attributes and five varints) */
+    if (n > end / 7) Py_RETURN_NONE;
+    PyObject *lists[5] = {PyList_New(n), PyList_New(n), PyList_New(n), PyList_New(n), PyList_New(n)};
+    PyObject *result = NULL;
+    for (int k = 0; k < 5; k++)
+        if (lists[k] == NULL) goto error;
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t length, ts_delta, offset_delta, header_count;
+        if (!get_varint(body, end, &pos, &length)) goto fallback;
+        if (length < 0 || (__int128)pos + length > end) goto fallback;
+        Py_ssize_t record_end = pos + (Py_ssize_t)length;
+        pos += 1; /* attributes: unused */
+        if (!get_varint(body, end, &pos, &ts_delta) || !get_varint(body, end, &pos, &offset_delta))
+            goto fallback;
+        PyObject *key, *value;
+        int got = get_nullable(body, end, &pos, record_end, &key);
+        if (got <= 0) CHECK_GOT(got);
+        PyList_SET_ITEM(lists[2], i, key);
+        got = get_nullable(body, end, &pos, record_end, &value);
+        if (got <= 0) CHECK_GOT(got);
+        PyList_SET_ITEM(lists[3], i, value);
+        if (!get_varint(body, end, &pos, &header_count)) goto fallback;
+        if (header_count < 0 || header_count > (int64_t)record_end - pos) goto fallback;
+        PyObject *record_headers = PyList_New((Py_ssize_t)header_count);
+        if (record_headers == NULL) goto error;
+        PyList_SET_ITEM(lists[4], i, record_headers);
+        for (Py_ssize_t h = 0; h < (Py_ssize_t)header_count; h++) {
+            PyObject *hkey, *hvalue;
+            got = get_nullable(body, end, &pos, record_end, &hkey);
+            if (got <= 0) CHECK_GOT(got);
+            if (hkey == Py_None) {
+                Py_DECREF(hkey);
+                goto fallback;
+            }
+            got = get_nullable(body, end, &pos, record_end, &hvalue);
+            if (got <= 0) {
+                Py_DECREF(hkey);
+                CHECK_GOT(got);
+            }
+            PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(hkey), PyBytes_GET_SIZE(hkey), "strict");
+            Py_DECREF(hkey);
+            if (text == NULL) {
+                Py_DECREF(hvalue);
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto error;
+                PyErr_Clear();
+                goto fallback;
+            }
+            PyObject *pair = PyTuple_Pack(2, text, hvalue);
+            Py_DECREF(text);
+            Py_DECREF(hvalue);
+            if (pair == NULL) goto error;
+            PyList_SET_ITEM(record_headers, h, pair);
+        }
+        if (pos != record_end) goto fallback;
+        __int128 offset = (__int128)base + offset_delta;
+        if (offset < INT64_MIN || offset > INT64_MAX) goto fallback;
+        PyObject *o = PyLong_FromLongLong((long long)offset);
+        if (o == NULL) goto error;
+        PyList_SET_ITEM(lists[0], i, o);
+        PyObject *t;
+        if (append_time == Py_None) {
+            __int128 ts = (__int128)first_ts + ts_delta;
+            if (ts < INT64_MIN || ts > INT64_MAX) goto fallback;
+            t = PyLong_FromLongLong((long long)ts);
+            if (t == NULL) goto error;
+        } else {
+            t = Py_NewRef(append_time);
+        }
+        PyList_SET_ITEM(lists[1], i, t);
+    }
+    if (pos != end) goto fallback;
+    result = PyTuple_Pack(5, lists[0], lists[1], lists[2], lists[3], lists[4]);
+    goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+    goto done;
+error:
+    result = NULL;
+done:
+    /* lists of a fallback may hold NULL items: PyList dealloc skips them */
+    for (int k = 0; k < 5; k++) Py_XDECREF(lists[k]);
+    return result;
+}
+
 static PyMethodDef native_methods[] = {
     {"configure", native_configure, METH_O, "Register the record class (reads its slot offsets)."},
     {"decode_block", native_decode_block, METH_VARARGS, "Decode one data block, or None (see module)."},
     {"check_batches", native_check_batches, METH_VARARGS, "Whether the writer may encode these batches here."},
     {"encode_run", native_encode_run, METH_VARARGS, "Encode a run of batches into the open data block."},
     {"encode_columns_run", native_encode_columns_run, METH_VARARGS, "encode_run for one stream's columns."},
+    {"kafka_decode_records", native_kafka_decode_records, METH_VARARGS, "A batch's record columns, or None."},
     {"kafka_records", native_kafka_records, METH_VARARGS, "A Kafka RecordBatch v2's records, or None."},
     {NULL, NULL, 0, NULL},
 };

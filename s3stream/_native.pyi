@@ -52,3 +52,9 @@ def encode_columns_run(
     payload_max: int,
     /,
 ) -> tuple[int, int, int, int, bool]: ...
+def kafka_decode_records(
+    body: bytes, count: int, base: int, first_ts: int, append_time: int | None, /
+) -> (
+    tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[list[tuple[str, bytes | None]]]]
+    | None
+): ...

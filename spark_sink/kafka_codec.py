@@ -411,14 +411,17 @@ def decode_batch(
     view = memoryview(buf) if not isinstance(buf, memoryview) else buf
     h = read_batch_header(view, pos, source=source, base_offset=base_offset)
     body = bytes(view[h.records_start : h.end])
+    append_time = h.max_timestamp_ms if h.log_append_time else None
     try:
-        columns = _decode_records(
-            body,
-            h.record_count,
-            h.base_offset,
-            h.first_timestamp_ms,
-            h.max_timestamp_ms if h.log_append_time else None,
+        columns = (
+            None
+            if NATIVE is None
+            else NATIVE.kafka_decode_records(
+                body, h.record_count, h.base_offset, h.first_timestamp_ms, append_time
+            )
         )
+        if columns is None:  # not built, or bytes the Python loop rejects (it raises the error)
+            columns = _decode_records(body, h.record_count, h.base_offset, h.first_timestamp_ms, append_time)
     except (_Truncated, ValueError, IndexError, UnicodeDecodeError) as exc:
         detail = "truncated record" if isinstance(exc, _Truncated) else str(exc)
         raise CorruptionError(f"bad Kafka record: {detail}", source=source, position=pos) from exc

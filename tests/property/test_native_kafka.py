@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,3 +137,112 @@ def test_the_compiled_loop_takes_plain_rows() -> None:
     finally:
         kafka_codec.NATIVE = saved
     assert module.kafka_records(keys, values, [10, 2**70], headers, 10, BATCH_HEADER_SIZE) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding: the records loop of decode_batch
+
+
+def _python_records(
+    body: bytes, count: int, base: int, first_ts: int, append_time: int | None
+) -> tuple[Any, ...]:
+    try:
+        return ("value", kafka_codec._decode_records(body, count, base, first_ts, append_time))
+    except (kafka_codec._Truncated, ValueError, IndexError, UnicodeDecodeError) as exc:
+        return ("error", type(exc), str(exc))
+
+
+def _varint(n: int) -> bytes:
+    return kafka_codec._zigzag_varint(n)
+
+
+@st.composite
+def record_bodies(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A records section: well formed, damaged, or built from arbitrary varints and bytes."""
+    kind = draw(st.sampled_from(["encoded", "encoded", "damaged", "raw", "overflow"]))
+    if kind == "raw":
+        body = draw(st.binary(max_size=60))
+        return body, draw(st.integers(-1, 8))
+    keys, values, _, headers = draw(rows())
+    ts = draw(st.lists(st.integers(0, 2**41), min_size=len(values), max_size=len(values)))
+    body = bytes(encode_batch(keys, values, ts, headers)[BATCH_HEADER_SIZE:])
+    count = len(values)
+    if kind == "damaged":
+        data = bytearray(body)
+        action = draw(st.sampled_from(["flip", "truncate", "extend", "count"]))
+        if action == "flip" and data:
+            at = draw(st.integers(0, len(data) - 1))
+            data[at] = draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, data[at] ^ 0x40]))
+        elif action == "truncate":
+            del data[draw(st.integers(0, len(data))) :]
+        elif action == "extend":
+            data += draw(st.binary(min_size=1, max_size=5))
+        else:
+            count += draw(st.sampled_from([-1, 1, 2**31]))
+        return bytes(data), count
+    # varint overflow: an 11-byte varint where a field's varint starts
+    field = draw(st.sampled_from(["length", "timestamp", "key"]))
+    record = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(1) + b"v" + _varint(0)
+    long_varint = b"\xff" * 10 + b"\x01"
+    if field == "length":
+        return long_varint + record, 1
+    if field == "timestamp":
+        inner = b"\x00" + long_varint + _varint(0) + _varint(-1) + _varint(1) + b"v" + _varint(0)
+    else:
+        inner = b"\x00" + _varint(0) + _varint(0) + long_varint + _varint(1) + b"v" + _varint(0)
+    return _varint(len(inner)) + inner, 1
+
+
+@SETTINGS
+@given(
+    record_bodies(),
+    st.sampled_from([0, 7, 2**40, I64_MAX, I64_MAX + 1]),
+    st.sampled_from([0, 1_700_000_000_000, I64_MAX, -5]),
+    st.sampled_from([None, None, 1_700_000_000_123]),
+)
+def test_decoded_records_identical_and_rejected_alike(
+    case: tuple[bytes, int], base: int, first_ts: int, append_time: int | None
+) -> None:
+    body, count = case
+    python = _python_records(body, count, base, first_ts, append_time)
+    module = compiled_module()
+    if module is None:
+        assert pure_python_forced(), "s3stream._native is not built"
+        return
+    compiled = module.kafka_decode_records(body, count, base, first_ts, append_time)
+    if python[0] == "error":
+        assert compiled is None
+    else:
+        fits = all(-(2**63) <= v < 2**63 for column in python[1][:2] for v in column)
+        assert compiled == (python[1] if fits else None)
+        if compiled is not None:
+            assert all(type(k) is bytes or k is None for k in compiled[2] + compiled[3])
+
+
+@SETTINGS
+@given(rows(), st.data())
+def test_decode_batch_identical_with_and_without_the_compiled_loop(
+    case: tuple[Any, ...], data: st.DataObject
+) -> None:
+    keys, values, ts, headers = case
+    either = outcome(lambda: encode_batch(keys, values, ts, headers))
+    if either[0] != "value":
+        return
+    batch = bytearray(either[1])
+    if data.draw(st.booleans()) and len(batch) > BATCH_HEADER_SIZE:
+        # damage the records, then fix the CRC so the records loop is what finds it
+        at = data.draw(st.integers(BATCH_HEADER_SIZE, len(batch) - 1))
+        batch[at] ^= data.draw(st.sampled_from([0x01, 0x80, 0xFF]))
+        kafka_codec._CRC.pack_into(
+            batch,
+            kafka_codec.CRC_OFFSET,
+            crc32c.crc32c(memoryview(batch)[kafka_codec.ATTRIBUTES_OFFSET :]),
+        )
+    compiled = outcome(lambda: decode_batch(bytes(batch), source="obj"))
+    saved = kafka_codec.NATIVE
+    kafka_codec.NATIVE = None
+    try:
+        python = outcome(lambda: decode_batch(bytes(batch), source="obj"))
+    finally:
+        kafka_codec.NATIVE = saved
+    assert compiled == python

@@ -1,0 +1,132 @@
+"""Plain appends of one event-loop turn share one WAL record (:mod:`s3stream.engine.coalesce`), on the
+real block WAL file and SQLite metadata of an embedded engine.
+
+A "crash image" is a copy of the open engine's data dir taken while nothing is being written: what a
+kill -9 at that moment leaves on disk (every acknowledged append is durable in the WAL file; the
+SQLite files are copied with their journal)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from s3stream.assembly import WAL_FILE, open_block_wal, open_client
+from s3stream.config import Config
+from s3stream.engine.append import AppendPath
+from s3stream.engine.client import Client
+from s3stream.engine.walbody import decode_body
+from s3stream.errors import FencedError, UnavailableError
+from s3stream.model import RecordBatch
+
+HELD = Config(
+    wal_upload_threshold_bytes=64 << 20,
+    wal_upload_interval_ms=86_400_000,
+)
+"""Nothing is uploaded while a test runs: every acknowledged batch is only in the WAL."""
+
+
+def _appends(client: Client) -> AppendPath:
+    path = client.engine._appends
+    assert isinstance(path, AppendPath)
+    assert path.coalescer is not None  # the block WAL submits in call order: coalescing is on
+    return path
+
+
+def _crash_image(data_dir: Path, into: Path) -> Path:
+    shutil.copytree(data_dir, into)
+    return into
+
+
+async def _wal_bodies(data_dir: Path) -> list[tuple[int, bytes]]:
+    wal = await open_block_wal(data_dir / WAL_FILE, HELD, node_epoch=1 << 30)
+    try:
+        return [(offset, bytes(body)) for offset, body in await wal.recover()]
+    finally:
+        await wal.close()
+
+
+async def test_appends_of_one_turn_are_one_wal_record_and_a_crash_image_recovers_them(tmp_path: Path) -> None:
+    client = await open_client(tmp_path / "node", config=HELD)
+    streams = [await client.streams.create_and_open_stream() for _ in range(10)]
+    path = _appends(client)
+    before = path.coalescer.record_count if path.coalescer else 0
+    bases = await asyncio.gather(*(streams[n % 10].append(RecordBatch(b"%d" % n)) for n in range(300)))
+    assert bases == [n // 10 for n in range(300)]  # each stream's offsets in submission order
+    assert path.coalescer is not None
+    assert path.coalescer.record_count - before == 1  # one turn: one WAL record for all 300
+    assert [s.confirm_offset for s in streams] == [30] * 10
+    image = _crash_image(tmp_path / "node", tmp_path / "image")
+    await client.close()
+
+    bodies = await _wal_bodies(_crash_image(image, tmp_path / "image-wal"))
+    batches = [b for _, body in bodies for b in decode_body(body).batches]
+    assert len(batches) == 300
+    recovered = await open_client(image, config=HELD)
+    try:
+        for i, stream_id in enumerate(s.stream_id for s in streams):
+            stream = await recovered.streams.open_stream(stream_id, epoch=1)
+            got = await stream.fetch(0, 30)
+            assert [(b.base_offset, b.payload) for b in got] == [(k, b"%d" % (k * 10 + i)) for k in range(30)]
+    finally:
+        await recovered.close()
+
+
+async def test_a_record_written_after_coalesced_appends_of_the_same_turn_lands_after_them(
+    tmp_path: Path,
+) -> None:
+    """An atomic group submitted in the same turn as plain appends takes a later sequence number:
+    the open coalesced record goes to the WAL first, so WAL order is submission order."""
+    client = await open_client(tmp_path / "node", config=HELD)
+    a, b = [await client.streams.create_and_open_stream() for _ in range(2)]
+    plain = [asyncio.ensure_future(a.append(RecordBatch(b"p%d" % n))) for n in range(5)]
+    await asyncio.sleep(0)  # the plain appends ran up to their WAL wait: the record is open
+    # Awaited right here: the group reaches its WAL write in this step, before the turn ends.
+    assert await client.append_atomic([(a, RecordBatch(b"g")), (b, RecordBatch(b"h"))]) == [5, 0]
+    assert await asyncio.gather(*plain) == [0, 1, 2, 3, 4]
+    image = _crash_image(tmp_path / "node", tmp_path / "image")
+    await client.close()
+    bodies = await _wal_bodies(image)
+    decoded = [[(x.stream_id, x.base_offset) for x in decode_body(body).batches] for _, body in bodies]
+    assert decoded == [[(a.stream_id, n) for n in range(5)], [(a.stream_id, 5), (b.stream_id, 0)]]
+
+
+async def test_cancelling_one_appender_leaves_the_others_of_its_record_acknowledged(tmp_path: Path) -> None:
+    client = await open_client(tmp_path / "node", config=HELD)
+    streams = [await client.streams.create_and_open_stream() for _ in range(3)]
+    tasks = [asyncio.ensure_future(s.append(RecordBatch(b"x"))) for s in streams]
+    await asyncio.sleep(0)  # every append waits for the shared write now
+    tasks[1].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert results[0] == 0
+    assert results[2] == 0
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert streams[0].confirm_offset == 1 == streams[2].confirm_offset
+    with pytest.raises(FencedError):  # a cancelled append fences its stream, as without coalescing
+        await streams[1].append(RecordBatch(b"y"))
+    assert await streams[0].append(RecordBatch(b"z")) == 1
+    await client.close()
+
+
+async def test_a_failed_coalesced_write_fails_and_fences_every_append_of_it(tmp_path: Path) -> None:
+    client = await open_client(tmp_path / "node", config=HELD)
+    streams = [await client.streams.create_and_open_stream() for _ in range(4)]
+    coalescer = _appends(client).coalescer
+    assert coalescer is not None
+    loop = asyncio.get_running_loop()
+
+    def failing(_: object) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = loop.create_future()
+        loop.call_soon(future.set_exception, OSError(5, "injected EIO"))
+        return future
+
+    coalescer._wal_append = failing
+    results = await asyncio.gather(*(s.append(RecordBatch(b"x")) for s in streams), return_exceptions=True)
+    assert all(isinstance(r, UnavailableError) for r in results), results
+    assert all(s.confirm_offset == 0 for s in streams)
+    for stream in streams:
+        with pytest.raises(FencedError):
+            await stream.append(RecordBatch(b"y"))
+    await client.close()

@@ -127,6 +127,7 @@ class AppendPath:
                 trim_tracker=trim_tracker,
                 next_seq=self._take_seq,
                 record_max_bytes=config.wal_record_max_bytes,
+                after_write=self._lease_error,
             )
         self._watched: tuple[int, float] | None = None
         """(seq, time first seen) of the oldest WAL append in flight at the last watchdog pass."""
@@ -148,6 +149,13 @@ class AppendPath:
             if isinstance(failed, FencedError)
             else FencedError(str(failed), code=ErrorCode.NODE_FENCED)
         )
+
+    def _lease_error(self) -> FencedError | None:
+        """The error of a write that returned after the lease deadline (None: the lease holds)."""
+        lease = self.lease_check
+        if lease is not None and not lease():
+            return self.lease_lost()
+        return None
 
     def next_seq(self) -> int:
         """The next WAL record's submission sequence number (seqs grow with WAL offsets): the open
@@ -311,14 +319,14 @@ class AppendPath:
                 self._seq = seq + 1
                 trim_tracker.write_started(seq, body_bytes)  # a per-block record once released
             try:
-                if write is not None:
+                if write is not None:  # the lease was checked once for the record, when it returned
                     offset = await write
                 else:
                     offset = await self._wal_append(
                         header + payload if size < PARTS_MIN_BYTES else (header, payload)
                     )
-                if lease is not None and not lease():  # durable after the deadline: never acknowledged
-                    raise self.lease_lost()
+                    if lease is not None and not lease():  # durable after the deadline: never acknowledged
+                        raise self.lease_lost()
             except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
                 if self._translate_wal_error is not None:
                     exc = self._translate_wal_error(exc)

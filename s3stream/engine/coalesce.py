@@ -20,6 +20,9 @@ Invariants:
 - The record takes one submission sequence number when it opens; it is submitted before any record
   with a later one (``flush`` runs before every other WAL write), so sequence numbers still grow with
   WAL offsets.
+- The node lease is checked once for the record when the WAL returns (``after_write``), before any
+  appender of it runs on: a record durable after the deadline fails every appender of it (never
+  acknowledged), as each plain append's own check did.
 - The trim tracker sees the record as ONE write in flight (``write_started`` when it opens,
   ``write_returned`` when the WAL answers); each appender counts its own body bytes as live.
 - Cancelling one appender never cancels the shared future (the others still wait for it): the
@@ -64,6 +67,7 @@ class AppendCoalescer:
         "_trim_tracker",
         "_wal_append",
         "_write",
+        "after_write",
         "record_count",
     )
 
@@ -74,6 +78,7 @@ class AppendCoalescer:
         trim_tracker: WalTrimTracker,
         next_seq: Callable[[], int],
         record_max_bytes: int,
+        after_write: Callable[[], BaseException | None] | None = None,
     ) -> None:
         self._wal_append = wal_append
         self._trim_tracker = trim_tracker
@@ -86,6 +91,9 @@ class AppendCoalescer:
         self._seq = -1
         self._count = 0
         self._body_bytes = 0
+        self.after_write = after_write
+        """Called once when a record's write succeeded: the error to fail its appenders with instead
+        (the engine's lease check); None: acknowledge them."""
         self.record_count = 0
         """Coalesced records submitted so far."""
 
@@ -144,6 +152,8 @@ class AppendCoalescer:
                 error = UnavailableError("the coalesced WAL write was cancelled")
             else:
                 error = done.exception()
+                if error is None and self.after_write is not None:
+                    error = self.after_write()  # durable, but past the lease deadline: never acknowledged
                 if error is None:
                     offset = done.result()
         self._trim_tracker.write_returned(seq, offset)

@@ -8,6 +8,7 @@ SQLite files are copied with their journal)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -17,9 +18,17 @@ from s3stream.assembly import WAL_FILE, open_block_wal, open_client
 from s3stream.config import Config
 from s3stream.engine.append import AppendPath
 from s3stream.engine.client import Client
+from s3stream.engine.core import Engine
+from s3stream.engine.heartbeat import Heartbeat
 from s3stream.engine.walbody import decode_body
+from s3stream.engine.walport import BodyParts
 from s3stream.errors import FencedError, UnavailableError
+from s3stream.ids import NodeId
+from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.model import RecordBatch
+from s3stream.storage.memory import MemoryObjectStorage
+from tests.unit.test_engine import SMALL
+from tests.unit.test_engine_lease_acks import LEASE_MS, Clock, assert_node_fenced
 
 HELD = Config(
     wal_upload_threshold_bytes=64 << 20,
@@ -130,3 +139,45 @@ async def test_a_failed_coalesced_write_fails_and_fences_every_append_of_it(tmp_
         with pytest.raises(FencedError):
             await stream.append(RecordBatch(b"y"))
     await client.close()
+
+
+async def test_a_coalesced_record_durable_after_the_lease_deadline_acknowledges_none_of_its_appends(
+    tmp_path: Path,
+) -> None:
+    metadata = MemoryMetadataStore()
+    info = await metadata.open_node(node_id=NodeId(1), lease_ms=LEASE_MS)
+    clock = Clock()
+    heartbeat = Heartbeat(metadata, node_id=NodeId(1), node_epoch=info.node_epoch, lease_ms=LEASE_MS,
+                          opened_at_s=clock(), clock=clock)  # fmt: skip
+    wal = await open_block_wal(tmp_path / WAL_FILE, SMALL, node_epoch=info.node_epoch)
+    engine = Engine(SMALL, wal=wal, metadata=metadata, storage=MemoryObjectStorage(), node_id=NodeId(1),
+                    node_epoch=info.node_epoch, lease_check=heartbeat.holds_lease)  # fmt: skip
+    heartbeat.add_listener(engine.fence)
+    await engine.start()
+    client = Client(engine, metadata, closers=[wal.close])
+    streams = [await client.streams.create_and_open_stream() for _ in range(3)]
+    coalescer = _appends(client).coalescer
+    assert coalescer is not None
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    real_append = coalescer._wal_append
+
+    def held(body: BodyParts) -> asyncio.Future[int]:
+        """The real write, answered once ``gate`` is set (the process paused while it was in flight)."""
+        written = asyncio.ensure_future(real_append(body))
+        answer: asyncio.Future[int] = loop.create_future()
+        gate.add_done_callback(lambda _: written.add_done_callback(lambda w: answer.set_result(w.result())))
+        return answer
+
+    coalescer._wal_append = held
+    pending = [asyncio.ensure_future(s.append(RecordBatch(b"late"))) for s in streams]
+    await asyncio.sleep(0.05)  # the record is written and durable; its answer waits for the gate
+    clock.s += LEASE_MS / 1000
+    gate.set_result(None)
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    for result in results:
+        assert_node_fenced(result)  # type: ignore[arg-type]
+    assert [s.confirm_offset for s in streams] == [0, 0, 0]
+    assert engine.fenced
+    with contextlib.suppress(FencedError):
+        await client.close()

@@ -127,6 +127,7 @@ class AppendPath:
                 trim_tracker=trim_tracker,
                 next_seq=self._take_seq,
                 record_max_bytes=config.wal_record_max_bytes,
+                before_write=self._lease_error,
                 after_write=self._lease_error,
             )
         self._watched: tuple[int, float] | None = None
@@ -151,7 +152,8 @@ class AppendPath:
         )
 
     def _lease_error(self) -> FencedError | None:
-        """The error of a write that returned after the lease deadline (None: the lease holds)."""
+        """The error of a write about to start or that returned after the lease deadline (None: the
+        lease holds)."""
         lease = self.lease_check
         if lease is not None and not lease():
             return self.lease_lost()
@@ -281,10 +283,15 @@ class AppendPath:
             if handle.status is not _OPEN or supervisor.failed is not None or supervisor.closed:
                 supervisor.check_alive()
                 handle.check_writable()
-            lease = self.lease_check
-            if lease is not None and not lease():
-                raise self.lease_lost()
             size = len(payload)
+            coalescer = self.coalescer
+            lease = self.lease_check
+            if (
+                lease is not None
+                and (coalescer is None or coalescer.open_seq < 0 or size >= PARTS_MIN_BYTES)
+                and not lease()
+            ):  # an append joining the open coalesced record is checked with it, before it is written
+                raise self.lease_lost()
             if size > self.record_max_bytes:
                 raise InvalidArgumentError(
                     f"record batch of {size} bytes is above s3.record.size.max ({self.record_max_bytes})"
@@ -307,10 +314,9 @@ class AppendPath:
             # joined when small (into the turn's coalesced record where there is one), as (header,
             # payload) parts otherwise (see PARTS_MIN_BYTES).
             header = _pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size)
-            coalescer = self.coalescer
             write: SharedWrite | None = None
             if coalescer is not None and size < PARTS_MIN_BYTES:
-                seq, write = coalescer.add(header + payload)
+                seq, write = coalescer.add(header, payload, body_bytes)
                 trim_tracker.live_bytes += body_bytes  # a per-block record once released
             else:
                 if coalescer is not None:

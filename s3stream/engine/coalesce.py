@@ -20,9 +20,12 @@ Invariants:
 - The record takes one submission sequence number when it opens; it is submitted before any record
   with a later one (``flush`` runs before every other WAL write), so sequence numbers still grow with
   WAL offsets.
-- The node lease is checked once for the record when the WAL returns (``after_write``), before any
-  appender of it runs on: a record durable after the deadline fails every appender of it (never
-  acknowledged), as each plain append's own check did.
+- The node lease is checked once for the record right before it is submitted (``before_write``: a
+  record past the deadline never reaches the WAL, and fails every appender of it) and once when the
+  WAL returns (``after_write``), before any appender of it runs on: a record durable after the
+  deadline fails every appender of it (never acknowledged), as each plain append's own check did.
+  (The engine still checks an append that opens a record, or is not coalesced, before it takes its
+  offsets; one that joins an open record is checked with the record.)
 - The trim tracker sees the record as ONE write in flight (``write_started`` when it opens,
   ``write_returned`` when the WAL answers); each appender counts its own body bytes as live.
 - Cancelling one appender never cancels the shared future (the others still wait for it): the
@@ -63,11 +66,12 @@ class AppendCoalescer:
         "_next_seq",
         "_parts",
         "_record_max_bytes",
-        "_seq",
         "_trim_tracker",
         "_wal_append",
         "_write",
         "after_write",
+        "before_write",
+        "open_seq",
         "record_count",
     )
 
@@ -78,6 +82,7 @@ class AppendCoalescer:
         trim_tracker: WalTrimTracker,
         next_seq: Callable[[], int],
         record_max_bytes: int,
+        before_write: Callable[[], BaseException | None] | None = None,
         after_write: Callable[[], BaseException | None] | None = None,
     ) -> None:
         self._wal_append = wal_append
@@ -86,22 +91,26 @@ class AppendCoalescer:
         self._record_max_bytes = record_max_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parts: list[bytes] | None = None
-        """The open record's parts: a placeholder for the group header, then each encoded batch."""
+        """The open record's parts: a placeholder for the group header, then each batch's record
+        header and payload."""
         self._write: SharedWrite | None = None
-        self._seq = -1
+        self.open_seq = -1
+        """The open record's sequence number (negative: no record is open)."""
         self._count = 0
         self._body_bytes = 0
+        self.before_write = before_write
+        """Called once right before a record is submitted: the error to fail its appenders with
+        instead of writing it (the engine's lease check); None: write it."""
         self.after_write = after_write
         """Called once when a record's write succeeded: the error to fail its appenders with instead
         (the engine's lease check); None: acknowledge them."""
         self.record_count = 0
         """Coalesced records submitted so far."""
 
-    def add(self, encoded: bytes) -> tuple[int, SharedWrite]:
-        """Add one encoded plain batch to the open record (opening one if none is); returns the
-        record's sequence number and the future its appender awaits. No await: call it right where
-        the append takes its offsets."""
-        size = len(encoded)
+    def add(self, header: bytes, payload: bytes, size: int) -> tuple[int, SharedWrite]:
+        """Add one plain batch, encoded as its record ``header`` and ``payload`` (``size`` bytes
+        together), to the open record (opening one if none is); returns the record's sequence number
+        and the future its appender awaits. No await: call it right where the append takes its offsets."""
         parts = self._parts
         if parts is not None and self._body_bytes + size > self._record_max_bytes:
             self.flush()
@@ -112,17 +121,18 @@ class AppendCoalescer:
                 loop = self._loop = asyncio.get_running_loop()
             parts = self._parts = [_EMPTY]
             self._write = SharedWrite(loop=loop)
-            self._seq = seq = self._next_seq()
+            self.open_seq = seq = self._next_seq()
             self._count = 0
             self._body_bytes = GROUP_HEADER_SIZE
             self._trim_tracker.write_started(seq)
             loop.call_soon(self.flush)
-        parts.append(encoded)
+        parts.append(header)
+        parts.append(payload)
         self._count += 1
         self._body_bytes += size
         write = self._write
         assert write is not None
-        return self._seq, write
+        return self.open_seq, write
 
     def flush(self) -> None:
         """Submit the open record to the WAL now (nothing when none is open)."""
@@ -130,9 +140,15 @@ class AppendCoalescer:
         if parts is None:
             return
         write = self._write
-        seq = self._seq
+        seq = self.open_seq
         assert write is not None
         self._parts = self._write = None
+        self.open_seq = -1
+        if self.before_write is not None:
+            refused = self.before_write()
+            if refused is not None:  # never written
+                self._done(seq, write, None, refused)
+                return
         parts[0] = GROUP_HEADER.pack(ATOMIC_GROUP_MAGIC, ATOMIC_GROUP_VERSION, 0, self._count, 0)
         self.record_count += 1
         try:

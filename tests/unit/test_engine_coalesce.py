@@ -49,8 +49,8 @@ def _crash_image(data_dir: Path, into: Path) -> Path:
     return into
 
 
-async def _wal_bodies(data_dir: Path) -> list[tuple[int, bytes]]:
-    wal = await open_block_wal(data_dir / WAL_FILE, HELD, node_epoch=1 << 30)
+async def _wal_bodies(data_dir: Path, config: Config = HELD) -> list[tuple[int, bytes]]:
+    wal = await open_block_wal(data_dir / WAL_FILE, config, node_epoch=1 << 30)
     try:
         return [(offset, bytes(body)) for offset, body in await wal.recover()]
     finally:
@@ -141,9 +141,9 @@ async def test_a_failed_coalesced_write_fails_and_fences_every_append_of_it(tmp_
     await client.close()
 
 
-async def test_a_coalesced_record_durable_after_the_lease_deadline_acknowledges_none_of_its_appends(
-    tmp_path: Path,
-) -> None:
+async def _leased(tmp_path: Path) -> tuple[Client, Engine, Clock]:
+    """An engine on a block WAL in ``tmp_path`` whose lease is a real Heartbeat on ``clock`` (never
+    renewed here: its deadline is fixed)."""
     metadata = MemoryMetadataStore()
     info = await metadata.open_node(node_id=NodeId(1), lease_ms=LEASE_MS)
     clock = Clock()
@@ -154,7 +154,13 @@ async def test_a_coalesced_record_durable_after_the_lease_deadline_acknowledges_
                     node_epoch=info.node_epoch, lease_check=heartbeat.holds_lease)  # fmt: skip
     heartbeat.add_listener(engine.fence)
     await engine.start()
-    client = Client(engine, metadata, closers=[wal.close])
+    return Client(engine, metadata, closers=[wal.close]), engine, clock
+
+
+async def test_a_coalesced_record_durable_after_the_lease_deadline_acknowledges_none_of_its_appends(
+    tmp_path: Path,
+) -> None:
+    client, engine, clock = await _leased(tmp_path)
     streams = [await client.streams.create_and_open_stream() for _ in range(3)]
     coalescer = _appends(client).coalescer
     assert coalescer is not None
@@ -181,3 +187,27 @@ async def test_a_coalesced_record_durable_after_the_lease_deadline_acknowledges_
     assert engine.fenced
     with contextlib.suppress(FencedError):
         await client.close()
+
+
+async def test_appends_joining_an_open_record_after_the_lease_deadline_never_reach_the_wal(
+    tmp_path: Path,
+) -> None:
+    client, engine, clock = await _leased(tmp_path)
+    streams = [await client.streams.create_and_open_stream() for _ in range(3)]
+    coalescer = _appends(client).coalescer
+    assert coalescer is not None
+    written = coalescer.record_count
+    first = asyncio.ensure_future(streams[0].append(RecordBatch(b"a")))
+    await asyncio.sleep(0)  # the first append opened a record (checked: the lease held)
+    assert coalescer.open_seq >= 0
+    clock.s += LEASE_MS / 1000
+    joining = [asyncio.ensure_future(s.append(RecordBatch(b"b"))) for s in streams[1:]]
+    results = await asyncio.gather(first, *joining, return_exceptions=True)
+    for result in results:
+        assert_node_fenced(result)  # type: ignore[arg-type]
+    assert coalescer.record_count == written  # the record was refused before the WAL
+    assert [s.confirm_offset for s in streams] == [0, 0, 0]
+    assert engine.fenced
+    with contextlib.suppress(FencedError):
+        await client.close()
+    assert await _wal_bodies(tmp_path, SMALL) == []  # nothing was appended to the WAL

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import shutil
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,3 +214,61 @@ async def test_appends_joining_an_open_record_after_the_lease_deadline_never_rea
     with contextlib.suppress(FencedError):
         await client.close()
     assert await _wal_bodies(tmp_path, SMALL) == []  # nothing was appended to the WAL
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_concurrent_mix_of_plain_group_and_kv_appends_recovers_from_a_crash_image(
+    tmp_path: Path, seed: int
+) -> None:
+    """Plain appends small and large (coalesced or not), atomic groups and KV puts, submitted
+    concurrently in the same turns: a crash image recovers every acknowledged batch of every stream,
+    in offset order, and the last KV value."""
+    rng = random.Random(seed)
+    client = await open_client(tmp_path / "node", config=HELD)
+    streams = [await client.streams.create_and_open_stream() for _ in range(5)]
+    expected: dict[int, dict[int, bytes]] = {s.stream_id: {} for s in streams}
+
+    async def plain(stream_index: int, payload: bytes) -> None:
+        stream = streams[stream_index]
+        expected[stream.stream_id][await stream.append(RecordBatch(payload))] = payload
+
+    async def group(entries: list[tuple[int, bytes]], value: bytes) -> None:
+        bases = await client.append_atomic(
+            [(streams[i], RecordBatch(p)) for i, p in entries], kv={"key": value}
+        )
+        for (i, payload), base in zip(entries, bases, strict=True):
+            expected[streams[i].stream_id][base] = payload
+
+    last_value = b""
+    for turn in range(6):
+        calls: list[Coroutine[Any, Any, None]] = []
+        for n in range(rng.randint(20, 60)):
+            kind = rng.random()
+            payload = b"%d-%d-" % (turn, n) * rng.choice([1, 10, 3000])  # 3000 x: above PARTS_MIN_BYTES
+            if kind < 0.85:
+                calls.append(plain(rng.randrange(5), payload))
+            elif kind < 0.95:
+                entries = [(rng.randrange(5), payload) for _ in range(rng.randint(1, 3))]
+                last_value = b"v%d-%d" % (turn, n)
+                calls.append(group(entries, last_value))
+            else:
+                last_value = b"kv%d-%d" % (turn, n)
+                calls.append(_put(client, last_value))
+        await asyncio.gather(*calls)
+    image = _crash_image(tmp_path / "node", tmp_path / "image")
+    await client.close()
+
+    recovered = await open_client(image, config=HELD)
+    try:
+        assert await recovered.kv.get("key") == last_value
+        for stream in streams:
+            reopened = await recovered.streams.open_stream(stream.stream_id, epoch=1)
+            want = expected[stream.stream_id]
+            got = await reopened.fetch(0, len(want), max_bytes=64 << 20)
+            assert [(b.base_offset, b.payload) for b in got] == sorted(want.items())
+    finally:
+        await recovered.close()
+
+
+async def _put(client: Client, value: bytes) -> None:
+    await client.kv.put("key", value)

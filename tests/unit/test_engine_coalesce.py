@@ -32,6 +32,7 @@ from s3stream.model import RecordBatch
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.unit.test_engine import SMALL
 from tests.unit.test_engine_lease_acks import LEASE_MS, Clock, assert_node_fenced
+from wal.errors import WalCapacityError
 
 HELD = Config(
     wal_upload_threshold_bytes=64 << 20,
@@ -272,3 +273,39 @@ async def test_a_concurrent_mix_of_plain_group_and_kv_appends_recovers_from_a_cr
 
 async def _put(client: Client, value: bytes) -> None:
     await client.kv.put("key", value)
+
+
+async def test_appends_of_one_record_waiting_behind_a_retried_write_are_released_in_order(
+    tmp_path: Path,
+) -> None:
+    """The first append's record finds the WAL full and is written again alone (later); two later
+    appends of the same stream share the next record, durable first, and both wait for their turn
+    under that record's one sequence number: the trim tracker holds the record for both."""
+    client = await open_client(tmp_path / "node", config=HELD)
+    stream = await client.streams.create_and_open_stream()
+    coalescer = _appends(client).coalescer
+    assert coalescer is not None
+    loop = asyncio.get_running_loop()
+    real_append = coalescer._wal_append
+    calls = 0
+
+    def full_once(body: BodyParts) -> asyncio.Future[int]:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            return asyncio.ensure_future(real_append(body))
+        future: asyncio.Future[int] = loop.create_future()
+        future.set_exception(WalCapacityError("injected: WAL full"))
+        return future
+
+    coalescer._wal_append = full_once
+    first = asyncio.ensure_future(stream.append(RecordBatch(b"a")))
+    await asyncio.sleep(0.02)  # its record was refused: it waits to write again alone
+    assert not first.done()
+    later = [asyncio.ensure_future(stream.append(RecordBatch(p))) for p in (b"b", b"c")]
+    assert await asyncio.gather(first, *later) == [0, 1, 2]
+    tracker = client.engine._trim_tracker
+    assert not tracker._held  # every held append was released
+    got = await stream.fetch(0, 3)
+    assert [(b.base_offset, b.payload) for b in got] == [(0, b"a"), (1, b"b"), (2, b"c")]
+    await client.close()

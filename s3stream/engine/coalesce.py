@@ -1,13 +1,15 @@
 """Coalescing of small plain appends: the appends submitted in one event-loop turn share ONE WAL record.
 
-Every plain append below ``PARTS_MIN_BYTES`` joins the open coalesced record: its encoded batch
-(``StreamRecordBatch.encode()``'s bytes) is added to the record's parts and its appender awaits the
-record's shared future. The record is submitted to the WAL at the end of the turn (one
+Every plain append below ``PARTS_MIN_BYTES`` joins the open coalesced record: its record header and
+payload (``StreamRecordBatch.encode()``'s bytes once joined) are added to the record's parts and its
+appender awaits the record's shared future. The record is submitted to the WAL at the end of the turn (one
 ``loop.call_soon``), or at once when it would grow past ``s3.wal.record.size.max``, or when any other
 WAL record is about to be written (:meth:`AppendCoalescer.flush`: WAL offsets keep following
 submission sequence numbers). Its body is an atomic group body with no KV puts
 (``docs/format.md`` section 5): recovery and every WAL reader decode its batches one by one, as
-they do any group's.
+they do any group's. The engine coalesces only over a WAL whose append submits in call order before
+it returns (the block WAL's, a plain method returning a future): a coroutine WAL would start its
+write only when its task runs, after records submitted later.
 
 What this saves: the WAL's per-record work (a future, a record header and CRC, the group packing
 bookkeeping) is paid once per turn instead of once per append; the appender keeps its own
@@ -27,7 +29,8 @@ Invariants:
   (The engine still checks an append that opens a record, or is not coalesced, before it takes its
   offsets; one that joins an open record is checked with the record.)
 - The trim tracker sees the record as ONE write in flight (``write_started`` when it opens,
-  ``write_returned`` when the WAL answers); each appender counts its own body bytes as live.
+  ``write_returned`` when the WAL answers); each appender counts its own body bytes as live, and
+  appenders of one record held behind an earlier append of their stream hold its seq once each.
 - Cancelling one appender never cancels the shared future (the others still wait for it): the
   cancelled appender raises CancelledError once the write has completed, as a cancelled plain
   append does (it fences its stream).

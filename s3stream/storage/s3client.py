@@ -66,6 +66,7 @@ from s3stream.storage.base import MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import validate_key, validate_prefix
 from s3stream.storage.retry import RetryPolicy, call_with_retries
 from s3stream.storage.s3body import BodyDigests, Piece, digest_pieces, send_pieces_as_views
+from s3stream.storage.s3quickack import QuickAckSession
 from s3stream.storage.stats import StorageStats
 
 T = TypeVar("T")
@@ -313,6 +314,7 @@ class S3Client:
             max_pool_connections=config.inflight_requests_max,
             request_checksum_calculation=config.checksum_mode,
             response_checksum_validation=config.checksum_mode,
+            http_session_cls=QuickAckSession,  # no delayed-ACK stalls (s3stream.storage.s3quickack)
         )
 
     async def connect(self) -> None:

@@ -9,6 +9,9 @@ rules, see :mod:`s3stream.storage.s3upload`); conditional create with ``If-None-
 ``inflight_requests_max`` requests are on the wire at once; every attempt runs under a timeout.
 
 Retries, error translation, payload hashing and credentials: :mod:`s3stream.storage.s3client`.
+Ranged GETs to an http, path-style endpoint with static keys are signed and sent without botocore
+(:mod:`s3stream.storage.s3get`); every connection ACKs responses at once
+(:mod:`s3stream.storage.s3quickack`).
 
 The ETag of CompleteMultipartUpload is never used (Ceph 16 returns an empty one). A conditional
 PUT that meets 412 checks whether the stored object is its own (same size and MD5 ETag): an earlier

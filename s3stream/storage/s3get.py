@@ -13,6 +13,7 @@ conditions, goes through botocore as before; :func:`ranged_getter_for` decides):
 * an ``http://`` endpoint with path-style addressing (MinIO, Ceph RGW, test servers; an
   ``https://`` endpoint keeps botocore's TLS set-up, CA bundle included);
 * static credentials (the config's keys or ``KAFKA_S3_*``): no session token, no refresh;
+* no proxy for the endpoint in the environment (``HTTP_PROXY`` / ``NO_PROXY``, which botocore honours);
 * a GET with a ``Range`` header and no query string: S3 returns no checksum for a range, so there is
   no response checksum for botocore to validate either.
 
@@ -33,6 +34,7 @@ import datetime
 import hashlib
 import hmac
 import re
+import urllib.request
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -197,6 +199,13 @@ async def _client_error(response: aiohttp.ClientResponse) -> botocore.exceptions
     return botocore.exceptions.ClientError(parsed, "GetObject")
 
 
+def _proxied(netloc: str) -> bool:
+    """Whether the environment (``HTTP_PROXY``, ``NO_PROXY``) sends plain-HTTP requests to ``netloc``
+    through a proxy, as botocore would."""
+    proxies = urllib.request.getproxies()
+    return "http" in proxies and not urllib.request.proxy_bypass(netloc.rpartition("@")[2])
+
+
 def ranged_getter_for(
     *,
     endpoint: str | None,
@@ -215,6 +224,8 @@ def ranged_getter_for(
     split = urlsplit(endpoint)
     if split.scheme != "http" or not split.netloc or split.query or split.fragment:
         return None
+    if _proxied(split.netloc):
+        return None  # botocore sends through the environment's proxy: so do its requests
     signer = SigV4Signer(access_key=access_key, secret_key=secret_key, region=region)
     return RangedGetter(
         endpoint=endpoint,

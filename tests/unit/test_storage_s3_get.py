@@ -77,3 +77,26 @@ def test_used_only_where_it_applies(
         connect_timeout_s=1.0,
     )
     assert (getter is not None) == applies
+
+
+def test_not_used_when_the_environment_proxies_the_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    def getter() -> object:
+        return ranged_getter_for(
+            endpoint="http://127.0.0.1:7480",
+            path_style=True,
+            bucket="b",
+            region="us-east-1",
+            access_key="a",
+            secret_key="s",
+            user_agent="t",
+            connections_max=4,
+            connect_timeout_s=1.0,
+        )
+
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert getter() is not None
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")
+    assert getter() is None  # botocore would go through the proxy
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    assert getter() is not None

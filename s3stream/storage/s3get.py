@@ -5,7 +5,7 @@ read (request model, parameter validation, endpoint rules, a dozen event hooks, 
 generic canonicalisation, response parsing): more than reading 1 MiB of body. The read path makes
 one such GET per object index and per merged run of blocks, so on a catch-up read of 4 MiB objects
 that fixed cost was as much CPU as the body bytes. :class:`RangedGetter` signs and sends the one
-request shape the read path needs itself, for ~0.6 ms.
+request shape the read path needs itself (signed by botocore's own SigV4 signer), for ~1 ms.
 
 What it covers, and nothing else (every other request, and any ranged GET outside these
 conditions, goes through botocore as before; :func:`ranged_getter_for` decides):
@@ -18,8 +18,8 @@ conditions, goes through botocore as before; :func:`ranged_getter_for` decides):
   no response checksum for botocore to validate either.
 
 The request is what botocore sends for the same call, less the headers S3 ignores: ``Host``,
-``Range``, ``x-amz-date`` and ``x-amz-content-sha256`` (the empty body's hash) signed with SigV4
-(the signing key is derived once per day). The key's path is percent-encoded once, as S3's
+``Range``, ``x-amz-date`` and ``x-amz-content-sha256`` (the empty body's hash), signed by
+botocore's ``S3SigV4Auth``. The key's path is percent-encoded once, as S3's
 canonical URI wants (keys are ASCII letters, digits and ``-_.=+,@!`` and ``/``:
 :mod:`s3stream.storage.keys`) and sent exactly so. An answer other than 200/206 raises botocore's
 ``ClientError`` with the error XML's code, so :func:`~s3stream.storage.s3client.translate_error`
@@ -30,15 +30,16 @@ chunks joined once; a short body raises botocore's ``IncompleteReadError``).
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import hmac
 import re
 import urllib.request
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+import botocore.auth
+import botocore.awsrequest
+import botocore.credentials
 import botocore.exceptions
 import yarl
 
@@ -46,7 +47,6 @@ from s3stream.storage.s3quickack import use_quick_acks
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 """``x-amz-content-sha256`` of a request without a body."""
-ALGORITHM = "AWS4-HMAC-SHA256"
 _ERROR_CODE_RE = re.compile(rb"<Code>([^<]{1,200})</Code>")
 _ERROR_MESSAGE_RE = re.compile(rb"<Message>([^<]{0,500})</Message>")
 ERROR_BODY_MAX_BYTES = 64 * 1024
@@ -76,59 +76,22 @@ async def read_stream(content: aiohttp.StreamReader, content_length: object) -> 
 
 
 class SigV4Signer:
-    """SigV4 headers of a body-less S3 request with static credentials (the signing key is cached
-    for the UTC day it was derived for)."""
+    """SigV4 headers of a body-less S3 request with static credentials, computed by botocore's own
+    S3 signer (``S3SigV4Auth``) over a bare ``AWSRequest``: the signature is botocore's by
+    construction; what the direct path saves is the rest of botocore's request pipeline."""
 
     def __init__(self, *, access_key: str, secret_key: str, region: str) -> None:
-        self._access_key = access_key
-        self._secret_key = secret_key
-        self._region = region
-        self._key_day = ""
-        self._key = b""
+        credentials = botocore.credentials.Credentials(access_key, secret_key)
+        self._auth = botocore.auth.S3SigV4Auth(credentials, "s3", region)
 
-    def signing_key(self, day: str) -> bytes:
-        if day != self._key_day:
-            key = hmac.new(("AWS4" + self._secret_key).encode(), day.encode(), hashlib.sha256).digest()
-            for part in (self._region, "s3", "aws4_request"):
-                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-            self._key_day, self._key = day, key
-        return self._key
-
-    def headers(
-        self,
-        method: str,
-        host: str,
-        path: str,
-        extra: dict[str, str],
-        *,
-        now: datetime.datetime | None = None,
-    ) -> dict[str, str]:
-        """The headers to send (``Authorization`` included, ``Host`` left to aiohttp) for ``method``
-        on ``path`` (already percent-encoded) of ``host`` with the lower-case ``extra`` headers."""
-        amz_date = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%dT%H%M%SZ")
-        day = amz_date[:8]
-        signed = {"host": host, "x-amz-content-sha256": EMPTY_SHA256, "x-amz-date": amz_date, **extra}
-        names = sorted(signed)
-        signed_names = ";".join(names)
-        canonical = "\n".join(
-            (
-                method,
-                path,
-                "",  # no query string
-                "".join(f"{name}:{signed[name].strip()}\n" for name in names),
-                signed_names,
-                EMPTY_SHA256,
-            )
-        )
-        scope = f"{day}/{self._region}/s3/aws4_request"
-        to_sign = f"{ALGORITHM}\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self.signing_key(day), to_sign.encode(), hashlib.sha256).hexdigest()
-        del signed["host"]
-        signed["Authorization"] = (
-            f"{ALGORITHM} Credential={self._access_key}/{scope}, SignedHeaders={signed_names}, "
-            f"Signature={signature}"
-        )
-        return signed
+    def headers(self, method: str, host: str, path: str, extra: dict[str, str]) -> dict[str, str]:
+        """The headers to send (``Authorization`` included, ``Host`` left to aiohttp, which sends
+        the one signed) for ``method`` on ``path`` (already percent-encoded) of ``host`` with the
+        ``extra`` headers."""
+        request = botocore.awsrequest.AWSRequest(method=method, url=f"http://{host}{path}", headers=extra)
+        request.context["payload_signing_enabled"] = True  # the empty body's hash, as botocore over http
+        self._auth.add_auth(request)
+        return {name: str(value) for name, value in request.headers.items()}
 
 
 class RangedGetter:
@@ -170,7 +133,7 @@ class RangedGetter:
         """The body of ``GET full_key`` with ``Range: range_header`` and its Content-Range."""
         session = self._open_session()
         path = self._base_path + quote(full_key, safe="/")
-        headers = self._signer.headers("GET", self._host, path, {"range": range_header})
+        headers = self._signer.headers("GET", self._host, path, {"Range": range_header})
         headers["User-Agent"] = self._user_agent
         url = yarl.URL(self._origin + path, encoded=True)
         async with session.get(url, headers=headers, allow_redirects=False) as response:

@@ -72,6 +72,9 @@ static int as_i64(PyObject *obj, int64_t *out) {
     return 1;
 }
 
+/* configure(cls): takes the record class when its instances can be built here: a GC type (new_record
+ * untracks them) without a __dict__, whose five fields are object slots (found through the MRO) of
+ * cls itself or of one of its bases, inside its instances. TypeError otherwise (nothing changes). */
 static PyObject *native_configure(PyObject *self, PyObject *cls) {
     (void)self;
     if (!PyType_Check(cls)) {
@@ -79,17 +82,24 @@ static PyObject *native_configure(PyObject *self, PyObject *cls) {
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)cls;
+    if (!PyType_IS_GC(type) || type->tp_dictoffset != 0 || type->tp_itemsize != 0) {
+        PyErr_Format(PyExc_TypeError, "%s is not a slotted class without __dict__", type->tp_name);
+        return NULL;
+    }
     Py_ssize_t offsets[5];
     for (int k = 0; k < 5; k++) {
-        PyObject *descr = PyDict_GetItemString(type->tp_dict, slot_names[k]);
-        if (descr == NULL && type->tp_base != NULL)
-            descr = PyDict_GetItemString(type->tp_base->tp_dict, slot_names[k]);
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyObject *name = PyUnicode_InternFromString(slot_names[k]);
+        if (name == NULL) return NULL;
+        PyObject *descr = _PyType_Lookup(type, name); /* borrowed */
+        Py_DECREF(name);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
+            !PyType_IsSubtype(type, ((PyDescrObject *)descr)->d_type)) {
             PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, slot_names[k]);
             return NULL;
         }
         PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type != T_OBJECT_EX) {
+        if (member->type != T_OBJECT_EX || member->offset < (Py_ssize_t)sizeof(PyObject) ||
+            member->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)) {
             PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, slot_names[k]);
             return NULL;
         }
@@ -140,33 +150,42 @@ static PyObject *cached_int(PyObject **cache, int64_t *cached, int64_t value) {
  * The Python decoder's checks (block.decode_block_gapless), in the same order of acceptance; None
  * wherever it would raise. payload_bytes_each is the common payload length when the records differ
  * only in their base offsets, continue each other and have a positive count (decode.py's fast path
- * accepts exactly those blocks when `exact`: the buffer is a bytes object holding only the block). */
+ * accepts exactly those blocks when `exact`: the buffer is a bytes object holding only the block).
+ * Only a one-dimensional, C-contiguous buffer of bytes (itemsize 1) is taken, where len() counts
+ * bytes as the Python decoder's does, and a position that is an int64. */
 static PyObject *native_decode_block(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *buf_obj;
-    Py_ssize_t pos;
+    PyObject *buf_obj, *o_pos;
     PyObject *o_stream, *o_start, *o_end, *o_count, *o_size;
     int exact;
-    if (!PyArg_ParseTuple(args, "OnOOOOOp", &buf_obj, &pos, &o_stream, &o_start, &o_end, &o_count, &o_size,
+    if (!PyArg_ParseTuple(args, "OOOOOOOp", &buf_obj, &o_pos, &o_stream, &o_start, &o_end, &o_count, &o_size,
                           &exact))
         return NULL;
     if (record_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "s3stream._native is not configured");
         return NULL;
     }
-    int64_t stream, start_offset, end_offset, record_count, size;
-    if (!as_i64(o_stream, &stream) || !as_i64(o_start, &start_offset) || !as_i64(o_end, &end_offset) ||
-        !as_i64(o_count, &record_count) || !as_i64(o_size, &size))
+    int64_t pos, stream, start_offset, end_offset, record_count, size;
+    if (!as_i64(o_pos, &pos) || !as_i64(o_stream, &stream) || !as_i64(o_start, &start_offset) ||
+        !as_i64(o_end, &end_offset) || !as_i64(o_count, &record_count) || !as_i64(o_size, &size))
         Py_RETURN_NONE;
     Py_buffer view;
-    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_ND) < 0) {
+        PyErr_Clear(); /* not a buffer, or not a C-contiguous one: the Python decoder raises */
+        Py_RETURN_NONE;
+    }
+    if (view.itemsize != 1 || view.ndim != 1) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
     PyObject *result = NULL;
     PyObject *records = NULL;
     PyObject *c_stream = NULL, *c_epoch = NULL, *c_count = NULL;
     int64_t v_stream = 0, v_epoch = 0, v_count = 0;
     const unsigned char *data = (const unsigned char *)view.buf;
     Py_ssize_t len = view.len;
-    if (pos < 0 || pos > len || size < DATA_BLOCK_HEADER_SIZE || (int64_t)(len - pos) < size) goto fallback;
+    if (pos < 0 || pos > (int64_t)len || size < DATA_BLOCK_HEADER_SIZE || (int64_t)len - pos < size)
+        goto fallback;
     const unsigned char *block = data + pos;
     if ((signed char)block[0] != (signed char)DATA_BLOCK_MAGIC) goto fallback;
     if ((int64_t)load_i32(block + 2) != record_count) goto fallback;
@@ -266,6 +285,14 @@ static int read_fields(PyObject *record, struct fields *f) {
            PyBytes_CheckExact(f->payload);
 }
 
+/* Whether block_bytes and payload_bytes describe an open data block: its size (header included) is
+ * within a block's limit and its payload bytes within its size. */
+static inline int open_block_ok(long long block_bytes, long long payload_bytes) {
+    return block_bytes >= DATA_BLOCK_HEADER_SIZE &&
+           block_bytes <= BLOCK_DATA_MAX_BYTES + DATA_BLOCK_HEADER_SIZE && payload_bytes >= 0 &&
+           payload_bytes <= block_bytes;
+}
+
 /* check_batches(batches: list, last_stream, last_end, payload_max) -> bool
  *
  * True when every batch is a StreamRecordBatch (exactly) with a bytes payload and passes the
@@ -302,7 +329,10 @@ static PyObject *native_check_batches(PyObject *self, PyObject *args) {
  * block's data stays <= BLOCK_DATA_MAX_BYTES, its offset span <= I32_MAX), stopping after the one
  * that brings the payload bytes to `threshold` (the writer then cuts the block). The encoded bytes
  * (the records' headers and payloads back to back, exactly what ObjectWriter._encode_from writes)
- * go to scratch[:encoded_bytes]; scratch only grows, so a writer reusing it touches its pages once. */
+ * go to scratch[:encoded_bytes]; scratch only grows, so a writer reusing it touches its pages once.
+ * ValueError for arguments no open block has (block_bytes outside [DATA_BLOCK_HEADER_SIZE, the
+ * largest block], payload_bytes outside [0, block_bytes], a negative start_offset) and for a batch
+ * check_batches does not accept: the sums below then stay far from int64's range. */
 static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *scratch, *batches;
@@ -311,7 +341,8 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!nnLLLLL", &PyByteArray_Type, &scratch, &PyList_Type, &batches, &i, &n,
                           &stream, &block_bytes, &start_offset, &payload_bytes, &threshold))
         return NULL;
-    if (record_type == NULL || i < 0 || n > PyList_GET_SIZE(batches)) {
+    if (record_type == NULL || i < 0 || n > PyList_GET_SIZE(batches) ||
+        !open_block_ok(block_bytes, payload_bytes) || start_offset < 0) {
         PyErr_SetString(PyExc_ValueError, "encode_run: bad arguments");
         return NULL;
     }
@@ -323,13 +354,15 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     int64_t payload = payload_bytes;
     while (j < n) {
         struct fields f;
-        if (!read_fields(PyList_GET_ITEM(batches, j), &f)) {
-            PyErr_SetString(PyExc_TypeError, "encode_run: a batch check_batches did not accept");
+        if (!read_fields(PyList_GET_ITEM(batches, j), &f) || f.base_offset < 0 || f.count < 1 ||
+            f.count > I32_MAX_ || f.base_offset > INT64_MAX - f.count) {
+            PyErr_SetString(PyExc_ValueError, "encode_run: a batch check_batches did not accept");
             return NULL;
         }
         int64_t length = PyBytes_GET_SIZE(f.payload);
         if (f.stream_id != stream ||
-            bytes_in_block + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE) > BLOCK_DATA_MAX_BYTES ||
+            (__int128)bytes_in_block + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE) >
+                BLOCK_DATA_MAX_BYTES ||
             f.base_offset + f.count - start_offset > I32_MAX_)
             break;
         bytes_in_block += RECORD_HEADER_SIZE + length;
@@ -344,7 +377,10 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(scratch);
     for (Py_ssize_t k = i; k < j; k++) {
         struct fields f;
-        read_fields(PyList_GET_ITEM(batches, k), &f);
+        if (!read_fields(PyList_GET_ITEM(batches, k), &f)) { /* pass 1 read it: unreachable */
+            PyErr_SetString(PyExc_ValueError, "encode_run: a batch changed while encoded");
+            return NULL;
+        }
         Py_ssize_t length = PyBytes_GET_SIZE(f.payload);
         p[0] = RECORD_MAGIC;
         store_i64(p + 1, f.stream_id);
@@ -358,6 +394,13 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LnLL)", (long long)total, j, (long long)payload, (long long)last_end);
 }
 
+/* Item k of a native int64 buffer that may not be aligned to 8 bytes. */
+static inline int64_t base_at(const char *bases, Py_ssize_t k) {
+    int64_t v;
+    memcpy(&v, bases + k * 8, sizeof v);
+    return v;
+}
+
 /* encode_columns_run(scratch, bases, payloads, end, i, n, stream_id, epoch, block_bytes,
  *                    start_offset, payload_bytes, threshold)
  *   -> (encoded_bytes, next_i, payload_bytes, last_end, deferred)
@@ -367,28 +410,34 @@ static PyObject *native_encode_run(PyObject *self, PyObject *args) {
  * or `end` for the last one. `bases` is a buffer of native int64 (array('q')), `payloads` a list.
  * Stops before record k when it does not belong to the open block (deferred false: the writer cuts
  * the block), or when it fails the writer's checks or is not plain (a count out of range, a payload
- * too large or not bytes; deferred true: the Python loop takes over at k and raises or encodes it). */
+ * too large or not bytes; deferred true: the Python loop takes over at k and raises or encodes it).
+ * Also deferred at i, with nothing encoded, for inputs it does not take: `bases` not a plain int64
+ * buffer or not as long as `payloads`, `end` or `start_offset` not an int64, start_offset negative,
+ * or block_bytes and payload_bytes that no open block has. */
 static PyObject *native_encode_columns_run(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *scratch, *bases_obj, *payloads, *end_obj;
+    PyObject *scratch, *bases_obj, *payloads, *end_obj, *start_obj;
     Py_ssize_t i, n;
-    long long stream, epoch, block_bytes, start_offset, payload_bytes, threshold, payload_max;
-    if (!PyArg_ParseTuple(args, "O!OO!OnnLLLLLLL", &PyByteArray_Type, &scratch, &bases_obj, &PyList_Type,
-                          &payloads, &end_obj, &i, &n, &stream, &epoch, &block_bytes, &start_offset,
+    long long stream, epoch, block_bytes, payload_bytes, threshold, payload_max;
+    if (!PyArg_ParseTuple(args, "O!OO!OnnLLLOLLL", &PyByteArray_Type, &scratch, &bases_obj, &PyList_Type,
+                          &payloads, &end_obj, &i, &n, &stream, &epoch, &block_bytes, &start_obj,
                           &payload_bytes, &threshold, &payload_max))
         return NULL;
-    int64_t end;
+    int64_t end, start_offset;
     int deferred = 0;
+    if (!as_i64(start_obj, &start_offset) || start_offset < 0 || !open_block_ok(block_bytes, payload_bytes))
+        return Py_BuildValue("(nnLLO)", (Py_ssize_t)0, i, payload_bytes, (long long)-1, Py_True);
     Py_buffer view;
     if (PyObject_GetBuffer(bases_obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear(); /* not a buffer (a list of ints): the Python loop */
         return Py_BuildValue("(nnLLO)", (Py_ssize_t)0, i, payload_bytes, (long long)-1, Py_True);
     }
-    const int64_t *bases = (const int64_t *)view.buf;
+    const char *bases = (const char *)view.buf; /* int64 items, maybe unaligned: read with base_at */
     Py_ssize_t count_total = view.itemsize == 8 ? view.len / 8 : 0;
     int plain = view.itemsize == 8 && view.format != NULL &&
                 (strcmp(view.format, "q") == 0 || strcmp(view.format, "l") == 0 || strcmp(view.format, "=q") == 0);
-    if (!plain || !as_i64(end_obj, &end) || i < 0 || n > count_total || n > PyList_GET_SIZE(payloads)) {
+    if (!plain || !as_i64(end_obj, &end) || i < 0 || n > count_total ||
+        PyList_GET_SIZE(payloads) != count_total) {
         PyBuffer_Release(&view);
         return Py_BuildValue("(nnLLO)", (Py_ssize_t)0, i, payload_bytes, (long long)-1, Py_True);
     }
@@ -397,8 +446,8 @@ static PyObject *native_encode_columns_run(PyObject *self, PyObject *args) {
     int64_t total = 0, bytes_in_block = block_bytes, payload = payload_bytes, last_end = -1;
     while (j < n) {
         PyObject *item = PyList_GET_ITEM(payloads, j);
-        int64_t base = bases[j];
-        int64_t end_k = j + 1 < count_total ? bases[j + 1] : end;
+        int64_t base = base_at(bases, j);
+        int64_t end_k = j + 1 < count_total ? base_at(bases, j + 1) : end;
         __int128 batch_count = (__int128)end_k - base;
         if (!PyBytes_CheckExact(item) || batch_count < 1 || batch_count > I32_MAX_ ||
             PyBytes_GET_SIZE(item) > payload_max) {
@@ -406,7 +455,8 @@ static PyObject *native_encode_columns_run(PyObject *self, PyObject *args) {
             break;
         }
         int64_t length = PyBytes_GET_SIZE(item);
-        if (bytes_in_block + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE) > BLOCK_DATA_MAX_BYTES ||
+        if ((__int128)bytes_in_block + length + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE) >
+                BLOCK_DATA_MAX_BYTES ||
             (__int128)end_k - start_offset > I32_MAX_)
             break;
         bytes_in_block += RECORD_HEADER_SIZE + length;
@@ -424,12 +474,13 @@ static PyObject *native_encode_columns_run(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = i; k < j; k++) {
         PyObject *item = PyList_GET_ITEM(payloads, k);
         Py_ssize_t length = PyBytes_GET_SIZE(item);
-        int64_t end_k = k + 1 < count_total ? bases[k + 1] : end;
+        int64_t base = base_at(bases, k);
+        int64_t end_k = k + 1 < count_total ? base_at(bases, k + 1) : end;
         p[0] = RECORD_MAGIC;
         store_i64(p + 1, stream);
         store_i64(p + 9, epoch);
-        store_i64(p + 17, bases[k]);
-        store_i32(p + 25, (int32_t)(end_k - bases[k]));
+        store_i64(p + 17, base);
+        store_i32(p + 25, (int32_t)(end_k - base));
         store_i32(p + 29, (int32_t)length);
         memcpy(p + RECORD_HEADER_SIZE, PyBytes_AS_STRING(item), (size_t)length);
         p += RECORD_HEADER_SIZE + length;

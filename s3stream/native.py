@@ -11,10 +11,14 @@ Python code, so both implementations raise the same type, message and position.
 
 from __future__ import annotations
 
+import logging
 import os
 from types import ModuleType
 
+from s3stream.logfmt import log_event
 from s3stream.record import StreamRecordBatch
+
+log = logging.getLogger(__name__)
 
 PURE_PYTHON_ENV = "S3STREAM_PURE_PYTHON"
 """Set to anything but empty or ``0`` to use the pure-Python codecs even where the extension is built."""
@@ -28,23 +32,26 @@ def pure_python_forced() -> bool:
 def _load() -> ModuleType | None:
     if pure_python_forced():
         return None
+    return compiled_module()
+
+
+def compiled_module() -> ModuleType | None:
+    """The extension module if it is built in this installation and takes :class:`StreamRecordBatch`
+    (configured), whether or not used. None otherwise: a build whose ``configure`` refuses the class
+    (the class changed shape since the extension was built) logs the warning
+    ``native.configure_failed`` and leaves the pure-Python codecs in use."""
     try:
         from s3stream import _native
     except ImportError:
         return None
-    _native.configure(StreamRecordBatch)
+    try:
+        _native.configure(StreamRecordBatch)
+    except TypeError as exc:
+        log_event(log, logging.WARNING, "native.configure_failed", error=f"{type(exc).__name__}: {exc}", action="pure-Python codecs in use")  # fmt: skip
+        return None
     return _native
 
 
 NATIVE = _load()
-"""The configured extension module, or None (not built, or forced off by :data:`PURE_PYTHON_ENV`)."""
-
-
-def compiled_module() -> ModuleType | None:
-    """The extension module if it is built in this installation (configured), whether or not used."""
-    try:
-        from s3stream import _native
-    except ImportError:
-        return None
-    _native.configure(StreamRecordBatch)
-    return _native
+"""The configured extension module, or None (not built, refusing the record class, or
+forced off by :data:`PURE_PYTHON_ENV`)."""

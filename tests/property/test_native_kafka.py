@@ -3,6 +3,7 @@ pure-Python one give identical batches for every input and identical errors for 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,15 @@ I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
     try:
         return ("value", call())
-    except (S3StreamError, ValueError, TypeError, OverflowError, AttributeError, UnicodeError) as exc:
+    except (
+        S3StreamError,
+        ValueError,
+        TypeError,
+        OverflowError,
+        AttributeError,
+        UnicodeError,
+        struct.error,
+    ) as exc:
         return ("error", type(exc), str(exc))
 
 

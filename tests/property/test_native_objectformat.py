@@ -8,11 +8,13 @@ code and these tests pass trivially; ``tests/unit/test_native_build.py`` makes s
 from __future__ import annotations
 
 import asyncio
+import struct
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -202,6 +204,33 @@ def test_block_claiming_more_records_than_fit_fails_alike() -> None:
     assert outcome(lambda: decode_block_gapless(bytes(block), 0, entry, source="obj")) == python
 
 
+def _padded_block() -> tuple[bytes, IndexEntry]:
+    records = [StreamRecordBatch(1, 0, 0, 1, b"abcdefgh" * 3), StreamRecordBatch(1, 0, 1, 1, b"ABCDEFGH" * 3)]
+    block = encode_block(records)
+    return block + bytes(-len(block) % 8), IndexEntry(1, 0, 2, 2, 0, len(block))
+
+
+@pytest.mark.parametrize(
+    ("kind", "pos"),
+    [("int64 items", 0), ("two-dimensional", 0), ("bytes", 2**63), ("bytes", -(2**63) - 1), ("bytes", False)],
+)
+def test_block_decode_buffers_not_of_bytes_and_huge_positions_fail_alike(kind: str, pos: int) -> None:
+    """A view whose len() counts items other than bytes, or a position past int64: the Python
+    decoder's outcome (the compiled one takes only byte buffers and int64 positions)."""
+    padded, entry = _padded_block()
+    buf: bytes | memoryview = {
+        "int64 items": memoryview(padded).cast("q"),
+        "two-dimensional": memoryview(padded).cast("B", (2, len(padded) // 2)),
+        "bytes": padded,
+    }[kind]
+    python = outcome(lambda: decode_block_gapless_py(buf, pos, entry, source="obj"))
+    assert outcome(lambda: decode_block_gapless(buf, pos, entry, source="obj")) == python
+    assert python[0] == ("value" if pos is False else "error")
+    if NATIVE is not None:
+        raw = NATIVE.decode_block(buf, pos, 1, 0, 2, 2, entry.size_bytes, False)
+        assert (raw is None) == (python[0] == "error")
+
+
 # ---------------------------------------------------------------------------------------------
 # Encoding: ObjectWriter.write through the compiled runs and through Python
 
@@ -313,6 +342,43 @@ def test_check_batches_accepts_exactly_the_plain_valid_batches() -> None:
     assert not module.check_batches([StreamRecordBatch(1, 0, 0, 1, bytearray(b"x"))], -1, 0, 3)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("block_bytes", "start_offset", "payload_bytes"),
+    [(I64_MAX, 0, 0), (9, 0, 0), (10, -I64_MAX - 1, 0), (10, 0, I64_MAX), (10, 0, -1), (100, 0, 101)],
+)
+def test_encode_run_refuses_arguments_no_open_block_has(
+    block_bytes: int, start_offset: int, payload_bytes: int
+) -> None:
+    """Sizes and offsets outside an open block's ranges are refused before any sum could overflow."""
+    module = compiled_module()
+    if module is None:
+        assert pure_python_forced(), "s3stream._native is not built"
+        return
+    batches = [StreamRecordBatch(1, 0, 10, 2, b"x" * 5), StreamRecordBatch(1, 0, 12, 3, b"y" * 7)]
+    with pytest.raises(ValueError, match="bad arguments"):
+        module.encode_run(bytearray(), batches, 0, 2, 1, block_bytes, start_offset, payload_bytes, 100)
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        StreamRecordBatch(1, 0, 0, 0, b"x"),
+        StreamRecordBatch(1, 0, 0, I32_MAX + 1, b"x"),
+        StreamRecordBatch(1, 0, I64_MAX, 1, b"x"),
+        StreamRecordBatch(1, 0, -1, 1, b"x"),
+    ],
+)
+def test_encode_run_refuses_a_batch_check_batches_refuses(batch: StreamRecordBatch) -> None:
+    """encode_run re-checks what its sums and 32-bit fields rely on instead of truncating a count."""
+    module = compiled_module()
+    if module is None:
+        assert pure_python_forced(), "s3stream._native is not built"
+        return
+    assert not module.check_batches([batch], -1, 0, 100)
+    with pytest.raises(ValueError, match="check_batches did not accept"):
+        module.encode_run(bytearray(), [batch], 0, 1, 1, 10, 0, 0, 100)
+
+
 # ---------------------------------------------------------------------------------------------
 # Encoding one stream's columns: ObjectWriter.write_columns / write_streams
 
@@ -358,6 +424,10 @@ def column_streams(draw: st.DrawFn) -> list[_Columns]:
     return streams
 
 
+# what a writer raises for bad columns (the Python loop's own errors included)
+_COLUMN_ERRORS = (S3StreamError, ValueError, TypeError, OverflowError, struct.error)
+
+
 async def _write_columns(
     streams: list[_Columns], block_size: int, handover: int, whole: bool, cut: int
 ) -> tuple[Any, ...]:
@@ -374,13 +444,13 @@ async def _write_columns(
                 results.append(("ok", len(upload.parts)))
                 await writer.write_columns(columns, split)  # type: ignore[arg-type]
                 results.append(("ok", len(upload.parts)))
-    except S3StreamError as exc:
+    except _COLUMN_ERRORS as exc:
         results.append(("error", type(exc), str(exc)))
     written: tuple[Any, ...]
     try:
         done = await writer.close()
         written = ("value", done.size_bytes, done.index)
-    except S3StreamError as exc:
+    except _COLUMN_ERRORS as exc:
         written = ("error", type(exc), str(exc))
     return tuple(results), written, tuple(upload.parts)
 
@@ -404,3 +474,83 @@ def test_writer_columns_identical_bytes_parts_and_errors(
     finally:
         writer_module.NATIVE = saved
     assert compiled == python
+
+
+def _columns_both(streams: Callable[[], list[_Columns]], whole: bool) -> tuple[Any, Any]:
+    compiled = asyncio.run(_write_columns(streams(), 1 << 20, 16 << 20, whole, 8))
+    saved = writer_module.NATIVE
+    writer_module.NATIVE = None
+    try:
+        python = asyncio.run(_write_columns(streams(), 1 << 20, 16 << 20, whole, 8))
+    finally:
+        writer_module.NATIVE = saved
+    return compiled, python
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize(
+    "streams",
+    [
+        pytest.param(lambda: [_Columns(1, 0, [2**64], [b"x"], 5)], id="list bases, first past int64"),
+        pytest.param(
+            lambda: [_Columns(1, 0, [2**63 + 5], [b"x"], 2**63 + 6)], id="list bases, all past int64"
+        ),
+        pytest.param(lambda: [_Columns(1, 0, [0.0, 1.0], [b"a", b"b"], 2)], id="list bases of floats"),
+        pytest.param(lambda: [_Columns(1, 0, array("q", [0, 1]), [b"a", b"b", b"c"], 2)], id="more payloads"),
+        pytest.param(lambda: [_Columns(1, 0, array("q", [0, 1, 2]), [b"a", b"b"], 3)], id="fewer payloads"),
+    ],
+)
+def test_writer_columns_python_rejects_fail_alike(streams: Callable[[], list[_Columns]], whole: bool) -> None:
+    """Columns the Python loop refuses (and then closes the writer, or not) give the same errors,
+    bytes and writer state through the compiled run."""
+    compiled, python = _columns_both(streams, whole)
+    assert python[0][-1][0] == "error"
+    assert compiled == python
+
+
+def test_columns_run_reads_unaligned_bases() -> None:
+    """Base offsets in a view that starts off an 8-byte boundary encode as from an aligned array
+    (the run copies each one out rather than loading it through a misaligned pointer)."""
+    module = compiled_module()
+    if module is None:
+        assert pure_python_forced(), "s3stream._native is not built"
+        return
+    raw = bytearray(8 * 3 + 1)
+    unaligned = memoryview(raw)[1:].cast("q")
+    unaligned[0], unaligned[1], unaligned[2] = 7, 9, 12
+    aligned = array("q", [7, 9, 12])
+    payloads = [b"a", b"bc", b"def"]
+
+    def run(bases: Any) -> tuple[Any, bytes]:
+        scratch = bytearray()
+        result = module.encode_columns_run(scratch, bases, payloads, 15, 0, 3, 1, 0, 10, 7, 0, 100, 1000)
+        return result, bytes(scratch[: result[0]])
+
+    assert run(unaligned) == run(aligned)
+    assert run(aligned)[0] == (3 * 33 + 6, 3, 6, 15, False)
+
+
+@pytest.mark.parametrize(
+    ("bases", "payloads", "block_bytes", "start_offset", "payload_bytes"),
+    [
+        pytest.param(array("q", [0, 1, 2]), [b"a", b"b", b"c", b"d"], 10, 0, 0, id="more payloads"),
+        pytest.param(array("q", [0, 1, 2]), [b"a", b"b", b"c"], I64_MAX, 0, 0, id="block bytes past a block"),
+        pytest.param(array("q", [0, 1, 2]), [b"a", b"b", b"c"], 10, -I64_MAX, 0, id="negative start"),
+        pytest.param(array("q", [0, 1, 2]), [b"a", b"b", b"c"], 10, 2**64, 0, id="start past int64"),
+        pytest.param(
+            array("q", [0, 1, 2]), [b"a", b"b", b"c"], 10, 0, I64_MAX, id="payload bytes past block"
+        ),
+    ],
+)
+def test_columns_run_defers_inputs_it_does_not_take(
+    bases: Any, payloads: list[bytes], block_bytes: int, start_offset: int, payload_bytes: int
+) -> None:
+    """The run encodes nothing and hands record i to the Python loop (deferred) for these."""
+    module = compiled_module()
+    if module is None:
+        assert pure_python_forced(), "s3stream._native is not built"
+        return
+    result = module.encode_columns_run(
+        bytearray(), bases, payloads, 3, 0, 3, 1, 0, block_bytes, start_offset, payload_bytes, 100, 1000
+    )
+    assert result == (0, 0, payload_bytes, -1, True)

@@ -120,7 +120,15 @@ class Context:
     metadata_url: str | None = field(default=None, repr=False)
     """``--metadata-url``: the metadata server a workload measures (may hold a password; never log it)."""
     pin: bool = False
-    """``--pin``: workloads that start processes pin each to one core of this process's affinity set."""
+    """``--pin``: workloads that start processes pin each to one core of :meth:`cpus_for_children`."""
+    child_cpus: list[int] | None = None
+    """Under ``--pin``: the CPUs this process had before it was pinned to one (see
+    :mod:`benchmarks.pinning`); None when not pinned."""
+
+    def cpus_for_children(self) -> list[int]:
+        """The CPUs a workload pins its processes to, round robin (``--pin``): those this process had
+        before the harness pinned it, else its affinity set."""
+        return list(self.child_cpus) if self.child_cpus else sorted(os.sched_getaffinity(0))
 
     def status(self, text: str) -> None:
         """Show what the workload is doing now in the live display."""

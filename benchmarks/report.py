@@ -77,6 +77,8 @@ class Report:
     parameters: dict[str, Any]
     runs: list[WorkloadRun]
     notes: list[str] = field(default_factory=list)
+    pinning: dict[str, Any] | None = None
+    """``--pin``: the affinities while the workloads ran (:meth:`benchmarks.pinning.PinPlan.to_json`)."""
 
     @property
     def results(self) -> list[Result]:
@@ -94,6 +96,7 @@ class Report:
                 "workloads": {run.name: run.to_json() for run in self.runs},
                 "results": [result.to_json() for result in self.results],
                 "notes": self.notes,
+                "pinning": self.pinning,
             }
         )
         return out

@@ -737,11 +737,12 @@ def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> Non
     from rich.table import Table
 
     table = Table(title="s3stream benchmark results (ratio = value / baseline, same run)")
-    widths = {"metric": 34, "baseline": 44}
-    for column in ("workload", "metric", "value", "unit", "baseline", "baseline value", "ratio"):
+    widths = {"metric": 34, "baseline": 38}
+    columns = ("workload", "metric", "value", "unit", "baseline", "baseline value", "ratio", "CPU s/GiB")
+    for column in columns:
         table.add_column(
             column,
-            justify="right" if column in ("value", "baseline value", "ratio") else "left",
+            justify="right" if column in ("value", "baseline value", "ratio", "CPU s/GiB") else "left",
             min_width=min(widths.get(column, 0), 24),
             max_width=widths.get(column),
             no_wrap=column not in widths,
@@ -756,6 +757,7 @@ def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> Non
             result.baseline,
             report_mod.fmt(result.baseline_value),
             report_mod.ratio_text(result),
+            report_mod.cpu_text(result),
         )
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     console.print(table)

@@ -14,8 +14,11 @@ JSON schema (``schema`` = ``s3stream-bench/1``)::
                            bytes_read, per_gib_moved: {class: requests per GiB PUT + GET}},
                            result_count}},
       "results": [{workload, metric, value, unit, baseline, baseline_value, ratio,
-                   higher_is_better, extra}],
-      "notes": [str]
+                   higher_is_better, extra, cpu_s_per_gib, baseline_cpu_s_per_gib, cpu_ratio}],
+      "notes": [str],
+      "pinning": null | {bench_pid, bench_cpu, bench_cpus_now, server_cpus,
+                         servers: [{pid, name, cpus_now}], child_cpus, children},
+      "goals": [{row, value, baseline, ratio, goal, met, workload, metric, note}]
     }
 
 Non-finite floats (a ratio over a zero baseline) are written as ``null``.
@@ -140,6 +143,16 @@ def ratio_text(result: Result) -> str:
     return f"{fmt(ratio)}x" + ("" if result.higher_is_better else " (lower is better)")
 
 
+def cpu_text(result: Result) -> str:
+    """The CPU column: ``engine / baseline`` CPU s per GiB and their ratio (``2.1 / 1.5 = 1.4x``);
+    ``-`` for a side not measured."""
+    own, base = result.cpu_s_per_gib, result.baseline_cpu_s_per_gib
+    if own is None and base is None:
+        return "-"
+    text = f"{fmt(own)} / {fmt(base)}"
+    return text + (f" = {fmt(result.cpu_ratio)}x" if math.isfinite(result.cpu_ratio) else "")
+
+
 def _bytes_text(size: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale:
@@ -173,13 +186,17 @@ def markdown(report: Report, plot_files: Sequence[Path] = (), relative_to: Path 
         "",
         "Every figure is next to a baseline measured in the same run; ratio = value / baseline.",
         "",
-        "| workload | metric | value | unit | baseline | baseline value | ratio |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: |",
+        "CPU s/GiB: the engine's CPU seconds (user + system, all threads, its child processes where it "
+        "runs in them) per GiB over the figure's section / the baseline's, measured the same way.",
+        "",
+        "| workload | metric | value | unit | baseline | baseline value | ratio | CPU s/GiB (value / baseline) |",
+        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: |",
     ]
     for result in report.results:
         lines.append(
             f"| {result.workload} | {_escape(result.metric)} | {fmt(result.value)} | {result.unit} | "
-            f"{_escape(result.baseline)} | {fmt(result.baseline_value)} | {ratio_text(result)} |"
+            f"{_escape(result.baseline)} | {fmt(result.baseline_value)} | {ratio_text(result)} | "
+            f"{cpu_text(result)} |"
         )
     latency_rows: list[tuple[Result, dict[str, Any], Any]] = [
         (result, result.extra["latency_ms"], result.extra.get("baseline_latency_ms"))

@@ -179,6 +179,9 @@ class MinimalGroupCommit:
         self.pos = 0
         self.task = asyncio.get_running_loop().create_task(self._run())
         self.closing = False
+        self.group_write_s: list[float] | None = None
+        """When a list, each group write's time from its hand-over to the thread to its completion
+        reaching the loop is appended (seconds), as ``BlockWAL.group_write_s`` times the WAL's."""
 
     async def append(self, data: bytes) -> int:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -206,7 +209,10 @@ class MinimalGroupCommit:
             self.wake.clear()
             items, self.queue = self.queue, []
             if items:
+                started = time.perf_counter()
                 await loop.run_in_executor(None, self._write, items)
+                if self.group_write_s is not None:
+                    self.group_write_s.append(time.perf_counter() - started)
                 for i, (_, fut) in enumerate(items):
                     fut.set_result(i)
 

@@ -732,6 +732,32 @@ def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:
     return f"deleted the run's {deleted} objects under {prefix} (--keep-objects keeps them)"
 
 
+def goal_table(report: report_mod.Report) -> Any:
+    """The goal rows (:mod:`benchmarks.goals`) as a rich table: value, baseline, ratio, goal, status."""
+    from rich.table import Table
+
+    table = Table(title="goals (ratio = value / baseline, same run)")
+    for column in ("goal", "value", "baseline", "ratio", "bound", "status", "note"):
+        table.add_column(
+            column,
+            justify="right" if column in ("value", "baseline", "ratio") else "left",
+            overflow="fold",
+            max_width=44 if column in ("goal", "note") else None,
+        )
+    colour = {"met": "green", "not met": "red", "not run": "yellow"}
+    for row in report.goals():
+        table.add_row(
+            row.row,
+            f"{report_mod.fmt(row.value)} {row.unit}".strip(),
+            report_mod.fmt(row.baseline),
+            f"{report_mod.fmt(row.ratio)}x" if row.ratio is not None else "-",
+            row.goal,
+            f"[{colour[row.status]}]{row.status}[/]",
+            row.note,
+        )
+    return table
+
+
 def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -761,6 +787,7 @@ def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> Non
         )
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     console.print(table)
+    console.print(goal_table(report))
     for run in report.runs:
         if run.status != "ok":
             console.print(f"[red]{run.name}: {run.status}[/]\n{run.error}", highlight=False)

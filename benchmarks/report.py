@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.core import Result
+from benchmarks.goals import GoalRow, evaluate
 
 SCHEMA = "s3stream-bench/1"
 
@@ -87,6 +88,10 @@ class Report:
     def results(self) -> list[Result]:
         return [result for run in self.runs for result in run.results]
 
+    def goals(self) -> list[GoalRow]:
+        """The goal rows (:mod:`benchmarks.goals`) judged from this run's results."""
+        return evaluate(self.results, [run.name for run in self.runs if run.status == "ok"])
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = _finite(
             {
@@ -100,6 +105,7 @@ class Report:
                 "results": [result.to_json() for result in self.results],
                 "notes": self.notes,
                 "pinning": self.pinning,
+                "goals": [row.to_json() for row in self.goals()],
             }
         )
         return out
@@ -220,6 +226,14 @@ def markdown(report: Report, plot_files: Sequence[Path] = (), relative_to: Path 
                 + " | ".join(fmt(base.get(key)) for key in ("p50", "p99", "p999"))
                 + " |"
             )
+    lines += ["", "## Goals", "", "| goal | value | baseline | ratio | goal | status | note |"]
+    lines.append("| --- | ---: | ---: | ---: | --- | --- | --- |")
+    for row in report.goals():
+        lines.append(
+            f"| {_escape(row.row)} | {fmt(row.value)} {row.unit} | {fmt(row.baseline)} | "
+            f"{fmt(row.ratio)}{'x' if row.ratio is not None else ''} | {row.goal} | {row.status} | "
+            f"{_escape(row.note)} |"
+        )
     lines += [
         "",
         "## Workloads",

@@ -441,7 +441,10 @@ class _Display:
         for result in run.results:
             self.progress.console.print(
                 f"  {result.workload}: {result.metric} = {report_mod.fmt(result.value)} {result.unit} "
-                f"vs {result.baseline} {report_mod.fmt(result.baseline_value)} -> {report_mod.ratio_text(result)}",
+                f"vs {result.baseline} {report_mod.fmt(result.baseline_value)} -> {report_mod.ratio_text(result)}"
+                + (
+                    f"; CPU s/GiB {report_mod.cpu_text(result)}" if report_mod.cpu_text(result) != "-" else ""
+                ),
                 markup=False,
                 soft_wrap=True,
                 highlight=False,

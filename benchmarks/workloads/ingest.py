@@ -549,7 +549,7 @@ async def _engine_latency(
         frozen = freeze_startup_heap()  # start-up is over: what the application is told to do
         latency = LatencyRecorder()
         uploads_before = client.engine.stats.uploads
-        wal = client.engine.wal
+        wal = getattr(client.engine.wal, "block_wal", None)  # the BlockWAL behind the engine's adapter
         previous_samples = wal.group_write_s if isinstance(wal, BlockWAL) else None
         if isinstance(wal, BlockWAL):
             wal.group_write_s = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,8 +219,3 @@ def pinned(plan: PinPlan | None) -> Iterator[PinPlan | None]:
         yield plan
     finally:
         plan.restore()
-
-
-def round_robin(cpus: Sequence[int], index: int) -> int:
-    """The CPU of the ``index``-th process a workload pins (``--pin``)."""
-    return cpus[index % len(cpus)]

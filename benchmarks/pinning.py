@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,7 +211,8 @@ def _restore(pid: int, saved: dict[int, set[int]]) -> list[str]:
 
 @contextlib.contextmanager
 def pinned(plan: PinPlan | None) -> Iterator[PinPlan | None]:
-    """Apply ``plan`` (None: nothing) for the block and restore it after, also on errors."""
+    """Apply ``plan`` (None: nothing) for the block and restore it after, also on errors (a mask
+    that could not be restored is reported on stderr)."""
     if plan is None:
         yield None
         return
@@ -218,4 +220,5 @@ def pinned(plan: PinPlan | None) -> Iterator[PinPlan | None]:
     try:
         yield plan
     finally:
-        plan.restore()
+        for problem in plan.restore():
+            print(f"warning: {problem}", file=sys.stderr)

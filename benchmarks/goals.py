@@ -122,15 +122,19 @@ def _stall_note(result: Result) -> str:
     stalls = result.extra.get("disk_stalls")
     if not isinstance(stalls, dict):
         return ""
-    parts = [
-        f"{side} {int(info.get('count', 0))}/{int(info.get('group_writes', 0))}"
-        for side, info in stalls.items()
-        if isinstance(info, dict) and "count" in info
-    ]
-    threshold = next((info.get("threshold_ms") for info in stalls.values() if isinstance(info, dict)), None)
+    parts: list[str] = []
+    thresholds: set[float] = set()
+    for side, info in stalls.items():
+        if not isinstance(info, dict) or not isinstance(info.get("count"), int | float):
+            parts.append(f"{side} not timed")
+            continue
+        parts.append(f"{side} {int(info['count'])}/{int(info.get('group_writes') or 0)}")
+        if isinstance(info.get("threshold_ms"), int | float):
+            thresholds.add(float(info["threshold_ms"]))
     if not parts:
         return ""
-    return f"disk stalls (group writes > {threshold:g} ms): " + ", ".join(parts)
+    over = f" > {'/'.join(f'{t:g}' for t in sorted(thresholds))} ms" if thresholds else ""
+    return f"disk stalls (group writes{over}): " + ", ".join(parts)
 
 
 def evaluate(results: Sequence[Result], ran: Sequence[str] | None = None) -> list[GoalRow]:

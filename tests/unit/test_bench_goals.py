@@ -105,6 +105,19 @@ def test_every_goal_row_is_judged_or_says_it_did_not_run() -> None:
     assert read.note == "workload read did not run (or failed)"
 
 
+def test_stalls_of_a_side_not_timed_do_not_break_the_table() -> None:
+    results = _results()
+    results["ingest"][2].extra["disk_stalls"] = {
+        "engine": {},
+        "minimal_loop": {"threshold_ms": 20.0, "count": 0},
+    }
+    rows = {row.row: row for row in evaluate([r for items in results.values() for r in items])}
+    p99 = rows["append p99 at half the max rate, uploads running, vs minimal loop at that rate"]
+    assert p99.note == "disk stalls (group writes > 20 ms): engine not timed, minimal_loop 0/0"
+    results["ingest"][2].extra["disk_stalls"] = {"engine": None}
+    assert evaluate(results["ingest"])[-1].note == "disk stalls (group writes): engine not timed"
+
+
 def test_a_row_with_a_side_unmeasured_is_not_judged() -> None:
     results = _results()
     results["ingest"][0].baseline_cpu_s_per_gib = None

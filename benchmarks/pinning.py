@@ -15,20 +15,25 @@ cores, and a wall-clock ratio then mostly measures who got the CPU. ``--pin`` se
   them is on the engine's side of the split.
 
 The server's affinities are restored by :meth:`PinPlan.restore` (the harness calls it when the run
-ends, also on errors); the benchmark process's own are restored too. Invariant: while a plan is
-applied, the benchmark CPU and the server CPUs are disjoint and both non-empty.
+ends, also on errors); the benchmark process's own are restored too. One run at a time pins
+servers (a lock file, :data:`LOCK_NAME`). Invariant: while a plan is applied, the benchmark CPU and
+the server CPUs are disjoint and both non-empty.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+LOCK_NAME = "s3stream-bench-pin.lock"
+"""The lock file (in the system's temp directory) a run holds while it pins server processes."""
 CEPH_PID_FILES = ("mon.a.pid", "osd.0.pid", "client.rgw.a.pid")
 """The daemons ``scripts/ceph-rgw`` starts, by pid file name in ``<data dir>/run/``."""
 
@@ -115,6 +120,10 @@ class PinPlan:
     """PID -> what it is (a Ceph daemon name, or ``--server-pid``)."""
     child_cpus: list[int]
     """The benchmark's CPUs before pinning: workloads pin the processes they start round robin here."""
+    lock_path: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / LOCK_NAME)
+    """Held (``flock``) while server processes are pinned: a second ``--pin`` run at the same time
+    would save the first one's masks as the servers' own and leave them pinned when it restores."""
+    _lock_fd: int | None = field(default=None, repr=False)
     _saved_self: dict[int, set[int]] = field(default_factory=dict, repr=False)
     _saved_server: dict[int, dict[int, set[int]]] = field(default_factory=dict, repr=False)
     applied: bool = False
@@ -152,6 +161,8 @@ class PinPlan:
         assert self.server_cpus
         self.applied = True
         try:
+            if self.server_pids:
+                self._lock_fd = _take_lock(self.lock_path)
             for pid in self.server_pids:
                 _set_threads(pid, set(self.server_cpus), self._saved_server.setdefault(pid, {}))
             _set_threads("self", {self.bench_cpu}, self._saved_self)
@@ -168,6 +179,9 @@ class PinPlan:
         problems += _restore(os.getpid(), self._saved_self)
         self._saved_server.clear()
         self._saved_self.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
         self.applied = False
         return problems
 
@@ -188,6 +202,23 @@ class PinPlan:
                 "a workload starts (Spark's JVM, helpers) inherits bench_cpu"
             ),
         }
+
+
+def _take_lock(path: Path) -> int:
+    """An exclusive ``flock`` on ``path`` (created if missing), or :class:`PinError` if it is held."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise PinError(f"cannot open the pinning lock {path}: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise PinError(
+            f"another --pin run is pinning server processes (lock {path} is held): run one at a time, "
+            "or its end would restore the other's masks as the servers' own"
+        ) from exc
+    return fd
 
 
 def _restore(pid: int, saved: dict[int, set[int]]) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness
+from benchmarks import harness, pinning
 from benchmarks.core import Context, Result
 from benchmarks.pinning import PinError, PinPlan, ceph_pids, parse_pids, pinned, thread_ids
 
@@ -104,8 +104,10 @@ def test_ceph_pid_files_name_the_daemons_or_fail_clearly(tmp_path: Path) -> None
 
 
 def test_harness_pin_runs_workloads_pinned_records_and_restores(
-    server: subprocess.Popen[str], tmp_path: Path
+    server: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a lock of its own: a real --pin run on this machine must not fail the test
+    monkeypatch.setattr(pinning, "LOCK_NAME", str(tmp_path / "pin.lock"))  # absolute: replaces the dir
     seen: dict[str, object] = {}
 
     async def probe(ctx: Context) -> list[Result]:
@@ -124,10 +126,10 @@ def test_harness_pin_runs_workloads_pinned_records_and_restores(
     assert seen == {"bench": [0], "server": [frozenset(cpus[1:])], "children": cpus}
     assert os.sched_getaffinity(0) == own_before
     assert _masks(server.pid) == server_before
-    pinning = json.loads((out / "results.json").read_text())["pinning"]
-    assert pinning["bench_cpu"] == 0
-    assert pinning["server_cpus"] == cpus[1:]
-    assert pinning["servers"][0]["pid"] == server.pid
+    recorded = json.loads((out / "results.json").read_text())["pinning"]
+    assert recorded["bench_cpu"] == 0
+    assert recorded["server_cpus"] == cpus[1:]
+    assert recorded["servers"][0]["pid"] == server.pid
 
     assert harness.main([*argv, "--server-pid", str(server.pid)], workloads={"probe": probe}) == 2
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -138,3 +140,23 @@ def test_harness_pin_runs_workloads_pinned_records_and_restores(
     assert status == 0
     assert seen["bench"] == cpus
     assert json.loads((out / "results.json").read_text())["pinning"] is None
+
+
+def test_a_second_run_may_not_pin_servers_while_one_does(
+    server: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    lock = tmp_path / "pin.lock"
+    first = PinPlan.make(bench_cpu=0, server_pids={server.pid: "stand-in"})
+    second = PinPlan.make(bench_cpu=0, server_pids={server.pid: "stand-in"})
+    first.lock_path = second.lock_path = lock
+    before = _masks(server.pid)
+    own_before = os.sched_getaffinity(0)
+    with pinned(first):
+        with pytest.raises(PinError, match="another --pin run"):
+            second.apply()
+        assert _masks(server.pid) == {frozenset(first.server_cpus)}  # the refused run changed nothing
+    assert _masks(server.pid) == before
+    assert os.sched_getaffinity(0) == own_before
+    with pinned(second):  # the lock is free again
+        assert _masks(server.pid) == {frozenset(second.server_cpus)}
+    assert _masks(server.pid) == before

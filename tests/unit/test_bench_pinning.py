@@ -24,6 +24,13 @@ sys.stdin.read()
 """
 
 
+@pytest.fixture(autouse=True)
+def _private_lock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A pinning lock of the test's own: a real ``--pin`` run on this machine must not fail it (an
+    absolute LOCK_NAME replaces the temp directory it is joined to)."""
+    monkeypatch.setattr(pinning, "LOCK_NAME", str(tmp_path / "pin.lock"))
+
+
 @pytest.fixture
 def server() -> Iterator[subprocess.Popen[str]]:
     """A stand-in server: a process with four threads that lives until its stdin closes."""
@@ -104,10 +111,8 @@ def test_ceph_pid_files_name_the_daemons_or_fail_clearly(tmp_path: Path) -> None
 
 
 def test_harness_pin_runs_workloads_pinned_records_and_restores(
-    server: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: subprocess.Popen[str], tmp_path: Path
 ) -> None:
-    # a lock of its own: a real --pin run on this machine must not fail the test
-    monkeypatch.setattr(pinning, "LOCK_NAME", str(tmp_path / "pin.lock"))  # absolute: replaces the dir
     seen: dict[str, object] = {}
 
     async def probe(ctx: Context) -> list[Result]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import crc32c
 
 from s3stream.errors import CorruptionError, InvalidArgumentError
+from s3stream.native import NATIVE
 
 BATCH_HEADER = struct.Struct(
     ">"
@@ -161,6 +162,47 @@ def encode_batch(
         raise InvalidArgumentError("keys, values, timestamps and headers must have the same length")
     first_ts = timestamps_ms[0]
     max_ts = max(timestamps_ms)
+    out = (
+        None
+        if NATIVE is None
+        else NATIVE.kafka_records(keys, values, timestamps_ms, headers, first_ts, BATCH_HEADER_SIZE)
+    )
+    if out is None:  # not built, or inputs only the Python loop takes (or rejects)
+        out = _encode_records(keys, values, timestamps_ms, headers, first_ts)
+    total = len(out)
+    if total > BATCH_MAX_BYTES:
+        raise InvalidArgumentError(f"record batch of {total} bytes exceeds {BATCH_MAX_BYTES}")
+    BATCH_HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        total - LENGTH_FIELD_END,
+        partition_leader_epoch,
+        MAGIC,
+        0,
+        0,
+        count - 1,
+        first_ts,
+        max_ts,
+        NO_PRODUCER_ID,
+        NO_PRODUCER_EPOCH,
+        NO_SEQUENCE,
+        count,
+    )
+    _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return out
+
+
+def _encode_records(
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    timestamps_ms: Sequence[int],
+    headers: Sequence[Sequence[Header] | None] | None,
+    first_ts: int,
+) -> bytearray:
+    """A zeroed batch header, then the records with offset deltas 0, 1, ... (pure Python; the
+    compiled ``kafka_records`` of :mod:`s3stream.native` returns the same bytes)."""
+    count = len(values)
     small = _VARINT_SMALL
     small_max = _SMALL_MAX
     null = _NULL
@@ -204,29 +246,7 @@ def encode_batch(
                 hdr_bytes,
             )
         )
-    out = bytearray().join(parts)
-    total = len(out)
-    if total > BATCH_MAX_BYTES:
-        raise InvalidArgumentError(f"record batch of {total} bytes exceeds {BATCH_MAX_BYTES}")
-    BATCH_HEADER.pack_into(
-        out,
-        0,
-        base_offset,
-        total - LENGTH_FIELD_END,
-        partition_leader_epoch,
-        MAGIC,
-        0,
-        0,
-        count - 1,
-        first_ts,
-        max_ts,
-        NO_PRODUCER_ID,
-        NO_PRODUCER_EPOCH,
-        NO_SEQUENCE,
-        count,
-    )
-    _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
-    return out
+    return bytearray().join(parts)
 
 
 def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
@@ -391,14 +411,17 @@ def decode_batch(
     view = memoryview(buf) if not isinstance(buf, memoryview) else buf
     h = read_batch_header(view, pos, source=source, base_offset=base_offset)
     body = bytes(view[h.records_start : h.end])
+    append_time = h.max_timestamp_ms if h.log_append_time else None
     try:
-        columns = _decode_records(
-            body,
-            h.record_count,
-            h.base_offset,
-            h.first_timestamp_ms,
-            h.max_timestamp_ms if h.log_append_time else None,
+        columns = (
+            None
+            if NATIVE is None
+            else NATIVE.kafka_decode_records(
+                body, h.record_count, h.base_offset, h.first_timestamp_ms, append_time
+            )
         )
+        if columns is None:  # not built, or bytes the Python loop rejects (it raises the error)
+            columns = _decode_records(body, h.record_count, h.base_offset, h.first_timestamp_ms, append_time)
     except (_Truncated, ValueError, IndexError, UnicodeDecodeError) as exc:
         detail = "truncated record" if isinstance(exc, _Truncated) else str(exc)
         raise CorruptionError(f"bad Kafka record: {detail}", source=source, position=pos) from exc

@@ -16,6 +16,7 @@ the health tracker learns when a bucket is back.
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -51,8 +52,9 @@ def _fallback(bucket_ids: Sequence[int], healthy: Callable[[int], bool], tried: 
 class RoundRobin:
     name = "round_robin"
 
-    def __init__(self) -> None:
-        self._next = 0
+    def __init__(self, start: int | None = None) -> None:
+        # each process starts at a random bucket: nodes started together do not all load bucket 0 first
+        self._next = random.randrange(1 << 16) if start is None else start
 
     def choose(self, bucket_ids: Sequence[int], healthy: Callable[[int], bool]) -> tuple[int, ...]:
         candidates = [b for b in bucket_ids if healthy(b)] or list(bucket_ids)

@@ -14,8 +14,9 @@ Per bucket id, in the recorded list order:
   runs). ``health`` is ``healthy`` when every reporting node sees the bucket healthy, ``unhealthy``
   when one does not, ``-`` when no node reported; errors and uploads are summed over the nodes;
   ``write_share`` is the bucket's part of those uploads (``-`` with none); ``last_error`` is the one of
-  the newest report that has one. ``report_age_ms`` is the age of the newest report (a node that
-  stopped leaves its last report behind: an old one describes the past).
+  the newest report that has one. ``report_age_ms`` is the age of the newest report. A node that
+  stopped leaves its last report behind: a report older than :data:`REPORT_STALE_MS` describes the
+  past, so it counts for none of these figures (only ``report_age_ms`` shows it).
 
 ``set-weights`` writes the KV key ``__s3stream/buckets.weights`` (text ``id:w,id:w``) after checking
 the weights against the recorded bucket ids: every id once, no other, ints >= 0 and not all 0
@@ -99,6 +100,10 @@ def recorded_buckets(recorded: RecordedStorage | None, given: str | None) -> lis
     return [(e.bucket_id, _ENTRY_ID.sub("", without_secrets(e.uri))) for e in parse_bucket_list(uri)]
 
 
+REPORT_STALE_MS = 60_000
+"""A node's report older than this (12 of its publish intervals) no longer counts: the node stopped."""
+
+
 def bucket_rows(
     buckets: Sequence[tuple[int, str]],
     usage: Mapping[int, tuple[int, int]],
@@ -108,12 +113,14 @@ def bucket_rows(
 ) -> list[dict[str, Any]]:
     """One row per bucket (see the module docstring for each column). Pure."""
     newest = sorted(reports, key=lambda r: r.at_ms, reverse=True)
+    fresh = [r for r in newest if now_ms - r.at_ms <= REPORT_STALE_MS]
     uploads_total = sum(
-        int(figures.get("uploads_recent", 0)) for r in reports for figures in r.buckets.values()
+        int(figures.get("uploads_recent", 0)) for r in fresh for figures in r.buckets.values()
     )
     rows = []
     for bucket_id, uri in buckets:
-        seen = [(r, r.buckets[str(bucket_id)]) for r in newest if str(bucket_id) in r.buckets]
+        seen = [(r, r.buckets[str(bucket_id)]) for r in fresh if str(bucket_id) in r.buckets]
+        reported = [r for r in newest if str(bucket_id) in r.buckets]
         objects, size_bytes = usage.get(bucket_id, (0, 0))
         uploads = sum(int(f.get("uploads_recent", 0)) for _, f in seen)
         health = None
@@ -130,7 +137,7 @@ def bucket_rows(
                 "errors_recent": sum(int(f.get("errors_recent", 0)) for _, f in seen) if seen else None,
                 "uploads_recent": uploads if seen else None,
                 "write_share": round(uploads / uploads_total, 4) if seen and uploads_total else None,
-                "report_age_ms": max(0, now_ms - seen[0][0].at_ms) if seen else None,
+                "report_age_ms": max(0, now_ms - reported[0].at_ms) if reported else None,
                 "last_error": None if last_error is None else redact(last_error),
             }
         )

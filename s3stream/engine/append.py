@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from s3stream.config import Config
+from s3stream.engine.coalesce import AppendCoalescer, SharedWrite
 from s3stream.engine.kvlog import KvApplier, KvEntry, check_wal_key
 from s3stream.engine.logcache import CachedBatch, LogCache
 from s3stream.engine.pipeline import EngineStats, UploadPipeline
@@ -117,6 +118,18 @@ class AppendPath:
         self.record_max_bytes = config.record_max_bytes
         self._wal_append, self._translate_wal_error = fast_append(wal)
         self._seq = 0
+        self.coalescer: AppendCoalescer | None = None
+        """Plain appends below :data:`PARTS_MIN_BYTES` share one WAL record per loop turn (decision 0066)
+        where the WAL's append submits in call order (the block WAL's; None: each its own record)."""
+        if self._translate_wal_error is not None:
+            self.coalescer = AppendCoalescer(
+                wal_append=self._wal_append,
+                trim_tracker=trim_tracker,
+                next_seq=self._take_seq,
+                record_max_bytes=config.wal_record_max_bytes,
+                before_write=self._lease_error,
+                after_write=self._lease_error,
+            )
         self._watched: tuple[int, float] | None = None
         """(seq, time first seen) of the oldest WAL append in flight at the last watchdog pass."""
         self.lease_check: Callable[[], bool] | None = None
@@ -138,8 +151,22 @@ class AppendPath:
             else FencedError(str(failed), code=ErrorCode.NODE_FENCED)
         )
 
+    def _lease_error(self) -> FencedError | None:
+        """The error of a write about to start or that returned after the lease deadline (None: the
+        lease holds)."""
+        lease = self.lease_check
+        if lease is not None and not lease():
+            return self.lease_lost()
+        return None
+
     def next_seq(self) -> int:
-        """The next WAL record's submission sequence number (seqs grow with WAL offsets)."""
+        """The next WAL record's submission sequence number (seqs grow with WAL offsets): the open
+        coalesced record, which has an earlier one, is submitted first."""
+        if self.coalescer is not None:
+            self.coalescer.flush()
+        return self._take_seq()
+
+    def _take_seq(self) -> int:
         seq = self._seq
         self._seq = seq + 1
         return seq
@@ -256,10 +283,15 @@ class AppendPath:
             if handle.status is not _OPEN or supervisor.failed is not None or supervisor.closed:
                 supervisor.check_alive()
                 handle.check_writable()
-            lease = self.lease_check
-            if lease is not None and not lease():
-                raise self.lease_lost()
             size = len(payload)
+            coalescer = self.coalescer
+            lease = self.lease_check
+            if (
+                lease is not None
+                and (coalescer is None or coalescer.open_seq < 0 or size >= PARTS_MIN_BYTES)
+                and not lease()
+            ):  # an append joining the open coalesced record is checked with it, before it is written
+                raise self.lease_lost()
             if size > self.record_max_bytes:
                 raise InvalidArgumentError(
                     f"record batch of {size} bytes is above s3.record.size.max ({self.record_max_bytes})"
@@ -277,19 +309,30 @@ class AppendPath:
             handle.next_offset = end = base + count
             stream_id = handle.stream_id
             epoch = handle.epoch
-            seq = self._seq
-            self._seq = seq + 1
             body_bytes = RECORD_HEADER_SIZE + size
-            trim_tracker.write_started(seq, body_bytes)  # a per-block record once released
+            # The body is StreamRecordBatch.encode()'s bytes (header packed here, see walbody.plain_parts):
+            # joined when small (into the turn's coalesced record where there is one), as (header,
+            # payload) parts otherwise (see PARTS_MIN_BYTES).
+            header = _pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size)
+            write: SharedWrite | None = None
+            if coalescer is not None and size < PARTS_MIN_BYTES:
+                seq, write = coalescer.add(header, payload, body_bytes)
+                trim_tracker.live_bytes += body_bytes  # a per-block record once released
+            else:
+                if coalescer is not None:
+                    coalescer.flush()
+                seq = self._seq
+                self._seq = seq + 1
+                trim_tracker.write_started(seq, body_bytes)  # a per-block record once released
             try:
-                # The body is StreamRecordBatch.encode()'s bytes (header packed here, see walbody.plain_parts):
-                # joined when small, as (header, payload) parts otherwise (see PARTS_MIN_BYTES).
-                header = _pack_header(RECORD_MAGIC, stream_id, epoch, base, count, size)
-                offset = await self._wal_append(
-                    header + payload if size < PARTS_MIN_BYTES else (header, payload)
-                )
-                if lease is not None and not lease():  # durable after the deadline: never acknowledged
-                    raise self.lease_lost()
+                if write is not None:  # the lease was checked once for the record, when it returned
+                    offset = await write
+                else:
+                    offset = await self._wal_append(
+                        header + payload if size < PARTS_MIN_BYTES else (header, payload)
+                    )
+                    if lease is not None and not lease():  # durable after the deadline: never acknowledged
+                        raise self.lease_lost()
             except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
                 if self._translate_wal_error is not None:
                     exc = self._translate_wal_error(exc)
@@ -298,9 +341,13 @@ class AppendPath:
                 try:
                     offset = await self._after_failed_write(exc, body, pending, (handle,), None, body_bytes)
                 except BaseException:
-                    trim_tracker.write_returned(seq)
+                    if write is None:  # a coalesced record's write returned once, for all of its appends
+                        trim_tracker.write_returned(seq)
                     raise
-            trim_tracker.write_returned(seq, offset)
+                if write is not None:  # written again on its own (a full WAL): its offset
+                    trim_tracker.written(offset)
+            if write is None:
+                trim_tracker.write_returned(seq, offset)
             if base == handle.confirm_offset and handle.append_failure is None:
                 # Its stream's next append to release (the usual case): released right here, in line,
                 # as a per-block record of the trim tracker (the block keeps its WAL offset).
@@ -419,6 +466,8 @@ class AppendPath:
         trim_tracker.write_started(pending.seq)  # its floor; the watchdog's view
         offset = -1
         lease = self.lease_check
+        if self.coalescer is not None:
+            self.coalescer.flush()  # its seq is below this record's
         try:
             offset = await self.wal.append(body)
             if lease is not None and not lease():  # durable after the deadline: never acknowledged
@@ -468,6 +517,8 @@ class AppendPath:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(room.wait(), timeout=0.1)
             self.supervisor.check_alive()
+            if self.coalescer is not None:
+                self.coalescer.flush()
             try:
                 return await self.wal.append(body)
             except CapacityError:

@@ -36,6 +36,7 @@ class WalTrimTracker:
     __slots__ = (
         "_batches",
         "_held",
+        "_held_more",
         "_last_seq",
         "_offsets",
         "_sizes",
@@ -56,6 +57,9 @@ class WalTrimTracker:
         self._held: dict[int, int] = {}
         """seq -> WAL offset of durable plain appends not yet released into the LogCache (few: only
         those that completed before an earlier append of their stream)."""
+        self._held_more: dict[int, int] = {}
+        """seq -> held appends of the record beyond the first (a coalesced record's appends share its
+        seq, :mod:`s3stream.engine.coalesce`): the record stays held until the last is released."""
         self._last_seq = -1
         self.inflight: dict[int, int] = {}
         """seq -> floor of every append whose WAL write has not returned, oldest first: the floor is
@@ -102,18 +106,39 @@ class WalTrimTracker:
             self.end_offset = offset + 1
 
     def hold(self, seq: int, offset: int) -> None:
-        """A plain append (its bytes counted in ``live_bytes`` at submission) is durable at ``offset``
-        but waits for an earlier append of its stream before entering the LogCache."""
-        self._held[seq] = offset
+        """A plain append of record ``seq`` (its bytes counted in ``live_bytes`` at submission) is
+        durable at ``offset`` but waits for an earlier append of its stream before entering the
+        LogCache. Appends of one coalesced record share its seq: each holds it once."""
+        if seq in self._held:
+            self._held_more[seq] = self._held_more.get(seq, 0) + 1
+        else:
+            self._held[seq] = offset
 
     def unhold(self, seq: int) -> int:
-        """The held plain append ``seq`` enters the LogCache (a per-block record from now on): its offset."""
+        """A held plain append of record ``seq`` enters the LogCache (a per-block record from now on):
+        its offset."""
+        if self._unhold_more(seq):
+            return self._held[seq]
         return self._held.pop(seq)
 
     def drop_held(self, seq: int, size_bytes: int) -> None:
-        """The held plain append ``seq`` (``size_bytes`` of body) failed: it holds nothing to keep."""
-        if self._held.pop(seq, None) is not None:
-            self.live_bytes -= size_bytes
+        """A held plain append of record ``seq`` (``size_bytes`` of body) failed: it holds nothing to keep."""
+        if seq not in self._held:
+            return
+        if not self._unhold_more(seq):
+            del self._held[seq]
+        self.live_bytes -= size_bytes
+
+    def _unhold_more(self, seq: int) -> bool:
+        """One holder of ``seq`` leaves: True while others still hold it."""
+        more = self._held_more.get(seq)
+        if more is None:
+            return False
+        if more == 1:
+            del self._held_more[seq]
+        else:
+            self._held_more[seq] = more - 1
+        return True
 
     def released(self, size_bytes: int) -> None:
         """A committed LogCache block's per-block records (``size_bytes`` of bodies) are no longer live."""

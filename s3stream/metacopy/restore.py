@@ -30,7 +30,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.metacopy.objects import CopyKey, copies_prefix, decode_log, decode_snapshot, parse_copy_key
-from s3stream.metadata import cluster_schema, sqlite_copy
+from s3stream.metadata import cluster_schema, sql_apply, sqlite_copy
 from s3stream.metadata import sqlite_schema as schema
 from s3stream.metadata.changelog import Group, decode_group
 from s3stream.storage.base import ObjectStorage
@@ -240,7 +240,7 @@ def _finish(
         conn.execute("BEGIN IMMEDIATE")
         try:
             for group in groups:
-                schema.apply(conn, group.changes)
+                sql_apply.apply(conn, group.changes)
             sqlite_copy.forget_copy(conn)
             cluster_schema.forget_cluster_state(conn)
             conn.executemany(

@@ -2,7 +2,7 @@
 
 Tables documented in ``docs/format.md`` section 6 ("Cluster tables"); the statements run on SQLite and,
 through the same rewrite as every other statement, on PostgreSQL
-(:mod:`s3stream.metadata.postgres_schema`). :class:`~s3stream.metadata.sqlite_schema.SqlView` reads
+(:mod:`s3stream.metadata.postgres_schema`). :class:`~s3stream.metadata.sql_view.SqlView` reads
 through :func:`node_runtimes`, :func:`assignments` and :func:`takeovers`; ``apply`` writes through
 :data:`STATEMENTS`. Row values read back are validated: a value outside its domain raises
 :class:`~s3stream.errors.CorruptionError`.

@@ -53,7 +53,7 @@ from s3stream.errors import (
 )
 from s3stream.metadata import controller as ctl
 from s3stream.metadata import postgres_schema as schema
-from s3stream.metadata import sqlite_schema
+from s3stream.metadata import sql_apply, sql_view
 from s3stream.metadata.postgres_clock import ServerClock
 from s3stream.metadata.sqlite import settle
 from s3stream.metadata.store import TransactionalStore
@@ -352,9 +352,9 @@ class PostgresMetadataStore(TransactionalStore):
     async def _transact(self, fn: Callable[[ctl.Txn], T]) -> T:
         def run(conn: psycopg.Connection[Any]) -> T:
             sql = schema.PgConnection(conn)
-            txn = ctl.Txn(sqlite_schema.SqlView(sql, schema.POSTGRES_DIALECT))
+            txn = ctl.Txn(sql_view.SqlView(sql, schema.POSTGRES_DIALECT))
             result = fn(txn)
-            sqlite_schema.apply(sql, txn.changes, schema.POSTGRES_DIALECT)
+            sql_apply.apply(sql, txn.changes, schema.POSTGRES_DIALECT)
             return result
 
         self._check_open()
@@ -363,7 +363,7 @@ class PostgresMetadataStore(TransactionalStore):
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
         self._check_open()
         return await self._pool.call(
-            lambda conn: fn(sqlite_schema.SqlView(schema.PgConnection(conn), schema.POSTGRES_DIALECT)), "read"
+            lambda conn: fn(sql_view.SqlView(schema.PgConnection(conn), schema.POSTGRES_DIALECT)), "read"
         )
 
     def _check_open(self) -> None:

@@ -6,7 +6,7 @@ One schema, two dialects. The tables, columns and indexes are SQLite's (``docs/f
 so that text orders by bytes as in SQLite, no ``WITHOUT ROWID``; the KV key is UTF-8 ``BYTEA``, as a
 key may hold NUL, which PostgreSQL's text cannot), so a migration added for SQLite
 carries over with the same version number. The statements that read and write rows are SQLite's too
-(:class:`~s3stream.metadata.sqlite_schema.SqlView`, :func:`~s3stream.metadata.sqlite_schema.apply`),
+(:class:`~s3stream.metadata.sql_view.SqlView`, :func:`~s3stream.metadata.sql_apply.apply`),
 run through :class:`PgConnection`, which turns their ``?`` placeholders into psycopg's ``%s``.
 
 Migrations run in one transaction holding an advisory lock keyed by the schema's name, so processes
@@ -30,7 +30,7 @@ from s3stream.ids import NodeId, StreamId
 from s3stream.metadata import sqlite_schema
 from s3stream.metadata.base import StreamState
 from s3stream.metadata.changes import AdvanceEndOffsets, Change, PutStreamSetObject
-from s3stream.metadata.sqlite_schema import Dialect, SqlConnection, SqlCursor
+from s3stream.metadata.sql_view import Dialect, SqlConnection, SqlCursor
 
 LATEST_VERSION = sqlite_schema.LATEST_VERSION
 
@@ -136,7 +136,7 @@ def placeholders(sql: str) -> str:
 
 
 class PgConnection:
-    """A psycopg connection seen as a :class:`~s3stream.metadata.sqlite_schema.SqlConnection`."""
+    """A psycopg connection seen as a :class:`~s3stream.metadata.sql_view.SqlConnection`."""
 
     __slots__ = ("conn",)
 

@@ -38,7 +38,7 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.metadata import controller as ctl
-from s3stream.metadata import sqlite_copy
+from s3stream.metadata import sql_apply, sql_view, sqlite_copy
 from s3stream.metadata import sqlite_schema as schema
 from s3stream.metadata.store import TransactionalStore
 
@@ -320,9 +320,9 @@ class SqliteMetadataStore(TransactionalStore):
         journal = self._worker.journal
 
         def run(conn: sqlite3.Connection) -> tuple[T, sqlite_copy.GroupSeq | None]:
-            txn = ctl.Txn(schema.SqlView(conn))
+            txn = ctl.Txn(sql_view.SqlView(conn))
             result = fn(txn)
-            schema.apply(conn, txn.changes)
+            sql_apply.apply(conn, txn.changes)
             copied = sqlite_copy.copied_changes(txn.changes)
             if txn.changes and not copied:
                 return result, None  # only session changes (a heartbeat): nothing to wait for
@@ -380,7 +380,7 @@ class SqliteMetadataStore(TransactionalStore):
 
     async def _query(self, fn: Callable[[ctl.StateView], T]) -> T:
         self._check_open()
-        return await self._worker.call(lambda conn: fn(schema.SqlView(conn)), write=False)
+        return await self._worker.call(lambda conn: fn(sql_view.SqlView(conn)), write=False)
 
     def _check_open(self) -> None:
         if self._closed:

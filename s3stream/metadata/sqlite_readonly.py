@@ -31,6 +31,7 @@ from typing import TypeVar
 from s3stream.clock import wall_clock_ms
 from s3stream.errors import ClosedError, ConflictError, CorruptionError, InvalidArgumentError, NotFoundError
 from s3stream.metadata import controller as ctl
+from s3stream.metadata import sql_view
 from s3stream.metadata import sqlite_schema as schema
 from s3stream.metadata.sqlite import BUSY_TIMEOUT_MS_DEFAULT, translate
 from s3stream.metadata.store import TransactionalStore
@@ -83,7 +84,7 @@ def read_kv_value(path: str | os.PathLike[str], key: str) -> bytes | None:
             ).fetchall()
             if not tables:
                 return None
-            return schema.SqlView(conn).kv(key)
+            return sql_view.SqlView(conn).kv(key)
         finally:
             conn.close()
     except sqlite3.Error as exc:
@@ -167,7 +168,7 @@ class ReadOnlySqliteStore(TransactionalStore):
     def _read(self, fn: Callable[[ctl.StateView], T]) -> T:
         self._conn.execute("BEGIN")
         try:
-            return fn(schema.SqlView(self._conn))
+            return fn(sql_view.SqlView(self._conn))
         finally:
             self._conn.execute("ROLLBACK")
 

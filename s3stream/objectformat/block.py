@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from s3stream.errors import CorruptionError
+from s3stream.native import NATIVE
 from s3stream.objectformat.codec import (
     DATA_BLOCK_FLAG,
     DATA_BLOCK_HEADER,
@@ -89,7 +90,31 @@ def decode_block_gapless(
     buf: bytes | bytearray | memoryview, pos: int, entry: IndexEntry, *, source: str
 ) -> tuple[tuple[StreamRecordBatch, ...], bool]:
     """:func:`decode_block`, and whether each record starts where the previous one ended (no gap
-    in the block's offsets; the format allows gaps, a reader returning a contiguous range does not)."""
+    in the block's offsets; the format allows gaps, a reader returning a contiguous range does not).
+
+    Compiled (:mod:`s3stream.native`) when built; a block it does not accept (damage) goes to
+    :func:`decode_block_gapless_py`, which raises the error."""
+    if NATIVE is not None:
+        decoded = NATIVE.decode_block(
+            buf,
+            pos,
+            entry.stream_id,
+            entry.start_offset,
+            entry.end_offset,
+            entry.record_count,
+            entry.size_bytes,
+            False,
+        )
+        if decoded is not None:
+            return decoded[0], decoded[1]
+    return decode_block_gapless_py(buf, pos, entry, source=source)
+
+
+def decode_block_gapless_py(
+    buf: bytes | bytearray | memoryview, pos: int, entry: IndexEntry, *, source: str
+) -> tuple[tuple[StreamRecordBatch, ...], bool]:
+    """:func:`decode_block_gapless` in pure Python: the reference implementation (the compiled one
+    returns exactly its values, and defers to it wherever it raises)."""
     if len(buf) - pos < entry.size_bytes:
         raise CorruptionError("truncated data block", source=source, position=entry.start_position)
     check_block_header(buf, pos, entry, source=source)

@@ -21,7 +21,8 @@ import functools
 import struct
 from typing import NamedTuple
 
-from s3stream.objectformat.block import decode_block_gapless
+from s3stream.native import NATIVE
+from s3stream.objectformat.block import decode_block_gapless_py
 from s3stream.objectformat.codec import (
     DATA_BLOCK_HEADER,
     DATA_BLOCK_HEADER_SIZE,
@@ -69,11 +70,32 @@ class DecodedBlock(NamedTuple):
 def decode_data_block(data: bytes, entry: IndexEntry, *, source: str) -> DecodedBlock:
     """The records of the data block ``data`` (exactly its bytes) and whether they have no gap:
     :func:`~s3stream.objectformat.codec.decode_block_gapless` of ``data`` at 0, faster for blocks of
-    records that differ only in offsets and payloads (see the module docstring)."""
+    records that differ only in offsets and payloads (see the module docstring). Compiled
+    (:mod:`s3stream.native`) when built: the same value, and a block it does not accept goes to
+    :func:`decode_data_block_py`, which raises the error."""
+    if NATIVE is not None:
+        decoded = NATIVE.decode_block(
+            data,
+            0,
+            entry.stream_id,
+            entry.start_offset,
+            entry.end_offset,
+            entry.record_count,
+            entry.size_bytes,
+            True,
+        )
+        if decoded is not None:
+            return DecodedBlock(*decoded)
+    return decode_data_block_py(data, entry, source=source)
+
+
+def decode_data_block_py(data: bytes, entry: IndexEntry, *, source: str) -> DecodedBlock:
+    """:func:`decode_data_block` in pure Python: the reference implementation (the compiled one,
+    :mod:`s3stream.native`, returns exactly its values and defers to it wherever it raises)."""
     records = _decode_offsets_and_payloads(data, entry)
     if records is not None:
         return DecodedBlock(records, True, len(records[0].payload))
-    return DecodedBlock(*decode_block_gapless(data, 0, entry, source=source), None)
+    return DecodedBlock(*decode_block_gapless_py(data, 0, entry, source=source), None)
 
 
 def _decode_offsets_and_payloads(data: bytes, entry: IndexEntry) -> tuple[StreamRecordBatch, ...] | None:

@@ -21,6 +21,7 @@ from crc32c import crc32c
 from s3stream.errors import ClosedError, CorruptionError, InvalidArgumentError
 from s3stream.ids import StreamId
 from s3stream.metadata.base import StreamOffsetRange
+from s3stream.native import NATIVE
 from s3stream.objectformat.block import check_block_header
 from s3stream.objectformat.codec import (
     DATA_BLOCK_FLAG,
@@ -153,6 +154,9 @@ class ObjectWriter:
         garbage collector to count and scan, 1,000 per upload of 1,000 streams; the IndexEntry
         objects are built once, at close)."""
         self._crcs: list[int] = []
+        self._scratch = bytearray()
+        """Where the compiled encoder puts a run of records before they join the buffer (reused: its
+        pages are touched once per writer, and the run is still in the cache when copied)."""
         self._last_stream = -1
         self._last_end = 0
         # the open block (None: no open block)
@@ -173,6 +177,14 @@ class ObjectWriter:
         batches = list(batches)
         self._enter()
         try:
+            if NATIVE is not None and NATIVE.check_batches(
+                batches, self._last_stream, self._last_end, BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE
+            ):
+                i = 0
+                while i < len(batches):
+                    i = self._encode_batches(batches, i, len(batches))
+                    await self._maybe_flush_part()
+                return
             self._validate(batches)
             records = [(b.stream_id, b.epoch, b.base_offset, b.count, b.payload) for b in batches]
             i = 0
@@ -446,8 +458,125 @@ class ObjectWriter:
             self._cut_block()
         return i
 
+    def _encode_batches(self, batches: list[StreamRecordBatch], i: int, n: int) -> int:
+        """:meth:`_encode_from` of ``batches[i:n]`` (accepted by the compiled ``check_batches``), the
+        records of each block encoded by the compiled ``encode_run`` in one call: the same bytes, the
+        same blocks and the same stops for a part handover."""
+        assert NATIVE is not None
+        encode_run = NATIVE.encode_run
+        threshold = self._block_size_bytes
+        while i < n:
+            batch = batches[i]
+            size = self._bio.tell()
+            stream = self._open_stream
+            if (
+                stream != batch.stream_id
+                or size - self._open_at + len(batch.payload) + (RECORD_HEADER_SIZE - DATA_BLOCK_HEADER_SIZE)
+                > BLOCK_DATA_MAX_BYTES
+                or batch.base_offset + batch.count - self._open_start_offset > I32_MAX
+            ):
+                if stream is not None:
+                    self._cut_block()
+                    if size >= self._handover_bytes:  # let the caller hand out a part first
+                        return i
+                self._open_stream, self._open_at, self._open_start_offset = (
+                    batch.stream_id,
+                    size,
+                    batch.base_offset,
+                )
+                self._open_count = self._open_payload_bytes = 0
+                self._bio.write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
+                size += DATA_BLOCK_HEADER_SIZE
+            encoded_bytes, j, payload_bytes, last_end = encode_run(
+                self._scratch,
+                batches,
+                i,
+                n,
+                batch.stream_id,
+                size - self._open_at,
+                self._open_start_offset,
+                self._open_payload_bytes,
+                threshold,
+            )
+            assert j > i, "a record that fits a block was not encoded"
+            self._bio.write(memoryview(self._scratch)[:encoded_bytes])
+            self._open_count += j - i
+            self._open_payload_bytes = payload_bytes
+            self._last_stream, self._last_end = batch.stream_id, last_end
+            i = j
+            if payload_bytes >= threshold:
+                self._cut_block()
+                return i
+        return i
+
     def _encode_columns(self, columns: RecordColumns, epoch: int, i: int, n: int) -> int:
         """:meth:`_encode_from` of records ``[i, n)`` of one stream's columns with one epoch."""
+        payloads = columns.payloads
+        if NATIVE is not None and type(payloads) is list:
+            return self._encode_columns_compiled(columns, payloads, epoch, i, n)
+        return self._encode_columns_py(columns, epoch, i, n)
+
+    def _encode_columns_compiled(
+        self, columns: RecordColumns, payloads: list[bytes], epoch: int, i: int, n: int
+    ) -> int:
+        """:meth:`_encode_columns_py` with each block's run of records encoded by the compiled
+        ``encode_columns_run``: the same bytes, blocks and stops. A record it does not take (one that
+        fails the checks, or a payload that is not bytes) is left to :meth:`_encode_columns_py`, which
+        raises or encodes it with the same state."""
+        assert NATIVE is not None
+        stream_id = columns.stream_id
+        bases = columns.bases
+        self._check_columns_from(columns, epoch, i)
+        if self._open_stream is not None and self._open_stream != stream_id:
+            self._cut_block()
+            if self._bio.tell() >= self._handover_bytes:  # let the caller hand out a part first
+                return i
+        run = NATIVE.encode_columns_run
+        threshold = self._block_size_bytes
+        payload_max = BLOCK_DATA_MAX_BYTES - RECORD_HEADER_SIZE
+        while i < n:
+            opening = self._open_stream is None
+            encoded_bytes, j, payload_bytes, last_end, deferred = run(
+                self._scratch,
+                bases,
+                payloads,
+                columns.end,
+                i,
+                n,
+                stream_id,
+                epoch,
+                DATA_BLOCK_HEADER_SIZE if opening else self._bio.tell() - self._open_at,
+                bases[i] if opening else self._open_start_offset,
+                0 if opening else self._open_payload_bytes,
+                threshold,
+                payload_max,
+            )
+            if j > i:
+                if opening:
+                    size = self._bio.tell()
+                    self._open_stream, self._open_at, self._open_start_offset = stream_id, size, bases[i]
+                    self._open_count = 0
+                    self._bio.write(_BLANK_BLOCK_HEADER)  # filled in when the block is cut
+                self._bio.write(memoryview(self._scratch)[:encoded_bytes])
+                self._open_count += j - i
+                self._open_payload_bytes = payload_bytes
+                self._last_stream, self._last_end = stream_id, last_end
+                i = j
+                if payload_bytes >= threshold:
+                    self._cut_block()
+                    return i
+            if deferred:
+                return self._encode_columns_py(columns, epoch, i, n)
+            if i < n:  # record i does not fit the open block
+                assert not opening, "a record that fits an empty block was not encoded"
+                size = self._bio.tell()
+                self._cut_block()
+                if size >= self._handover_bytes:  # let the caller hand out a part first
+                    return i
+        return i
+
+    def _check_columns_from(self, columns: RecordColumns, epoch: int, i: int) -> None:
+        """The stream's order and ranges, checked before its records ``[i, ...)`` are encoded."""
         stream_id = columns.stream_id
         bases = columns.bases
         last_stream, last_end = self._last_stream, self._last_end
@@ -462,6 +591,13 @@ class ObjectWriter:
                 f"records of stream {stream_id} (epoch {epoch}) from offset {bases[i]} out of range or "
                 f"out of (stream id, offset) order after stream {last_stream} end offset {last_end}"
             )
+
+    def _encode_columns_py(self, columns: RecordColumns, epoch: int, i: int, n: int) -> int:
+        """:meth:`_encode_columns` in pure Python."""
+        stream_id = columns.stream_id
+        bases = columns.bases
+        self._check_columns_from(columns, epoch, i)
+        last_end = self._last_end
         count = len(bases)
         if i == 0 and n == count:  # the whole stream (the common case): no slice of the payloads
             payloads = columns.payloads

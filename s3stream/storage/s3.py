@@ -9,6 +9,9 @@ rules, see :mod:`s3stream.storage.s3upload`); conditional create with ``If-None-
 ``inflight_requests_max`` requests are on the wire at once; every attempt runs under a timeout.
 
 Retries, error translation, payload hashing and credentials: :mod:`s3stream.storage.s3client`.
+Ranged GETs to an http, path-style endpoint with static keys are signed and sent without botocore
+(:mod:`s3stream.storage.s3get`); every connection ACKs responses at once
+(:mod:`s3stream.storage.s3quickack`).
 
 The ETag of CompleteMultipartUpload is never used (Ceph 16 returns an empty one). A conditional
 PUT that meets 412 checks whether the stored object is its own (same size and MD5 ETag): an earlier
@@ -25,7 +28,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
-import botocore.exceptions
 from aiobotocore.response import AioStreamingBody
 
 from s3stream.errors import ClosedError, ConflictError, InvalidArgumentError, NotFoundError, UnavailableError
@@ -33,6 +35,7 @@ from s3stream.storage.base import MAX_DELETE_BATCH, MAX_PART_SIZE_BYTES, ObjectI
 from s3stream.storage.keys import resolve_range, validate_prefix, validate_range
 from s3stream.storage.s3body import Piece, PiecesReader, digest_params
 from s3stream.storage.s3client import TRANSIENT_CODES, S3Client, S3Config
+from s3stream.storage.s3get import read_stream
 from s3stream.storage.s3upload import S3Upload
 
 __all__ = ["S3Config", "S3ObjectStorage", "read_body"]
@@ -57,21 +60,7 @@ async def read_body(body: Any, content_length: object) -> bytes:
     ):
         data: bytes = await body.read()
         return data
-    expected = None if content_length is None else int(str(content_length))
-    if expected is not None:
-        raise_limit(expected)  # as read() does: no pausing the socket midway
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk, end_of_http_chunk = await content.readchunk()
-        if chunk:
-            chunks.append(chunk)
-            size += len(chunk)
-        elif not end_of_http_chunk:
-            break  # (b"", False): the end of the body
-    if expected is not None and size != expected:
-        raise botocore.exceptions.IncompleteReadError(actual_bytes=size, expected_bytes=expected)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return await read_stream(content, content_length)
 
 
 def _etag(raw: object) -> str:
@@ -159,6 +148,9 @@ class S3ObjectStorage(S3Client):
             extra["Range"] = f"bytes={start}-"
 
         async def attempt(client: Any) -> tuple[bytes, str]:
+            getter = self._ranged_getter
+            if getter is not None and "Range" in extra:  # (set with the client, before any attempt)
+                return await getter.get(full, extra["Range"])
             response = await client.get_object(Bucket=self.config.bucket, Key=full, **extra)
             async with response["Body"] as stream:
                 data = await read_body(stream, response.get("ContentLength"))

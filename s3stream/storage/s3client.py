@@ -66,6 +66,8 @@ from s3stream.storage.base import MAX_PART_SIZE_BYTES, MIN_PART_SIZE_BYTES
 from s3stream.storage.keys import validate_key, validate_prefix
 from s3stream.storage.retry import RetryPolicy, call_with_retries
 from s3stream.storage.s3body import BodyDigests, Piece, digest_pieces, send_pieces_as_views
+from s3stream.storage.s3get import RangedGetter, ranged_getter_for
+from s3stream.storage.s3quickack import QuickAckSession
 from s3stream.storage.stats import StorageStats
 
 T = TypeVar("T")
@@ -201,6 +203,9 @@ class S3Config:
     inflight_requests_max: int = 64
     list_page_size: int = 1000
     connect_timeout_s: float = 5.0
+    direct_ranged_gets: bool = True
+    """Ranged GETs bypass botocore where :func:`~s3stream.storage.s3get.ranged_getter_for` allows
+    (http endpoint, path style, static keys): ~2 ms less client CPU per GET. False: all through botocore."""
 
     def __post_init__(self) -> None:
         if not self.bucket:
@@ -291,6 +296,8 @@ class S3Client:
         self._stack = AsyncExitStack()
         self._closed = False
         self._hash_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ranged_getter: RangedGetter | None = None
+        """Set with the client when the config allows direct ranged GETs (s3stream.storage.s3get)."""
         self.request_meter: RequestMeter | None = None
         """Told of every attempt and retry of every call (metrics); None: nothing."""
 
@@ -313,6 +320,7 @@ class S3Client:
             max_pool_connections=config.inflight_requests_max,
             request_checksum_calculation=config.checksum_mode,
             response_checksum_validation=config.checksum_mode,
+            http_session_cls=QuickAckSession,  # no delayed-ACK stalls (s3stream.storage.s3quickack)
         )
 
     async def connect(self) -> None:
@@ -355,6 +363,10 @@ class S3Client:
                     if (access_key is None) != (secret_key is None):
                         access_key = secret_key = None
                     session = get_session()
+                    user_agent = (
+                        f"s3stream {session.user_agent_name}/{session.user_agent_version} "
+                        f"Python/{platform.python_version()}"
+                    )
                     session.get_component("response_parser_factory").set_parser_defaults(
                         timestamp_parser=parse_s3_timestamp
                     )
@@ -365,16 +377,25 @@ class S3Client:
                             region_name=self.config.region,
                             aws_access_key_id=access_key,
                             aws_secret_access_key=secret_key,
-                            config=self._client_config(
-                                f"s3stream {session.user_agent_name}/{session.user_agent_version} "
-                                f"Python/{platform.python_version()}"
-                            ),
+                            config=self._client_config(user_agent),
                         )
                         client = await self._stack.enter_async_context(creator)
                         client.meta.events.register("before-send.s3", send_pieces_as_views)
                         for operation in PREHASHED_OPERATIONS:
                             client.meta.events.register(
                                 f"choose-signer.s3.{operation}", choose_prehashed_signer
+                            )
+                        if self.config.direct_ranged_gets:
+                            self._ranged_getter = ranged_getter_for(
+                                endpoint=self.config.endpoint,
+                                path_style=self.config.path_style,
+                                bucket=self.config.bucket,
+                                region=self.config.region,
+                                access_key=access_key,
+                                secret_key=secret_key,
+                                user_agent=user_agent,
+                                connections_max=self.config.inflight_requests_max,
+                                connect_timeout_s=self.config.connect_timeout_s,
                             )
                         self._client = client
                     except (ValueError, botocore.exceptions.BotoCoreError) as exc:
@@ -439,6 +460,9 @@ class S3Client:
             self._closed = True
             await self._stack.aclose()
             self._client = None
+            if self._ranged_getter is not None:
+                getter, self._ranged_getter = self._ranged_getter, None
+                await getter.close()
             if self._hash_executor is not None:
                 self._hash_executor.shutdown(wait=False)
                 self._hash_executor = None

@@ -13,7 +13,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from s3stream.metadata import sqlite_schema
+from s3stream.metadata import sql_apply
 from s3stream.metadata.changelog import decode_group
 
 
@@ -45,7 +45,7 @@ def replay_uncopied(killed: Path, restored: Path, out: Path, *, restored_last_se
         applied = []
         for seq, payload in pending:
             if seq > restored_last_seq:
-                sqlite_schema.apply(replay, decode_group(payload, source=f"pending group {seq}").changes)
+                sql_apply.apply(replay, decode_group(payload, source=f"pending group {seq}").changes)
                 applied.append(seq)
         replay.execute("COMMIT")
     finally:

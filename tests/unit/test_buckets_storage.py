@@ -327,17 +327,17 @@ async def test_under_replication_a_down_bucket_does_not_stall_other_keys() -> No
 
 async def test_round_robin_does_not_move_an_upload_its_retry_goes_to_the_next_bucket() -> None:
     rig = make_rig("round_robin")
-    rig.fail(0, "upload.complete")
     _, key = await rig.new_key()
     first = rig.storage.upload(key)
-    assert first.targets == (0,)  # type: ignore[attr-defined]
+    (target,) = first.targets  # type: ignore[attr-defined]
+    rig.fail(target, "upload.complete")
     await first.write(b"data")
     with pytest.raises(UnavailableError):
         await first.complete()
     retry = rig.storage.upload(key)  # the upload pipeline's retry of the same object
     await retry.write(b"data")
     await retry.complete()
-    assert rig.holders(key) == [1]
+    assert rig.holders(key) == [1 - target]
     assert await rig.storage.get(key) == b"data"
 
 
@@ -570,3 +570,10 @@ async def test_with_a_short_request_timeout_a_suspect_bucket_waits_for_the_next_
     assert health.is_suspect(0)
     clock.now_s += 1.0
     assert not health.is_suspect(0)
+
+
+def test_round_robin_starts_at_a_random_bucket_per_process() -> None:
+    firsts = {
+        make_strategy("round_robin", (0, 1, 2), None).choose((0, 1, 2), lambda _: True) for _ in range(60)
+    }
+    assert firsts == {(0,), (1,), (2,)}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from s3stream.binding import RecordedStorage
-from s3stream.cli.buckets import LOCAL_URI, NodeReport, bucket_rows, recorded_buckets
+from s3stream.cli.buckets import LOCAL_URI, REPORT_STALE_MS, NodeReport, bucket_rows, recorded_buckets
 from s3stream.errors import CorruptionError
 
 LIST = "0@s3://a?endpoint=http%3A%2F%2Fh%3A1&accessKey=AK&secretKey=SK,1@s3://b?endpoint=http%3A%2F%2Fh%3A1"
@@ -79,3 +79,16 @@ def test_a_reported_last_error_is_redacted_of_a_registered_secret_with_a_comma()
     shown = rows[0]["last_error"]
     assert "Rows-Secret" not in shown
     assert "cli," not in shown
+
+
+def test_a_stale_report_of_a_stopped_node_counts_for_nothing_but_its_age() -> None:
+    reports = [
+        report(1, 0, b0={"healthy": False, "errors_recent": 9, "uploads_recent": 2, "last_error": "old"}),
+        report(2, 50_000, b0={"healthy": True, "uploads_recent": 1}),
+    ]
+    rows = bucket_rows([(0, "x")], {}, reports, now_ms=REPORT_STALE_MS + 1_000)
+    assert (rows[0]["health"], rows[0]["errors_recent"], rows[0]["uploads_recent"]) == ("healthy", 0, 1)
+    assert rows[0]["last_error"] is None
+    only_stale = bucket_rows([(0, "x")], {}, reports[:1], now_ms=REPORT_STALE_MS + 1_000)
+    assert only_stale[0]["health"] is None
+    assert only_stale[0]["report_age_ms"] == REPORT_STALE_MS + 1_000

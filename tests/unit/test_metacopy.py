@@ -321,7 +321,7 @@ async def test_while_the_bucket_is_down_writes_time_out_and_their_changes_are_co
 ) -> None:
     memory = MemoryObjectStorage()
     storage = FlakyStorage(memory)
-    copy = MetadataCopy(store, storage, namespace=NS, wait_timeout_ms=300)
+    copy = MetadataCopy(store, storage, namespace=NS, wait_timeout_ms=2_000)
     await copy.start()
     try:
         await store.kv_put("before", b"1")
@@ -480,7 +480,7 @@ async def test_groups_uploaded_but_still_pending_at_a_kill_are_restored_once_and
     memory = MemoryObjectStorage()
     storage = KilledAfterLogPut(memory)
     store = await SqliteMetadataStore.open(path)
-    copy = MetadataCopy(store, storage, namespace=NS, wait_timeout_ms=200)
+    copy = MetadataCopy(store, storage, namespace=NS, wait_timeout_ms=2_000)
     await copy.start()
     await work(store, 3)
     sid = (await store.list_streams())[0].stream_id

@@ -23,8 +23,8 @@ from s3stream.errors import (
     UnavailableError,
 )
 from s3stream.ids import NodeId, StreamId
+from s3stream.metadata import sql_view, sqlite_schema
 from s3stream.metadata import sqlite as sqlite_module
-from s3stream.metadata import sqlite_schema
 from s3stream.metadata.base import NodeInfo, ObjectState, StreamState
 from s3stream.metadata.memory import MemoryMetadataStore
 from s3stream.metadata.sqlite import SqliteMetadataStore
@@ -439,7 +439,7 @@ async def test_a_commit_looks_its_streams_up_in_batches(
 ) -> None:
     """One upload of many streams reads them with ``IN (...)`` lookups of at most _IDS_PER_QUERY ids;
     every range is still checked and every stream advanced (a deleted one is skipped)."""
-    monkeypatch.setattr(sqlite_schema, "_IDS_PER_QUERY", 2)
+    monkeypatch.setattr(sql_view, "_IDS_PER_QUERY", 2)
     store = await SqliteMetadataStore.open(tmp_path / "meta.db", clock_ms=FakeClock())
     try:
         await node(store)
@@ -488,7 +488,7 @@ async def test_a_common_upload_is_checked_in_sql_with_no_lookup_per_stream(
     """Every span continuing its opened, owned stream at its end: one SQL check per
     _SPANS_PER_QUERY spans and the advance, no stream head read into Python; anything else (a
     stream's first upload from offset 0, a gap) still takes the check span by span."""
-    monkeypatch.setattr(sqlite_schema, "_SPANS_PER_QUERY", 2)
+    monkeypatch.setattr(sql_view, "_SPANS_PER_QUERY", 2)
     store = await SqliteMetadataStore.open(tmp_path / "meta.db", clock_ms=FakeClock())
     try:
         await node(store)
@@ -499,7 +499,7 @@ async def test_a_common_upload_is_checked_in_sql_with_no_lookup_per_stream(
             raise AssertionError("the common case reads no stream heads")
 
         with monkeypatch.context() as patch:
-            patch.setattr(sqlite_schema.SqlView, "stream_heads", no_heads)
+            patch.setattr(sql_view.SqlView, "stream_heads", no_heads)
             await upload(store, N1, [(sid, 10, 20) for sid in sids[:4]], [(sids[4], 7, 9)])
         streams = [await store.describe_stream(sid) for sid in sids]
         assert [s.end_offset for s in streams] == [20, 20, 20, 20, 9]
@@ -576,7 +576,7 @@ async def test_nodes_of_a_version_2_file_read_without_migrating_are_unleased(tmp
     conn = sqlite3.connect(path, isolation_level=None)
     sqlite_schema.migrate(conn, target_version=2)
     conn.execute("INSERT INTO nodes VALUES (2, 5), (1, 9)")
-    assert sqlite_schema.SqlView(conn).nodes() == [
+    assert sql_view.SqlView(conn).nodes() == [
         NodeInfo(NodeId(1), 9, -1, -1, -1),
         NodeInfo(NodeId(2), 5, -1, -1, -1),
     ]

@@ -13,6 +13,10 @@ What a workload should do (the harness runs it under ``python -m benchmarks <nam
   (a cold first sample of a shared server can be half its rate): :mod:`benchmarks.baselines` has raw
   O_DIRECT writes, raw aiobotocore PUT / GET, the raw PUT ceiling in the engine's upload shapes, the
   naive writer (one object per stream per flush) and SlateDB;
+- report the CPU seconds per GiB of the figure's section and of its baseline's section in
+  ``Result.cpu_s_per_gib`` / ``baseline_cpu_s_per_gib`` (:func:`benchmarks.measure.cpu_per_gib`
+  over a :class:`~benchmarks.measure.ResourceMeter` around each section): CPU time barely moves
+  with a neighbour's load where wall time does;
 - put latency percentiles, CPU and memory and S3 requests per GiB in ``Result.extra`` with the keys
   of :mod:`benchmarks.measure` (``latency_ms``, ``baseline_latency_ms``, ``cpu_s``,
   ``peak_rss_bytes``, ``s3_requests_per_gib``); the harness also records CPU, peak RSS and every
@@ -48,14 +52,28 @@ class Result:
     baseline_value: float
     higher_is_better: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    cpu_s_per_gib: float | None = None
+    """The engine's CPU seconds (user + system, every thread; and its child processes where it runs
+    in them) per GiB of payload over the measured section of ``value`` (None: the figure moves no
+    bytes, or the section's CPU cannot be told apart)."""
+    baseline_cpu_s_per_gib: float | None = None
+    """The same, measured the same way over the baseline's section."""
 
     @property
     def ratio(self) -> float:
         return self.value / self.baseline_value if self.baseline_value else float("nan")
 
+    @property
+    def cpu_ratio(self) -> float:
+        """CPU s/GiB of the figure / of its baseline (lower is better); NaN when either is missing."""
+        if self.cpu_s_per_gib is None or not self.baseline_cpu_s_per_gib:
+            return float("nan")
+        return self.cpu_s_per_gib / self.baseline_cpu_s_per_gib
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["ratio"] = self.ratio
+        out["cpu_ratio"] = self.cpu_ratio
         return out
 
 
@@ -120,7 +138,15 @@ class Context:
     metadata_url: str | None = field(default=None, repr=False)
     """``--metadata-url``: the metadata server a workload measures (may hold a password; never log it)."""
     pin: bool = False
-    """``--pin``: workloads that start processes pin each to one core of this process's affinity set."""
+    """``--pin``: workloads that start processes pin each to one core of :meth:`cpus_for_children`."""
+    child_cpus: list[int] | None = None
+    """Under ``--pin``: the CPUs this process had before it was pinned to one (see
+    :mod:`benchmarks.pinning`); None when not pinned."""
+
+    def cpus_for_children(self) -> list[int]:
+        """The CPUs a workload pins its processes to, round robin (``--pin``): those this process had
+        before the harness pinned it, else its affinity set."""
+        return list(self.child_cpus) if self.child_cpus else sorted(os.sched_getaffinity(0))
 
     def status(self, text: str) -> None:
         """Show what the workload is doing now in the live display."""

@@ -32,6 +32,7 @@ from typing import Any
 from benchmarks import report as report_mod
 from benchmarks.core import Context, Result, S3Target
 from benchmarks.measure import RequestCounter, ResourceMeter
+from benchmarks.pinning import PinError, PinPlan, ceph_data_dir, ceph_pids, parse_pids, pinned
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CEPH_SCRIPT = REPO_ROOT / "scripts" / "ceph-rgw"
@@ -152,6 +153,45 @@ def start_ceph(log: Callable[[str], None]) -> S3Target:
     return target
 
 
+def is_project_ceph(target: S3Target, *, script: Path | None = None) -> bool:
+    """Whether ``target`` is the project's own Ceph RGW (the endpoint ``scripts/ceph-rgw env`` prints)."""
+    script = script or CEPH_SCRIPT
+    if not script.exists():
+        return False
+    try:
+        ours = _script_env(script).get("S3STREAM_TEST_S3_ENDPOINT", "")
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return bool(ours) and ours.rstrip("/") == target.endpoint.rstrip("/")
+
+
+def pin_plan(
+    args: argparse.Namespace, kind: str, target: S3Target | None, log: Callable[[str], None]
+) -> tuple[PinPlan | None, list[str]]:
+    """The ``--pin`` plan (None without ``--pin``) and notes for the report: the server's processes are
+    the project's Ceph RGW daemons when the target is that server, plus ``--server-pid``."""
+    if not args.pin:
+        if args.server_pid or args.pin_cpu is not None:
+            raise UsageError("--server-pid and --pin-cpu need --pin")
+        return None, []
+    notes: list[str] = []
+    servers = {pid: "--server-pid" for pid in parse_pids(args.server_pid or "")}
+    if target is not None and (kind == "ceph" or is_project_ceph(target)):
+        servers.update(ceph_pids(ceph_data_dir(REPO_ROOT)))
+    elif not servers:
+        notes.append(
+            "--pin: the benchmark is pinned but no server process is (the target is not the project's "
+            "Ceph RGW and no --server-pid was given)"
+        )
+    plan = PinPlan.make(bench_cpu=0 if args.pin_cpu is None else args.pin_cpu, server_pids=servers)
+    log(
+        f"pinning: benchmark on CPU {plan.bench_cpu}; server processes "
+        f"{', '.join(f'{name} ({pid})' for pid, name in sorted(servers.items())) or '(none)'} "
+        f"on CPUs {plan.server_cpus}"
+    )
+    return plan, notes
+
+
 def check_ceph_fill(
     target: S3Target, log: Callable[[str], None], *, script: Path | None = None
 ) -> str | None:
@@ -162,13 +202,7 @@ def check_ceph_fill(
     Returns a note for the report, or None when the target is not that RGW (a remote endpoint has no
     such check) or its OSD is comfortably empty. ``script`` stands in for scripts/ceph-rgw in tests."""
     script = script or CEPH_SCRIPT
-    if not script.exists():
-        return None
-    try:
-        ours = _script_env(script).get("S3STREAM_TEST_S3_ENDPOINT", "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not ours or ours.rstrip("/") != target.endpoint.rstrip("/"):
+    if not is_project_ceph(target, script=script):
         return None
     try:
         done = subprocess.run(
@@ -407,7 +441,10 @@ class _Display:
         for result in run.results:
             self.progress.console.print(
                 f"  {result.workload}: {result.metric} = {report_mod.fmt(result.value)} {result.unit} "
-                f"vs {result.baseline} {report_mod.fmt(result.baseline_value)} -> {report_mod.ratio_text(result)}",
+                f"vs {result.baseline} {report_mod.fmt(result.baseline_value)} -> {report_mod.ratio_text(result)}"
+                + (
+                    f"; CPU s/GiB {report_mod.cpu_text(result)}" if report_mod.cpu_text(result) != "-" else ""
+                ),
                 markup=False,
                 soft_wrap=True,
                 highlight=False,
@@ -503,7 +540,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pin",
         action="store_true",
-        help="pin each process a workload starts to one core (round robin over this process's cores)",
+        help="a fair bench: this process (and its threads) on one CPU (--pin-cpu), the S3 server's processes "
+        "on the others (the project's Ceph RGW daemons when that is the target, and --server-pid); processes "
+        "a workload pins itself go round robin over the CPUs this process had; affinities are restored at "
+        "the end",
+    )
+    parser.add_argument(
+        "--pin-cpu", type=int, default=None, metavar="N", help="with --pin: the benchmark's CPU (default 0)"
+    )
+    parser.add_argument(
+        "--server-pid",
+        metavar="PID[,PID...]",
+        help="with --pin: the S3 server's processes to pin on the other CPUs (every thread of each)",
     )
     return parser
 
@@ -577,7 +625,9 @@ def main(
             fill_note = check_ceph_fill(target, log)
             target_notes += [fill_note] if fill_note else []
             run_loop(ensure_bucket(target))
-    except UsageError as exc:
+        plan, pin_notes = pin_plan(args, kind, target, log)
+        target_notes += pin_notes
+    except (UsageError, PinError) as exc:
         log(f"error: {exc}")
         return 2
     log(
@@ -587,6 +637,12 @@ def main(
     )
 
     with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(pinned(plan))
+        except PinError as exc:
+            log(f"error: {exc}")
+            return 2
+        pinning = plan.to_json() if plan is not None else None
         # A fresh directory per run, removed at its end, also under --work-dir: a run that reused the
         # last one's WAL and metadata files measured something else, and a local object store left
         # there grew by gigabytes a run.
@@ -613,6 +669,7 @@ def main(
                 status_sink=status,
                 metadata_url=args.metadata_url,
                 pin=args.pin,
+                child_cpus=plan.child_cpus if plan is not None else None,
             )
             notes_by_ctx.append((name, ctx))
             return ctx
@@ -659,6 +716,7 @@ def main(
             },
             runs=runs,
             notes=notes,
+            pinning=pinning,
         )
         written = report_mod.write_all(report, out_dir=out_dir, json_path=args.json, plots=not args.no_plots)
     _print_summary(report, written)
@@ -677,16 +735,43 @@ def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:
     return f"deleted the run's {deleted} objects under {prefix} (--keep-objects keeps them)"
 
 
+def goal_table(report: report_mod.Report) -> Any:
+    """The goal rows (:mod:`benchmarks.goals`) as a rich table: value, baseline, ratio, goal, status."""
+    from rich.table import Table
+
+    table = Table(title="goals (ratio = value / baseline, same run)")
+    for column in ("goal", "value", "baseline", "ratio", "bound", "status", "note"):
+        table.add_column(
+            column,
+            justify="right" if column in ("value", "baseline", "ratio") else "left",
+            overflow="fold",
+            max_width=44 if column in ("goal", "note") else None,
+        )
+    colour = {"met": "green", "not met": "red", "not run": "yellow"}
+    for row in report.goals():
+        table.add_row(
+            row.row,
+            f"{report_mod.fmt(row.value)} {row.unit}".strip(),
+            report_mod.fmt(row.baseline),
+            f"{report_mod.fmt(row.ratio)}x" if row.ratio is not None else "-",
+            row.goal,
+            f"[{colour[row.status]}]{row.status}[/]",
+            row.note,
+        )
+    return table
+
+
 def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="s3stream benchmark results (ratio = value / baseline, same run)")
-    widths = {"metric": 34, "baseline": 44}
-    for column in ("workload", "metric", "value", "unit", "baseline", "baseline value", "ratio"):
+    widths = {"metric": 34, "baseline": 38}
+    columns = ("workload", "metric", "value", "unit", "baseline", "baseline value", "ratio", "CPU s/GiB")
+    for column in columns:
         table.add_column(
             column,
-            justify="right" if column in ("value", "baseline value", "ratio") else "left",
+            justify="right" if column in ("value", "baseline value", "ratio", "CPU s/GiB") else "left",
             min_width=min(widths.get(column, 0), 24),
             max_width=widths.get(column),
             no_wrap=column not in widths,
@@ -701,9 +786,11 @@ def _print_summary(report: report_mod.Report, written: Mapping[str, Any]) -> Non
             result.baseline,
             report_mod.fmt(result.baseline_value),
             report_mod.ratio_text(result),
+            report_mod.cpu_text(result),
         )
     console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
     console.print(table)
+    console.print(goal_table(report))
     for run in report.runs:
         if run.status != "ok":
             console.print(f"[red]{run.name}: {run.status}[/]\n{run.error}", highlight=False)

@@ -7,7 +7,7 @@
   protocol) or by a botocore event hook (:meth:`RequestCounter.attach` on one aiobotocore client,
   :meth:`RequestCounter.count_aiobotocore` on every client created while active: raw HTTP requests,
   retries included).
-- :func:`throughput` / :func:`per_gib`: the unit conversions every table uses.
+- :func:`throughput` / :func:`per_gib` / :func:`cpu_per_gib`: the unit conversions every table uses.
 
 Result extras use these key conventions so the report can plot them: ``latency_ms`` and
 ``baseline_latency_ms`` (dicts from :meth:`LatencyRecorder.summary_ms`), ``cpu_s``,
@@ -43,6 +43,12 @@ def throughput(amount: float, seconds: float) -> float:
 def per_gib(count: float, payload_bytes: int) -> float:
     """``count`` scaled to one GiB of payload."""
     return count * GIB / payload_bytes if payload_bytes > 0 else float("nan")
+
+
+def cpu_per_gib(usage: ResourceUsage, payload_bytes: int) -> float:
+    """CPU seconds of a :class:`ResourceMeter` section per GiB of ``payload_bytes`` moved in it (the
+    ``cpu_s_per_gib`` of a :class:`benchmarks.core.Result`); NaN when nothing moved."""
+    return per_gib(usage.cpu_s, payload_bytes)
 
 
 # --- latency ---------------------------------------------------------------------------------------
@@ -226,6 +232,9 @@ class ResourceMeter:
     """
 
     def __init__(self, interval_s: float = 0.05) -> None:
+        """``interval_s`` 0: no sampling thread and no peak RSS (CPU of this process and of the
+        children reaped in the block only): for sections of milliseconds run in this process, where
+        starting a thread would cost more than the section's own work."""
         self.usage = ResourceUsage()
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -245,6 +254,8 @@ class ResourceMeter:
         self._started_wall = time.perf_counter()
         self._started_own_cpu = _own_cpu_s()
         self._started_reaped_cpu = _reaped_children_cpu_s()
+        if not self._interval_s:
+            return self
         self.usage.peak_rss_bytes = _sample_process_tree(self._children_cpu_at_start)
         self._children_cpu_seen.update(self._children_cpu_at_start)
         self._thread = threading.Thread(target=self._sample, name="resource-meter", daemon=True)
@@ -255,8 +266,9 @@ class ResourceMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        rss = _sample_process_tree(self._children_cpu_seen)
-        self.usage.peak_rss_bytes = max(self.usage.peak_rss_bytes, rss)
+        if self._interval_s:
+            rss = _sample_process_tree(self._children_cpu_seen)
+            self.usage.peak_rss_bytes = max(self.usage.peak_rss_bytes, rss)
         self.usage.wall_s = time.perf_counter() - self._started_wall
         reaped_cpu_s = _reaped_children_cpu_s() - self._started_reaped_cpu
         sampled_cpu_s = sum(

@@ -14,8 +14,11 @@ JSON schema (``schema`` = ``s3stream-bench/1``)::
                            bytes_read, per_gib_moved: {class: requests per GiB PUT + GET}},
                            result_count}},
       "results": [{workload, metric, value, unit, baseline, baseline_value, ratio,
-                   higher_is_better, extra}],
-      "notes": [str]
+                   higher_is_better, extra, cpu_s_per_gib, baseline_cpu_s_per_gib, cpu_ratio}],
+      "notes": [str],
+      "pinning": null | {bench_pid, bench_cpu, bench_cpus_now, server_cpus,
+                         servers: [{pid, name, cpus_now}], child_cpus, children},
+      "goals": [{row, value, baseline, ratio, goal, met, workload, metric, note}]
     }
 
 Non-finite floats (a ratio over a zero baseline) are written as ``null``.
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.core import Result
+from benchmarks.goals import GoalRow, evaluate
 
 SCHEMA = "s3stream-bench/1"
 
@@ -77,10 +81,16 @@ class Report:
     parameters: dict[str, Any]
     runs: list[WorkloadRun]
     notes: list[str] = field(default_factory=list)
+    pinning: dict[str, Any] | None = None
+    """``--pin``: the affinities while the workloads ran (:meth:`benchmarks.pinning.PinPlan.to_json`)."""
 
     @property
     def results(self) -> list[Result]:
         return [result for run in self.runs for result in run.results]
+
+    def goals(self) -> list[GoalRow]:
+        """The goal rows (:mod:`benchmarks.goals`) judged from this run's results."""
+        return evaluate(self.results, [run.name for run in self.runs if run.status == "ok"])
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = _finite(
@@ -94,6 +104,8 @@ class Report:
                 "workloads": {run.name: run.to_json() for run in self.runs},
                 "results": [result.to_json() for result in self.results],
                 "notes": self.notes,
+                "pinning": self.pinning,
+                "goals": [row.to_json() for row in self.goals()],
             }
         )
         return out
@@ -137,6 +149,16 @@ def ratio_text(result: Result) -> str:
     return f"{fmt(ratio)}x" + ("" if result.higher_is_better else " (lower is better)")
 
 
+def cpu_text(result: Result) -> str:
+    """The CPU column: ``engine / baseline`` CPU s per GiB and their ratio (``2.1 / 1.5 = 1.4x``);
+    ``-`` for a side not measured."""
+    own, base = result.cpu_s_per_gib, result.baseline_cpu_s_per_gib
+    if own is None and base is None:
+        return "-"
+    text = f"{fmt(own)} / {fmt(base)}"
+    return text + (f" = {fmt(result.cpu_ratio)}x" if math.isfinite(result.cpu_ratio) else "")
+
+
 def _bytes_text(size: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale:
@@ -170,13 +192,17 @@ def markdown(report: Report, plot_files: Sequence[Path] = (), relative_to: Path 
         "",
         "Every figure is next to a baseline measured in the same run; ratio = value / baseline.",
         "",
-        "| workload | metric | value | unit | baseline | baseline value | ratio |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: |",
+        "CPU s/GiB: the engine's CPU seconds (user + system, all threads, its child processes where it "
+        "runs in them) per GiB over the figure's section / the baseline's, measured the same way.",
+        "",
+        "| workload | metric | value | unit | baseline | baseline value | ratio | CPU s/GiB (value / baseline) |",
+        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: |",
     ]
     for result in report.results:
         lines.append(
             f"| {result.workload} | {_escape(result.metric)} | {fmt(result.value)} | {result.unit} | "
-            f"{_escape(result.baseline)} | {fmt(result.baseline_value)} | {ratio_text(result)} |"
+            f"{_escape(result.baseline)} | {fmt(result.baseline_value)} | {ratio_text(result)} | "
+            f"{cpu_text(result)} |"
         )
     latency_rows: list[tuple[Result, dict[str, Any], Any]] = [
         (result, result.extra["latency_ms"], result.extra.get("baseline_latency_ms"))
@@ -200,6 +226,14 @@ def markdown(report: Report, plot_files: Sequence[Path] = (), relative_to: Path 
                 + " | ".join(fmt(base.get(key)) for key in ("p50", "p99", "p999"))
                 + " |"
             )
+    lines += ["", "## Goals", "", "| goal | value | baseline | ratio | goal | status | note |"]
+    lines.append("| --- | ---: | ---: | ---: | --- | --- | --- |")
+    for row in report.goals():
+        lines.append(
+            f"| {_escape(row.row)} | {fmt(row.value)} {row.unit} | {fmt(row.baseline)} | "
+            f"{fmt(row.ratio)}{'x' if row.ratio is not None else ''} | {row.goal} | {row.status} | "
+            f"{_escape(row.note)} |"
+        )
     lines += [
         "",
         "## Workloads",

@@ -161,7 +161,7 @@ async def reader_rows(ctx: Context, url: str, *, label: str) -> list[Result]:
         spans = await _spans(url, storage, namespace, stream_id, end)
     finally:
         await storage.close()
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = ctx.cpus_for_children()
     spec = ReaderSpec(
         url=url,
         bucket_uri=ctx.s3.uri(ctx.key_prefix("reader")) if ctx.s3 else f"file://{storage_spec['local_root']}",

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.core import Context, Result
+from benchmarks.measure import ResourceMeter, per_gib
 from compaction.compactor import Compactor
 from compaction.gc import GarbageCollector
 from s3stream.config import Config
@@ -164,11 +165,13 @@ async def run(ctx: Context) -> list[Result]:
     try:
         objects_before, rows_before = await _counts(metadata)
         ctx.status("baseline: raw GET + PUT of the input")
-        base_s, input_bytes = await _baseline(storage, metadata, config.namespace)
+        with ResourceMeter(interval_s=0) as base_meter:
+            base_s, input_bytes = await _baseline(storage, metadata, config.namespace)
         ctx.status("compacting")
         compactor = Compactor(config, metadata, storage, node_id=NODE, node_epoch=1)
         started = time.perf_counter()
-        report = await compactor.run_once(stream_objects=False)
+        with ResourceMeter(interval_s=0) as meter:
+            report = await compactor.run_once(stream_objects=False)
         took_s = time.perf_counter() - started
         assert not report.problems, report.problems
         ctx.status("stream object pass: merge the split stream objects")
@@ -188,6 +191,8 @@ async def run(ctx: Context) -> list[Result]:
                 f"raw GET + PUT of the same bytes ({BASELINE_CONCURRENCY} in flight)",
                 input_bytes / MiB / base_s,
                 extra={"input_mib": input_bytes / MiB, "summary": report.summary(), "goal_ratio": 0.5},
+                cpu_s_per_gib=per_gib(meter.usage.cpu_s, input_bytes),
+                baseline_cpu_s_per_gib=per_gib(base_meter.usage.cpu_s, input_bytes),
             )
         )
         results.append(

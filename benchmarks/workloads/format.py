@@ -14,7 +14,8 @@ of payload per object):
   touched buffer of the same size: the machine's copy bandwidth, no page faults).
 
 Figures are MB/s of object bytes (10^6 bytes per second); best of ``rounds`` rounds each;
-ratio = format / memory copy (goal >= 0.5). The extras also give a copy into newly allocated memory
+ratio = format / memory copy (goal >= 0.5). CPU s/GiB (of object bytes) of each side sums this
+process's CPU over every round of that side. The extras also give a copy into newly allocated memory
 (``bytearray(object)``: what any encoder or decoder producing new bytes pays in page faults) and
 the copy done the way Python code copies records (one slice assignment per record), to separate
 allocation and per-record interpreter costs from the format's own work.
@@ -26,6 +27,7 @@ import time
 from typing import Any
 
 from benchmarks.core import Context, Result
+from benchmarks.measure import ResourceMeter, per_gib
 from s3stream.objectformat import ObjectReader, ObjectWriter
 from s3stream.record import StreamRecordBatch
 
@@ -141,11 +143,20 @@ async def run(ctx: Context) -> list[Result]:
         source = _BytesSource(data)
         await _decode(source, len(records))  # warm-up: the source slices its ranges once
         dst = bytearray(len(data))  # the baseline's destination, touched once before timing
+        cpu_s = {"encode": 0.0, "decode": 0.0, "copy": 0.0}
         for _ in range(rounds):
-            elapsed, data = await _encode(records)
+            with ResourceMeter(interval_s=0) as meter:
+                elapsed, data = await _encode(records)
+            cpu_s["encode"] += meter.usage.cpu_s
             encode_s = min(encode_s, elapsed)
-            decode_s = min(decode_s, await _decode(source, len(records)))
-            copy_s = min(copy_s, _memcpy(data, dst))
+            with ResourceMeter(interval_s=0) as meter:
+                decoded_s = await _decode(source, len(records))
+            cpu_s["decode"] += meter.usage.cpu_s
+            decode_s = min(decode_s, decoded_s)
+            with ResourceMeter(interval_s=0) as meter:
+                copied_s = _memcpy(data, dst)
+            cpu_s["copy"] += meter.usage.cpu_s
+            copy_s = min(copy_s, copied_s)
             fresh_s = min(fresh_s, _fresh_copy(data))
             loop_s = min(loop_s, _per_record_copy(records, len(data)))
         mb = len(data) / 1e6
@@ -167,6 +178,8 @@ async def run(ctx: Context) -> list[Result]:
                     baseline="memory copy of the object bytes",
                     baseline_value=mb / copy_s,
                     extra=dict(extra, per_record_copy_ratio=(mb / seconds) / (mb / loop_s)),
+                    cpu_s_per_gib=per_gib(cpu_s[metric], rounds * len(data)),
+                    baseline_cpu_s_per_gib=per_gib(cpu_s["copy"], rounds * len(data)),
                 )
             )
     return results

@@ -108,7 +108,7 @@ async def _run_nodes(ctx: Context, url: str, spec: dict[str, Any], nodes: int) -
     migrating a new file at once (``database is locked`` from the first ``BEGIN IMMEDIATE``)."""
     store = await open_store(url)
     await store.close()
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = ctx.cpus_for_children()
     logs = ctx.scratch("node-logs")
     processes: list[asyncio.subprocess.Process] = []
     try:

@@ -32,7 +32,7 @@ from benchmarks.baselines import (
     slatedb_writer,
 )
 from benchmarks.core import Context, Result
-from benchmarks.measure import MIB, CountingStorage, RequestCounter, ResourceMeter
+from benchmarks.measure import MIB, CountingStorage, RequestCounter, ResourceMeter, per_gib
 
 NAME = "peers"
 
@@ -62,7 +62,16 @@ def _compare(metric: str, unit: str, value: Measured, baseline: Measured, *, per
         baseline=baseline.name,
         baseline_value=pick(baseline),
         extra=extra,
+        cpu_s_per_gib=_cpu_s_per_gib(value),
+        baseline_cpu_s_per_gib=_cpu_s_per_gib(baseline),
     )
+
+
+def _cpu_s_per_gib(measured: Measured) -> float | None:
+    """CPU s per GiB of payload of a measured run (its :class:`ResourceMeter`), None if not metered."""
+    if measured.usage is None or not measured.payload_bytes:
+        return None
+    return per_gib(measured.usage.cpu_s, measured.payload_bytes)
 
 
 def _buffered_write_sync(path: Path, total_bytes: int, block_bytes: int) -> Measured:

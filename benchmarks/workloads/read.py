@@ -32,7 +32,8 @@ round the engine makes one pass beside each of the baseline's settings (2 on the
 S3), the pair's order alternating, so both sides draw the same number of passes; each side's best
 pass is reported (the baseline's over all its settings), with both sides' medians in the extras.
 Figures are MB/s of the stream's block bytes (what both sides move); ratio = engine / baseline (goal
->= 0.7). "Cold" means cold for the engine (empty block and index caches), not for the server.
+>= 0.7). CPU s/GiB of each side: this process's CPU over all of that side's timed passes (every
+setting for the baseline) per GiB of block bytes they moved. "Cold" means cold for the engine (empty block and index caches), not for the server.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 
 from benchmarks.baselines import raw_s3_client
 from benchmarks.core import Context, Result
-from benchmarks.measure import CountingStorage, RequestCounter
+from benchmarks.measure import CountingStorage, RequestCounter, ResourceMeter, per_gib
 from s3stream.config import Config
 from s3stream.engine.blockcache import BlockCache
 from s3stream.engine.reader import ObjectStreamReader
@@ -249,6 +250,7 @@ async def run(ctx: Context) -> list[Result]:
             engine_times: list[float] = []
             engine_extra: dict[str, Any] = {}
             seq_best = float("inf")
+            cpu_s = {"engine": 0.0, "baseline": 0.0}
             # one unmeasured pass first, so both sides meet the server in the same (warm) state
             await _baseline_round(ctx, storage, spans, inflight)
             # start-up is over: what an application is told to do (docs/architecture.md, "Latency and
@@ -264,14 +266,18 @@ async def run(ctx: Context) -> list[Result]:
                         for side in sides:
                             gc.collect()  # each side pays for collecting its own garbage only
                             if side == "engine":
-                                elapsed, _, extra = await _engine_round(
-                                    storage, metadata, config, stream_id, end
-                                )
+                                with ResourceMeter(interval_s=0) as meter:
+                                    elapsed, _, extra = await _engine_round(
+                                        storage, metadata, config, stream_id, end
+                                    )
+                                cpu_s["engine"] += meter.usage.cpu_s
                                 engine_times.append(elapsed)
                                 if elapsed < engine_best:
                                     engine_best, engine_extra = elapsed, extra
                             else:
-                                elapsed = await _baseline_round(ctx, storage, spans, n, chunked=chunked)
+                                with ResourceMeter(interval_s=0) as meter:
+                                    elapsed = await _baseline_round(ctx, storage, spans, n, chunked=chunked)
+                                cpu_s["baseline"] += meter.usage.cpu_s
                                 baseline_times[n, chunked].append(elapsed)
                                 baseline_best_s[n, chunked] = min(baseline_best_s[n, chunked], elapsed)
                     gc.collect()
@@ -311,6 +317,10 @@ async def run(ctx: Context) -> list[Result]:
                         "block_cache_bytes": config.block_cache_size_bytes,
                         "frozen_objects": frozen_count,
                     },
+                    cpu_s_per_gib=per_gib(cpu_s["engine"], span_bytes * len(engine_times)),
+                    baseline_cpu_s_per_gib=per_gib(
+                        cpu_s["baseline"], span_bytes * sum(len(times) for times in baseline_times.values())
+                    ),
                 )
             )
             await storage.delete([s.key for s in spans])

@@ -180,10 +180,10 @@ async def _spawn_all(ctx: Context, specs: list[tuple[NodeSpec, str]]) -> list[No
 
 
 def _cpu(ctx: Context, index: int) -> int | None:
-    """``--pin``: the core of the ``index``-th process (round robin over this process's cores)."""
+    """``--pin``: the core of the ``index``-th process (round robin over ctx.cpus_for_children())."""
     if not ctx.pin:
         return None
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = ctx.cpus_for_children()
     return cpus[index % len(cpus)]
 
 

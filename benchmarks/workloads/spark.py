@@ -22,6 +22,9 @@ With an S3 target two more rows (the direct path needs objects the executors rea
   (``_spark_big_batch``): its ``VmHWM`` after the big batch vs after an empty batch (goal: below
   1.5x; the peak after a 1,000-row batch is in the extras). In local mode the executors run in the driver's JVM, so the JVM's peak is given apart.
 
+CPU s/GiB (of 1 KiB values) of each sink: this process's CPU plus its children's (the JVM, where
+Spark and its executors run) over the whole query, its first micro-batch included.
+
 The extras break the sink's time down into executor encoding + collection (``encode_ms``) and the
 engine appends (``append_ms``) per micro-batch.
 """
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.core import Context, Result
+from benchmarks.measure import ResourceMeter, ResourceUsage, per_gib
 
 KiB = 1 << 10
 PARTITIONS = 4
@@ -149,22 +153,29 @@ def _measure(ctx: Context) -> list[Result]:
         ctx.notes.append(f"spark: generated inputs in {time.perf_counter() - t0:.1f} s")
 
         # order: parquet first warms the JVM's file source for both; each sink gets its own checkpoint
-        pq_ms, pq_rows = _run_parquet(spark, work / "in", work / "big")
-        s3_ms, s3_rows, history = _run_s3stream(spark, work / "in", work / "big")
+        usage: dict[str, ResourceUsage] = {}
+        with ResourceMeter() as meter:
+            pq_ms, pq_rows = _run_parquet(spark, work / "in", work / "big")
+        usage["parquet"] = meter.usage
+        with ResourceMeter() as meter:
+            s3_ms, s3_rows, history = _run_s3stream(spark, work / "in", work / "big")
+        usage["s3stream"] = meter.usage
         direct: dict[str, Any] = {}
         direct_stats: list[Any] = []
         if ctx.s3 is not None:  # the direct path needs objects the executors reach: S3
             for label, use_direct in (("direct", True), ("driver_path_s3", False)):
                 uri = ctx.s3.uri(ctx.key_prefix(f"spark-{label}"))
-                ms, rows, hist = _run_s3stream(
-                    spark,
-                    work / "in",
-                    work / "big",
-                    bucket_uri=uri,
-                    direct=use_direct,
-                    name=label,
-                    direct_history=direct_stats if use_direct else None,
-                )
+                with ResourceMeter() as meter:
+                    ms, rows, hist = _run_s3stream(
+                        spark,
+                        work / "in",
+                        work / "big",
+                        bucket_uri=uri,
+                        direct=use_direct,
+                        name=label,
+                        direct_history=direct_stats if use_direct else None,
+                    )
+                usage[label] = meter.usage
                 direct[label] = (ms, rows, hist)
         pq_small_ms, _ = _run_parquet(spark, work / "small", work / "small-run")
         s3_small_ms, _, small_history = _run_s3stream(spark, work / "small", work / "small-run")
@@ -175,6 +186,9 @@ def _measure(ctx: Context) -> list[Result]:
 
     def rate(ms: list[float], rows: list[int]) -> float:
         return sum(rows[1:]) / (sum(ms[1:]) / 1000) if len(ms) > 1 else float("nan")
+
+    def cpu(side: str, rows: list[int]) -> float:
+        return per_gib(usage[side].cpu_s, sum(rows) * KiB)
 
     s3_rate = rate(s3_ms, s3_rows)
     pq_rate = rate(pq_ms, pq_rows)
@@ -216,7 +230,10 @@ def _measure(ctx: Context) -> list[Result]:
                     "direct_write_ms": [round(h.write_s * 1000) for h in direct_stats],
                     "direct_commit_ms": [round(h.commit_s * 1000) for h in direct_stats],
                     "load_average": list(os.getloadavg()),
+                    "driver_path_s3_cpu_s_per_gib": cpu("driver_path_s3", w_rows),
                 },
+                cpu_s_per_gib=cpu("direct", d_rows),
+                baseline_cpu_s_per_gib=cpu("parquet", pq_rows),
             )
         )
         results.append(_driver_rss(ctx))
@@ -230,6 +247,8 @@ def _measure(ctx: Context) -> list[Result]:
             baseline="Spark parquet file sink, same micro-batches",
             baseline_value=pq_rate,
             extra=extra,
+            cpu_s_per_gib=cpu("s3stream", s3_rows),
+            baseline_cpu_s_per_gib=cpu("parquet", pq_rows),
         ),
         Result(
             workload="spark",

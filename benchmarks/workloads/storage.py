@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.baselines import raw_s3_client
 from benchmarks.core import Context, Result
+from benchmarks.measure import ResourceMeter
 from s3stream.storage.base import ObjectStorage
 
 MiB = 1024 * 1024
@@ -50,10 +51,12 @@ async def _measure_pairs(
     concurrency: int,
     rounds: int,
     fns: dict[str, Callable[[str], Awaitable[None]]],
-) -> dict[str, float]:
-    """Seconds spent per ``"<raw|engine> <put|get>"``: batches of ``concurrency`` objects, raw and
-    engine back to back on the same keys, the order alternating batch by batch (noise hits both)."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds and CPU seconds (this process's) spent per ``"<raw|engine> <put|get>"``: batches of
+    ``concurrency`` objects, raw and engine back to back on the same keys, the order alternating
+    batch by batch (noise hits both)."""
     elapsed = dict.fromkeys(fns, 0.0)
+    cpu_s = dict.fromkeys(fns, 0.0)
     batches = [keys[i : i + concurrency] for i in range(0, len(keys), concurrency)]
     for round_index in range(rounds):
         ctx.status(f"{label} round {round_index + 1}/{rounds}")
@@ -64,9 +67,11 @@ async def _measure_pairs(
                     pair.reverse()
                 for name in pair:
                     started = time.perf_counter()
-                    await asyncio.gather(*(fns[name](key) for key in batch))
+                    with ResourceMeter(interval_s=0) as meter:
+                        await asyncio.gather(*(fns[name](key) for key in batch))
                     elapsed[name] += time.perf_counter() - started
-    return elapsed
+                    cpu_s[name] += meter.usage.cpu_s
+    return elapsed, cpu_s
 
 
 async def _s3(ctx: Context) -> list[Result]:
@@ -129,7 +134,7 @@ async def _s3(ctx: Context) -> list[Result]:
                     "raw get": raw_get,
                     "engine get": engine_get,
                 }
-                elapsed = await _measure_pairs(ctx, label, keys, concurrency, rounds, fns)
+                elapsed, cpu_s = await _measure_pairs(ctx, label, keys, concurrency, rounds, fns)
                 moved_mib = size_mib * count * rounds
                 for op in ("put", "get"):
                     if engine is single_put and op == "get":
@@ -143,6 +148,8 @@ async def _s3(ctx: Context) -> list[Result]:
                             baseline=f"raw aiobotocore {op}_object",
                             baseline_value=moved_mib / elapsed[f"raw {op}"],
                             extra={"objects": count, "rounds": rounds, "object_mib": size_mib},
+                            cpu_s_per_gib=cpu_s[f"engine {op}"] * 1024 / moved_mib,
+                            baseline_cpu_s_per_gib=cpu_s[f"raw {op}"] * 1024 / moved_mib,
                         )
                     )
                 await engine.delete(keys)
@@ -184,8 +191,10 @@ async def _local(ctx: Context) -> list[Result]:
             async def engine_put(key: str, body: bytes = body) -> None:
                 await storage.put(key, body)
 
-            raw_s = await _timed_local(1, keys, raw_put)
-            engine_s = await _timed_local(1, keys, engine_put)
+            with ResourceMeter(interval_s=0) as raw_meter:
+                raw_s = await _timed_local(1, keys, raw_put)
+            with ResourceMeter(interval_s=0) as engine_meter:
+                engine_s = await _timed_local(1, keys, engine_put)
             results.append(
                 Result(
                     workload=WORKLOAD,
@@ -194,6 +203,8 @@ async def _local(ctx: Context) -> list[Result]:
                     unit="MiB/s",
                     baseline="write+fsync+rename in a thread",
                     baseline_value=size_mib * count / raw_s,
+                    cpu_s_per_gib=engine_meter.usage.cpu_s * 1024 / (size_mib * count),
+                    baseline_cpu_s_per_gib=raw_meter.usage.cpu_s * 1024 / (size_mib * count),
                 )
             )
             await storage.delete(keys)

@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 from crc32c import crc32c
 
 from benchmarks.core import Context, Result
-from benchmarks.measure import LatencyRecorder
+from benchmarks.measure import LatencyRecorder, ResourceMeter, per_gib
 from wal import BlockWAL, WalConfig
 
 KiB = 1024
@@ -179,6 +179,9 @@ class MinimalGroupCommit:
         self.pos = 0
         self.task = asyncio.get_running_loop().create_task(self._run())
         self.closing = False
+        self.group_write_s: list[float] | None = None
+        """When a list, each group write's time from its hand-over to the thread to its completion
+        reaching the loop is appended (seconds), as ``BlockWAL.group_write_s`` times the WAL's."""
 
     async def append(self, data: bytes) -> int:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -206,7 +209,10 @@ class MinimalGroupCommit:
             self.wake.clear()
             items, self.queue = self.queue, []
             if items:
+                started = time.perf_counter()
                 await loop.run_in_executor(None, self._write, items)
+                if self.group_write_s is not None:
+                    self.group_write_s.append(time.perf_counter() - started)
                 for i, (_, fut) in enumerate(items):
                     fut.set_result(i)
 
@@ -277,6 +283,8 @@ class PairedRates(NamedTuple):
     """per setting (the WAL's own too): groups written from the loop (AIO or io_uring)"""
     chooser: dict[str, int]
     """the ``aio="adaptive"`` WAL's (the row's or the other): :func:`_chooser_stats`"""
+    cpu_s_per_gib: dict[str, float]
+    """per name of ``rates``: this process's CPU s per GiB of appended payload over all its slices"""
 
 
 def _chooser_stats(wal: BlockWAL) -> dict[str, int]:
@@ -324,6 +332,7 @@ async def _paired_appends(
     runs = [("wal", wal.append), ("base", base.append), ("format", fmt.append)]
     runs += [(f"aio={setting}", w.append) for setting, w in other_wals.items()]
     totals = {name: [0, 0.0] for name, _ in runs}
+    cpu_s = dict.fromkeys(totals, 0.0)
     ratios: list[float] = []
     other_ratios: dict[str, list[float]] = {setting: [] for setting in others}
     loop_writes: dict[str, int] = {}
@@ -333,8 +342,10 @@ async def _paired_appends(
             rates: dict[str, float] = {}
             for name, append in runs if i % 2 == 0 else runs[::-1]:
                 started = time.perf_counter()
-                n = await _producers(append, producers, slice_s, data)
+                with ResourceMeter(interval_s=0) as meter:
+                    n = await _producers(append, producers, slice_s, data)
                 elapsed = time.perf_counter() - started
+                cpu_s[name] += meter.usage.cpu_s
                 totals[name][0] += n
                 totals[name][1] += elapsed
                 rates[name] = n / elapsed
@@ -362,6 +373,7 @@ async def _paired_appends(
         other_ratios,
         loop_writes,
         chooser,
+        {name: per_gib(cpu_s[name], int(n) * len(data)) for name, (n, _) in totals.items()},
     )
 
 
@@ -632,14 +644,16 @@ async def run(ctx: Context) -> list[Result]:
                 await wal.append(record)
 
         started = time.perf_counter()
-        await asyncio.gather(*(producer() for _ in range(16)))
+        with ResourceMeter(interval_s=0) as wal_meter:
+            await asyncio.gather(*(producer() for _ in range(16)))
         wal_s = time.perf_counter() - started
         groups = wal.stats["groups"]
         mode = wal.mode  # (after the run: the adaptive WAL's path then, not before its first reading)
         chooser = _chooser_stats(wal)
         await wal.close()
         written = per_producer * 16 * len(record)
-        raw_s = await asyncio.to_thread(_raw_write, path, written, 64 * KiB)
+        with ResourceMeter(interval_s=0) as raw_meter:
+            raw_s = await asyncio.to_thread(_raw_write, path, written, 64 * KiB)
         results.append(
             Result(
                 WORKLOAD,
@@ -649,6 +663,8 @@ async def run(ctx: Context) -> list[Result]:
                 "raw O_DIRECT sequential 64 KiB writes + one fdatasync, same bytes, same file",
                 written / raw_s / 1e6,
                 extra={"mode": mode, "groups": groups, "goal_ratio": 0.5, "adaptive_chooser": chooser},
+                cpu_s_per_gib=per_gib(wal_meter.usage.cpu_s, written),
+                baseline_cpu_s_per_gib=per_gib(raw_meter.usage.cpu_s, written),
             )
         )
         os.remove(path)
@@ -698,6 +714,8 @@ async def run(ctx: Context) -> list[Result]:
                     "minimal asyncio group-commit loop (one pwrite + fdatasync per cycle), own file, alternating slices",
                     base,
                     extra=extra,
+                    cpu_s_per_gib=paired.cpu_s_per_gib["wal"],
+                    baseline_cpu_s_per_gib=paired.cpu_s_per_gib["base"],
                 )
             )
 

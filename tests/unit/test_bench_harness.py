@@ -35,6 +35,9 @@ RESULT_KEYS = {
     "ratio",
     "higher_is_better",
     "extra",
+    "cpu_s_per_gib",
+    "baseline_cpu_s_per_gib",
+    "cpu_ratio",
 }
 
 

@@ -116,8 +116,14 @@ def _fake_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
     async def floor(rate_per_s: float, duration_s: float) -> LatencyRecorder:
         return LatencyRecorder()
 
+    async def minimal_loop(ctx: Context, **kw: object) -> tuple[LatencyRecorder, dict[str, float]]:
+        latency = LatencyRecorder()
+        latency.record(0.0005)
+        return latency, ingest.disk_stalls([0.001, 0.03])
+
     for name, fake in (("_wal_alone", wal_alone), ("_engine_ingest", engine), ("_raw_put", raw_put),
-                       ("_engine_latency", engine_latency), ("_paced_floor", floor)):  # fmt: skip
+                       ("_engine_latency", engine_latency), ("_paced_floor", floor),
+                       ("_minimal_loop_latency", minimal_loop)):  # fmt: skip
         monkeypatch.setattr(ingest, name, fake)
 
 

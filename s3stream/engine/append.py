@@ -325,14 +325,17 @@ class AppendPath:
                 self._seq = seq + 1
                 trim_tracker.write_started(seq, body_bytes)  # a per-block record once released
             try:
-                if write is not None:  # the lease was checked once for the record, when it returned
+                if write is not None:
                     offset = await write
                 else:
                     offset = await self._wal_append(
                         header + payload if size < PARTS_MIN_BYTES else (header, payload)
                     )
-                    if lease is not None and not lease():  # durable after the deadline: never acknowledged
-                        raise self.lease_lost()
+                # Durable after the deadline: never acknowledged. Checked here, in the appender's own
+                # turn, even when the coalesced record was checked as its write returned: the process
+                # may pause between that callback and this task's wake-up (a SIGSTOP past the lease).
+                if lease is not None and not lease():
+                    raise self.lease_lost()
             except BaseException as exc:  # noqa: BLE001 - _after_failed_write re-raises all but a full WAL
                 if self._translate_wal_error is not None:
                     exc = self._translate_wal_error(exc)

@@ -25,7 +25,9 @@ Invariants:
 - The node lease is checked once for the record right before it is submitted (``before_write``: a
   record past the deadline never reaches the WAL, and fails every appender of it) and once when the
   WAL returns (``after_write``), before any appender of it runs on: a record durable after the
-  deadline fails every appender of it (never acknowledged), as each plain append's own check did.
+  deadline fails every appender of it (never acknowledged). Each appender checks again in its own
+  turn before it is acknowledged (:mod:`s3stream.engine.append`): the process may pause between this
+  callback and the appender's wake-up.
   (The engine still checks an append that opens a record, or is not coalesced, before it takes its
   offsets; one that joins an open record is checked with the record.)
 - The trim tracker sees the record as ONE write in flight (``write_started`` when it opens,

@@ -116,7 +116,7 @@ def test_buckets_shows_what_each_rgw_bucket_holds_reads_only_and_no_credentials(
 
     assert sum(int(str(r["objects"])) for r in rows) == asyncio.run(committed()) >= 3
     assert asyncio.run(held()) == [(r["objects"], r["bytes"]) for r in rows]
-    assert [r["objects"] for r in rows] == [2, 1]
+    # how the objects split between the two buckets is round robin's per-process random start
     assert all(r["health"] == "healthy" for r in rows)  # the node's report at start
 
 

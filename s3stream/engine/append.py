@@ -128,7 +128,6 @@ class AppendPath:
                 next_seq=self._take_seq,
                 record_max_bytes=config.wal_record_max_bytes,
                 before_write=self._lease_error,
-                after_write=self._lease_error,
             )
         self._watched: tuple[int, float] | None = None
         """(seq, time first seen) of the oldest WAL append in flight at the last watchdog pass."""

@@ -23,11 +23,9 @@ Invariants:
   with a later one (``flush`` runs before every other WAL write), so sequence numbers still grow with
   WAL offsets.
 - The node lease is checked once for the record right before it is submitted (``before_write``: a
-  record past the deadline never reaches the WAL, and fails every appender of it) and once when the
-  WAL returns (``after_write``), before any appender of it runs on: a record durable after the
-  deadline fails every appender of it (never acknowledged). Each appender checks again in its own
-  turn before it is acknowledged (:mod:`s3stream.engine.append`): the process may pause between this
-  callback and the appender's wake-up.
+  record past the deadline never reaches the WAL, and fails every appender of it). A record durable
+  after the deadline is refused by each appender's own check in its turn (:mod:`s3stream.engine.append`),
+  not here: the process may pause between the WAL's answer and an appender's wake-up.
   (The engine still checks an append that opens a record, or is not coalesced, before it takes its
   offsets; one that joins an open record is checked with the record.)
 - The trim tracker sees the record as ONE write in flight (``write_started`` when it opens,
@@ -74,7 +72,6 @@ class AppendCoalescer:
         "_trim_tracker",
         "_wal_append",
         "_write",
-        "after_write",
         "before_write",
         "open_seq",
         "record_count",
@@ -88,7 +85,6 @@ class AppendCoalescer:
         next_seq: Callable[[], int],
         record_max_bytes: int,
         before_write: Callable[[], BaseException | None] | None = None,
-        after_write: Callable[[], BaseException | None] | None = None,
     ) -> None:
         self._wal_append = wal_append
         self._trim_tracker = trim_tracker
@@ -106,9 +102,6 @@ class AppendCoalescer:
         self.before_write = before_write
         """Called once right before a record is submitted: the error to fail its appenders with
         instead of writing it (the engine's lease check); None: write it."""
-        self.after_write = after_write
-        """Called once when a record's write succeeded: the error to fail its appenders with instead
-        (the engine's lease check); None: acknowledge them."""
         self.record_count = 0
         """Coalesced records submitted so far."""
 
@@ -173,8 +166,6 @@ class AppendCoalescer:
                 error = UnavailableError("the coalesced WAL write was cancelled")
             else:
                 error = done.exception()
-                if error is None and self.after_write is not None:
-                    error = self.after_write()  # durable, but past the lease deadline: never acknowledged
                 if error is None:
                     offset = done.result()
         self._trim_tracker.write_returned(seq, offset)

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
 import importlib
 import inspect
 import os
@@ -33,6 +34,7 @@ from benchmarks import report as report_mod
 from benchmarks.core import Context, Result, S3Target
 from benchmarks.measure import RequestCounter, ResourceMeter
 from benchmarks.pinning import PinError, PinPlan, ceph_data_dir, ceph_pids, parse_pids, pinned
+from benchmarks.profiling import RATE_HZ_DEFAULT, ProfileError, Sampler, find_py_spy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CEPH_SCRIPT = REPO_ROOT / "scripts" / "ceph-rgw"
@@ -358,13 +360,19 @@ async def run_one(
     ctx: Context,
     *,
     timeout_s: float,
+    sampler: Callable[[str], Sampler] | None = None,
 ) -> report_mod.WorkloadRun:
-    """Run one workload, measuring its CPU, peak RSS and raw S3 requests; never raises for its failures."""
+    """Run one workload, measuring its CPU, peak RSS and raw S3 requests; never raises for its failures.
+
+    ``sampler`` (``--profile``): a py-spy sampler for the workload's name, run around the workload; its
+    summary goes to ``run.profile`` and beside its folded stacks as Markdown."""
     run = report_mod.WorkloadRun(name=name)
     counter = RequestCounter()
     started = time.perf_counter()
-    with ResourceMeter() as meter, counter.count_aiobotocore():
+    spy: Sampler | None = None
+    with contextlib.ExitStack() as stack, ResourceMeter() as meter, counter.count_aiobotocore():
         try:
+            spy = stack.enter_context(sampler(name)) if sampler is not None else None
             results = await asyncio.wait_for(workload(ctx), timeout=timeout_s)
             if not isinstance(results, list) or not all(isinstance(result, Result) for result in results):
                 raise TypeError(f"workload {name} returned {type(results).__name__}, not list[Result]")
@@ -373,6 +381,15 @@ async def run_one(
             run.status, run.error = "error", f"timed out after {timeout_s:.0f} s"
         except Exception:
             run.status, run.error = "error", traceback.format_exc()
+        stack.close()  # stops the sampler: py-spy writes its samples
+    if spy is not None:
+        try:
+            profile = spy.profile()
+        except ProfileError as exc:
+            run.profile = {"error": str(exc)}
+        else:
+            run.profile = profile.to_json()
+            spy.output.with_suffix(".md").write_text(profile.to_markdown(name), encoding="utf-8")
     run.duration_s = time.perf_counter() - started
     run.cpu_s, run.cpu_util, run.peak_rss_bytes = (
         meter.usage.cpu_s,
@@ -459,6 +476,7 @@ async def run_benchmarks(
     timeout_s: float = WORKLOAD_TIMEOUT_S_DEFAULT,
     live: bool = True,
     runs: list[report_mod.WorkloadRun] | None = None,
+    sampler: Callable[[str], Sampler] | None = None,
 ) -> list[report_mod.WorkloadRun]:
     """Run ``names`` in order; ``workloads`` maps a name to its function or its module name.
 
@@ -480,7 +498,9 @@ async def run_benchmarks(
                 except Exception:
                     run = report_mod.WorkloadRun(name=name, status="error", error=traceback.format_exc())
                 else:
-                    run = await run_one(name, fn, ctx_factory(name, status), timeout_s=timeout_s)
+                    run = await run_one(
+                        name, fn, ctx_factory(name, status), timeout_s=timeout_s, sampler=sampler
+                    )
             runs.append(run)
             display.end(run)
     return runs
@@ -552,6 +572,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--server-pid",
         metavar="PID[,PID...]",
         help="with --pin: the S3 server's processes to pin on the other CPUs (every thread of each)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample each workload with py-spy (without pausing the process): folded stacks and a summary "
+        "(self, total, by layer) per workload under <out>/profiles/, the summary also in the results JSON",
+    )
+    parser.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile: C frames too (py-spy --native; pauses the process for each sample)",
+    )
+    parser.add_argument(
+        "--profile-rate",
+        type=int,
+        default=RATE_HZ_DEFAULT,
+        metavar="HZ",
+        help=f"with --profile: samples per second (default {RATE_HZ_DEFAULT})",
     )
     return parser
 
@@ -627,7 +665,8 @@ def main(
             run_loop(ensure_bucket(target))
         plan, pin_notes = pin_plan(args, kind, target, log)
         target_notes += pin_notes
-    except (UsageError, PinError) as exc:
+        py_spy = profile_tool(args)
+    except (UsageError, PinError, ProfileError) as exc:
         log(f"error: {exc}")
         return 2
     log(
@@ -686,6 +725,18 @@ def main(
                     timeout_s=args.timeout,
                     live=not args.no_live and sys.stderr.isatty(),
                     runs=runs,
+                    sampler=(
+                        None
+                        if py_spy is None
+                        else functools.partial(
+                            _sampler,
+                            out_dir / "profiles",
+                            py_spy=py_spy,
+                            native=args.profile_native,
+                            rate_hz=args.profile_rate,
+                            cpus=plan.server_cpus if plan is not None else None,
+                        )
+                    ),
                 )
             )
         except KeyboardInterrupt:
@@ -721,6 +772,24 @@ def main(
         written = report_mod.write_all(report, out_dir=out_dir, json_path=args.json, plots=not args.no_plots)
     _print_summary(report, written)
     return 0 if all(run.status == "ok" for run in runs) else 1
+
+
+def profile_tool(args: argparse.Namespace) -> str | None:
+    """py-spy's path under ``--profile`` (None without it); :class:`UsageError` for profile flags
+    without ``--profile`` or a rate below 1, :class:`ProfileError` when py-spy is missing."""
+    if not args.profile:
+        if args.profile_native or args.profile_rate != RATE_HZ_DEFAULT:
+            raise UsageError("--profile-native and --profile-rate need --profile")
+        return None
+    if args.profile_rate < 1:
+        raise UsageError(f"--profile-rate must be at least 1, got {args.profile_rate}")
+    return find_py_spy()
+
+
+def _sampler(
+    profile_dir: Path, name: str, *, py_spy: str, native: bool, rate_hz: int, cpus: list[int] | None
+) -> Sampler:
+    return Sampler(profile_dir / f"{name}.folded", py_spy=py_spy, native=native, rate_hz=rate_hz, cpus=cpus)
 
 
 def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:

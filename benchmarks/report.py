@@ -58,6 +58,8 @@ class WorkloadRun:
     peak_rss_bytes: int = 0
     s3_requests: dict[str, Any] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)
+    profile: dict[str, Any] | None = None
+    """``--profile``: the py-spy summary (:meth:`benchmarks.profiling.Profile.to_json`), or its error."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +71,7 @@ class WorkloadRun:
             "peak_rss_bytes": self.peak_rss_bytes,
             "s3_requests": self.s3_requests,
             "result_count": len(self.results),
+            **({"profile": self.profile} if self.profile is not None else {}),
         }
 
 

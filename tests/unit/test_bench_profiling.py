@@ -76,7 +76,9 @@ def test_the_command_line_filters_a_file(tmp_path: Path, capsys: pytest.CaptureF
     folded.write_text("".join(FOLDED))
     assert main([str(folded), "--under", "_memcpy"]) == 0
     out = capsys.readouterr().out
-    assert "20 samples" in out and "_memcpy" in out and "append" not in out
+    assert "20 samples" in out
+    assert "_memcpy" in out
+    assert "append" not in out
     assert main([str(folded), "--under", "nothing-like-this"]) == 1
     assert main([str(tmp_path / "missing.folded")]) == 2
 
@@ -103,7 +105,8 @@ def test_the_sampler_finds_the_function_a_real_process_burns_its_cpu_in(tmp_path
     script.write_text(BURNER)
     child = subprocess.Popen([sys.executable, str(script), "30"], stdout=subprocess.PIPE, text=True)
     try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
         with Sampler(tmp_path / "burner.folded", pid=child.pid, rate_hz=200) as sampler:
             time.sleep(1.5)
         profile = sampler.profile()

@@ -137,6 +137,16 @@ def _stall_note(result: Result) -> str:
     return f"disk stalls (group writes{over}): " + ", ".join(parts)
 
 
+def _ceiling_note(result: Result) -> str:
+    """The machine's ceiling for the figure's ratio, when the workload measured one (``ceiling`` extra:
+    ``{"ratio": r, "why": text}``)."""
+    ceiling = result.extra.get("ceiling")
+    if not isinstance(ceiling, dict) or not isinstance(ceiling.get("ratio"), int | float):
+        return ""
+    why = f" ({ceiling['why']})" if ceiling.get("why") else ""
+    return f"ceiling on this machine {float(ceiling['ratio']):.2f}x{why}"
+
+
 def evaluate(results: Sequence[Result], ran: Sequence[str] | None = None) -> list[GoalRow]:
     """One :class:`GoalRow` per :data:`GOALS` entry, from ``results``; ``ran`` names the workloads
     that ran (a missing row then says whether its workload ran at all)."""
@@ -162,7 +172,7 @@ def evaluate(results: Sequence[Result], ran: Sequence[str] | None = None) -> lis
             )
         else:
             value, baseline, ratio, unit = result.value, result.baseline_value, result.ratio, result.unit
-        note = _stall_note(result)
+        note = "; ".join(part for part in (_stall_note(result), _ceiling_note(result)) if part)
         if ratio is None or not math.isfinite(ratio):
             rows.append(
                 GoalRow(

@@ -106,6 +106,22 @@ def _is_process_frame(frame: str) -> bool:
     return frame.startswith("process ")
 
 
+def frame_key(frame: str) -> str:
+    """A frame as the tables count it: Python frames as py-spy names them (``--function``: by the
+    function's first line); native frames by function and file without the line, and an unnamed
+    address by its library only (``? (libc.so.6)``)."""
+    name, sep, where = frame.rpartition(" (")
+    if not sep or ".py:" in where or where.startswith("<"):
+        return frame
+    where = where.rstrip(")")
+    path, colon, line = where.rpartition(":")
+    if colon and line.isdigit():
+        where = path
+    if name.startswith("0x"):
+        name = "?"
+    return f"{name} ({where})"
+
+
 def layer_of(frame: str) -> str:
     """Where a frame's code lives: ``s3stream/engine`` for the engine's modules, the top package
     (``aiobotocore``, ``asyncio``, ``wal``) otherwise; ``native`` for a frame without a Python file."""
@@ -135,7 +151,7 @@ def summarize(
     layer_counts: Counter[str] = Counter()
     samples = 0
     for stack, n in stacks.items():
-        frames = [frame for frame in stack if not _is_process_frame(frame)]
+        frames = [frame_key(frame) for frame in stack if not _is_process_frame(frame)]
         if under is not None and not any(under in frame for frame in frames):
             continue
         samples += n

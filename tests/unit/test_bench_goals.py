@@ -118,6 +118,16 @@ def test_stalls_of_a_side_not_timed_do_not_break_the_table() -> None:
     assert evaluate(results["ingest"])[-1].note == "disk stalls (group writes): engine not timed"
 
 
+def test_a_measured_ceiling_is_shown_beside_the_row() -> None:
+    results = _results()
+    results["format"][1].extra["ceiling"] = {"ratio": 0.3456, "why": "one copy + CRC32C at 4,000 MB/s"}
+    rows = {row.row: row for row in evaluate([r for items in results.values() for r in items])}
+    decode = rows["object decode, 1 KiB records, vs memory copy"]
+    assert decode.note == "ceiling on this machine 0.35x (one copy + CRC32C at 4,000 MB/s)"
+    assert decode.status == "not met"  # a ceiling explains a row, it does not judge it
+    assert rows["object encode, 1 KiB records, vs memory copy"].note == ""
+
+
 def test_a_row_with_a_side_unmeasured_is_not_judged() -> None:
     results = _results()
     results["ingest"][0].baseline_cpu_s_per_gib = None

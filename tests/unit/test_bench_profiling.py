@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks import harness
 from benchmarks.core import Context, Result
-from benchmarks.profiling import Sampler, find_py_spy, layer_of, main, parse_folded, summarize
+from benchmarks.profiling import Sampler, find_py_spy, frame_key, layer_of, main, parse_folded, summarize
 
 FOLDED = [
     'process 7:"python -m benchmarks";run (benchmarks/harness.py:10);_encode (benchmarks/workloads/format.py:5);'
@@ -69,6 +69,23 @@ def test_under_keeps_only_the_stacks_through_a_frame() -> None:
 )
 def test_layer_of(frame: str, layer: str) -> None:
     assert layer_of(frame) == layer
+
+
+@pytest.mark.parametrize(
+    ("frame", "key"),
+    [
+        ("append (s3stream/engine/append.py:9)", "append (s3stream/engine/append.py:9)"),
+        ("_crc32c_hw_adler (crc32c_adler.c:261)", "_crc32c_hw_adler (crc32c_adler.c)"),
+        ("0x7fafe3eb6109 (libc.so.6)", "? (libc.so.6)"),
+        ("gc_collect_main (libpython3.11.so.1.0)", "gc_collect_main (libpython3.11.so.1.0)"),
+        (
+            "_find_and_load (<frozen importlib._bootstrap>:1165)",
+            "_find_and_load (<frozen importlib._bootstrap>:1165)",
+        ),
+    ],
+)
+def test_native_frames_are_counted_by_function_not_line(frame: str, key: str) -> None:
+    assert frame_key(frame) == key
 
 
 def test_the_command_line_filters_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,7 +141,9 @@ async def cpu_workload(ctx: Context) -> list[Result]:
     n = 0
     while time.monotonic() < deadline:
         n += sum(range(1000))
-    return [Result(workload="cpu", metric="loops", value=float(n), unit="n", baseline="none", baseline_value=1.0)]
+    return [
+        Result(workload="cpu", metric="loops", value=float(n), unit="n", baseline="none", baseline_value=1.0)
+    ]
 
 
 def test_the_harness_profiles_each_workload(tmp_path: Path) -> None:

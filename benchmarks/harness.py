@@ -21,6 +21,7 @@ import os
 import pkgutil
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -368,6 +369,7 @@ async def run_one(
     summary goes to ``run.profile`` and beside its folded stacks as Markdown."""
     run = report_mod.WorkloadRun(name=name)
     counter = RequestCounter()
+    sigint = signal.getsignal(signal.SIGINT)
     started = time.perf_counter()
     spy: Sampler | None = None
     with contextlib.ExitStack() as stack, ResourceMeter() as meter, counter.count_aiobotocore():
@@ -381,7 +383,16 @@ async def run_one(
             run.status, run.error = "error", f"timed out after {timeout_s:.0f} s"
         except Exception:
             run.status, run.error = "error", traceback.format_exc()
+        if _interrupted():
+            run.status, run.error = (
+                "interrupted",
+                "interrupted (Ctrl-C)" + (f"; it raised: {run.error}" if run.error else ""),
+            )
         stack.close()  # stops the sampler: py-spy writes its samples
+        if signal.getsignal(signal.SIGINT) is not sigint:
+            # A workload that started Spark leaves pyspark's SIGINT handler behind; Ctrl-C must
+            # reach the run's own handler again (asyncio's: it cancels the run).
+            signal.signal(signal.SIGINT, sigint)
     if spy is not None:
         try:
             profile = spy.profile()
@@ -503,7 +514,17 @@ async def run_benchmarks(
                     )
             runs.append(run)
             display.end(run)
+            if _interrupted():
+                # Ctrl-C cancels the main task; a workload that turned the cancellation into an
+                # error of its own must not let the run go on with the next workload.
+                raise asyncio.CancelledError
     return runs
+
+
+def _interrupted() -> bool:
+    """Whether this task has been asked to stop (Ctrl-C: ``asyncio.Runner`` cancels the main task)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import json
 import math
+import signal
 from pathlib import Path
 
 import pytest
@@ -540,3 +541,38 @@ def test_each_run_works_in_a_fresh_directory_under_work_dir_removed_at_its_end(t
     assert seen[0] != seen[1]
     assert all(work in path.parents for path in seen)
     assert list(work.iterdir()) == [], "each run's directory is removed"
+
+
+async def replaces_the_sigint_handler(ctx: Context) -> list[Result]:
+    """Like a workload that starts Spark: pyspark installs a SIGINT handler of its own."""
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
+    return []
+
+
+async def is_stopped_by_ctrl_c(ctx: Context) -> list[Result]:
+    asyncio.get_running_loop().call_later(0.2, signal.raise_signal, signal.SIGINT)
+    await asyncio.sleep(2)
+    return []
+
+
+async def must_not_run(ctx: Context) -> list[Result]:
+    raise AssertionError("the run went on after Ctrl-C")
+
+
+def test_ctrl_c_stops_the_run_after_a_workload_replaced_the_sigint_handler(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    before = signal.getsignal(signal.SIGINT)
+    status = harness.main(
+        ["spark-like", "stopped", "after", "--target", "local", "--out", str(out), "--no-live", "--no-plots"],
+        workloads={
+            "spark-like": replaces_the_sigint_handler,
+            "stopped": is_stopped_by_ctrl_c,
+            "after": must_not_run,
+        },
+    )
+    assert signal.getsignal(signal.SIGINT) == before
+    assert status == 1
+    workloads = json.loads((out / "results.json").read_text())["workloads"]
+    assert workloads["spark-like"]["status"] == "ok"
+    assert workloads["stopped"]["status"] == "interrupted"
+    assert workloads["after"]["status"] == "interrupted"

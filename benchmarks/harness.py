@@ -606,6 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --profile: C frames too (py-spy --native; pauses the process for each sample)",
     )
     parser.add_argument(
+        "--profile-children",
+        action="store_true",
+        help="with --profile: the processes a workload starts too (node processes, Spark's Python workers); "
+        "py-spy then keeps scanning for them, ~0.4 of a CPU on the server's side",
+    )
+    parser.add_argument(
         "--profile-rate",
         type=int,
         default=RATE_HZ_DEFAULT,
@@ -754,6 +760,7 @@ def main(
                             out_dir / "profiles",
                             py_spy=py_spy,
                             native=args.profile_native,
+                            children=args.profile_children,
                             rate_hz=args.profile_rate,
                             cpus=plan.server_cpus if plan is not None else None,
                         )
@@ -799,8 +806,8 @@ def profile_tool(args: argparse.Namespace) -> str | None:
     """py-spy's path under ``--profile`` (None without it); :class:`UsageError` for profile flags
     without ``--profile`` or a rate below 1, :class:`ProfileError` when py-spy is missing."""
     if not args.profile:
-        if args.profile_native or args.profile_rate != RATE_HZ_DEFAULT:
-            raise UsageError("--profile-native and --profile-rate need --profile")
+        if args.profile_native or args.profile_children or args.profile_rate != RATE_HZ_DEFAULT:
+            raise UsageError("--profile-native, --profile-children and --profile-rate need --profile")
         return None
     if args.profile_rate < 1:
         raise UsageError(f"--profile-rate must be at least 1, got {args.profile_rate}")
@@ -808,9 +815,23 @@ def profile_tool(args: argparse.Namespace) -> str | None:
 
 
 def _sampler(
-    profile_dir: Path, name: str, *, py_spy: str, native: bool, rate_hz: int, cpus: list[int] | None
+    profile_dir: Path,
+    name: str,
+    *,
+    py_spy: str,
+    native: bool,
+    children: bool,
+    rate_hz: int,
+    cpus: list[int] | None,
 ) -> Sampler:
-    return Sampler(profile_dir / f"{name}.folded", py_spy=py_spy, native=native, rate_hz=rate_hz, cpus=cpus)
+    return Sampler(
+        profile_dir / f"{name}.folded",
+        py_spy=py_spy,
+        native=native,
+        children=children,
+        rate_hz=rate_hz,
+        cpus=cpus,
+    )
 
 
 def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:

@@ -162,9 +162,25 @@ def test_the_harness_profiles_each_workload(tmp_path: Path) -> None:
 
 def test_profile_flags_without_profile_are_usage_errors(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    for extra in (["--profile-native"], ["--profile-rate", "50"]):
+    for extra in (["--profile-native"], ["--profile-children"], ["--profile-rate", "50"]):
         argv = ["cpu", "--target", "local", "--out", str(out), "--no-live", *extra]
         assert harness.main(argv, workloads={"cpu": cpu_workload}) == 2
     argv = ["cpu", "--target", "local", "--out", str(out), "--profile", "--profile-rate", "0"]
     assert harness.main(argv, workloads={"cpu": cpu_workload}) == 2
     assert not out.exists()
+
+
+def test_with_children_the_processes_a_workload_starts_are_sampled_too(tmp_path: Path) -> None:
+    script = tmp_path / "burner.py"
+    script.write_text(BURNER)
+    with Sampler(tmp_path / "children.folded", rate_hz=200, children=True) as sampler:
+        child = subprocess.Popen([sys.executable, str(script), "1.5"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "ready\n"
+            child.wait(timeout=30)
+        finally:
+            child.kill()
+            child.wait()
+    frames = dict(sampler.profile().self_frames)
+    assert any(frame.startswith("burn_the_cpu_here (") and n >= 50 for frame, n in frames.items()), frames

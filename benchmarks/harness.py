@@ -380,7 +380,10 @@ async def run_one(
                 raise TypeError(f"workload {name} returned {type(results).__name__}, not list[Result]")
             run.results = results
         except TimeoutError:
-            run.status, run.error = "error", f"timed out after {timeout_s:.0f} s"
+            if time.perf_counter() - started >= timeout_s:
+                run.status, run.error = "error", f"timed out after {timeout_s:.0f} s"
+            else:  # a timeout inside the workload, not the harness's
+                run.status, run.error = "error", traceback.format_exc()
         except Exception:
             run.status, run.error = "error", traceback.format_exc()
         if _interrupted():

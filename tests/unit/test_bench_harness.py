@@ -576,3 +576,18 @@ def test_ctrl_c_stops_the_run_after_a_workload_replaced_the_sigint_handler(tmp_p
     assert workloads["spark-like"]["status"] == "ok"
     assert workloads["stopped"]["status"] == "interrupted"
     assert workloads["after"]["status"] == "interrupted"
+
+
+async def times_out_inside(ctx: Context) -> list[Result]:
+    async with asyncio.timeout(0.01):
+        await asyncio.sleep(5)
+    return []
+
+
+def test_a_timeout_inside_a_workload_is_reported_with_its_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["inner", "--target", "local", "--out", str(out), "--no-live", "--no-plots", "--timeout", "600"]
+    assert harness.main(argv, workloads={"inner": times_out_inside}) == 1
+    error = json.loads((out / "results.json").read_text())["workloads"]["inner"]["error"]
+    assert "times_out_inside" in error
+    assert "timed out after 600 s" not in error

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report as report_mod
+from benchmarks.baselines import delete_prefix
 from benchmarks.core import Context, Result, S3Target
 from benchmarks.measure import RequestCounter, ResourceMeter
 from benchmarks.pinning import PinError, PinPlan, ceph_data_dir, ceph_pids, parse_pids, pinned
@@ -491,10 +492,12 @@ async def run_benchmarks(
     live: bool = True,
     runs: list[report_mod.WorkloadRun] | None = None,
     sampler: Callable[[str], Sampler] | None = None,
+    after_each: Callable[[str], Awaitable[None]] | None = None,
 ) -> list[report_mod.WorkloadRun]:
     """Run ``names`` in order; ``workloads`` maps a name to its function or its module name.
 
-    Finished runs are appended to ``runs`` (if given) as they end, so an interrupted run keeps them."""
+    Finished runs are appended to ``runs`` (if given) as they end, so an interrupted run keeps them.
+    ``after_each(name)`` runs after each workload (the harness deletes the workload's objects there)."""
     runs = runs if runs is not None else []
     with _Display(names, enabled=live) as display:
         for name in names:
@@ -517,6 +520,8 @@ async def run_benchmarks(
                     )
             runs.append(run)
             display.end(run)
+            if after_each is not None and not _interrupted():
+                await after_each(name)
             if _interrupted():
                 # Ctrl-C cancels the main task; a workload that turned the cancellation into an
                 # error of its own must not let the run go on with the next workload.
@@ -743,6 +748,15 @@ def main(
             notes_by_ctx.append((name, ctx))
             return ctx
 
+        async def delete_objects_after(name: str) -> None:
+            # A full run wrote ~10 GiB; kept until its end they filled a RAM-backed server.
+            assert target is not None
+            prefix = f"bench/{run_id}/"
+            try:
+                await delete_prefix(target, prefix)
+            except Exception as exc:
+                notes.append(f"{name}: its objects under {prefix} were not deleted after it: {exc}")
+
         started_at, started = _now(), time.perf_counter()
         machine = machine_info(work_root)
         runs: list[report_mod.WorkloadRun] = []
@@ -768,6 +782,7 @@ def main(
                             cpus=plan.server_cpus if plan is not None else None,
                         )
                     ),
+                    after_each=delete_objects_after if target is not None and not args.keep_objects else None,
                 )
             )
         except KeyboardInterrupt:
@@ -838,7 +853,6 @@ def _sampler(
 
 
 def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:
-    from benchmarks.baselines import delete_prefix
     from s3stream._loop import run as run_loop
 
     try:

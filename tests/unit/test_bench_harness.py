@@ -23,6 +23,7 @@ from benchmarks.baselines import (
 from benchmarks.core import Context, Result
 from benchmarks.measure import MIB, CountingStorage, LatencyRecorder, RequestCounter, ResourceMeter, per_gib
 from benchmarks.report import SCHEMA
+from s3stream.errors import NotFoundError
 from s3stream.storage.memory import MemoryObjectStorage
 from tests.support.s3 import S3TestServer
 
@@ -377,13 +378,24 @@ async def s3_workload(ctx: Context) -> list[Result]:
     return [Result(workload="s3fake", metric="m", value=1.0, unit="ops/s", baseline="b", baseline_value=2.0)]
 
 
+async def finds_the_last_workloads_objects_gone(ctx: Context) -> list[Result]:
+    storage = ctx.open_storage("s3-fake")
+    try:
+        with pytest.raises(NotFoundError):
+            await storage.get("o2")
+    finally:
+        await storage.close()
+    return []
+
+
 @pytest.mark.integration
 def test_harness_counts_the_engine_s3_requests_of_a_workload(s3_server: S3TestServer, tmp_path: Path) -> None:
+    """... and deletes each workload's objects once it ends (a full run's would fill a RAM-backed server)."""
     flags = ["--target", "s3", "--endpoint", s3_server.endpoint, "--bucket", s3_server.bucket]
     flags += ["--access-key", s3_server.access_key, "--secret-key", s3_server.secret_key]
     status = harness.main(
-        ["s3fake", *flags, "--out", str(tmp_path), "--no-live", "--no-plots"],
-        workloads={"s3fake": s3_workload},
+        ["s3fake", "after", *flags, "--out", str(tmp_path), "--no-live", "--no-plots"],
+        workloads={"s3fake": s3_workload, "after": finds_the_last_workloads_objects_gone},
     )
     assert status == 0
     document = json.loads((tmp_path / "results.json").read_text())
@@ -395,7 +407,8 @@ def test_harness_counts_the_engine_s3_requests_of_a_workload(s3_server: S3TestSe
     assert by_class["DELETE"] >= 1
     assert document["results"][0]["ratio"] == 0.5
     run_id = document["parameters"]["run_id"]
-    assert f"deleted the run's 1 objects under bench/{run_id}/" in " ".join(document["notes"])
+    assert document["workloads"]["after"]["status"] == "ok", document["workloads"]["after"]["error"]
+    assert f"deleted the run's 0 objects under bench/{run_id}/" in " ".join(document["notes"])
 
 
 def test_a_zero_baseline_gives_a_null_ratio_and_strict_json(tmp_path: Path) -> None:

@@ -38,11 +38,9 @@ import os
 import platform
 import random
 import re
-import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, suppress
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -109,12 +107,6 @@ ChecksumMode = Literal["when_supported", "when_required"]
 
 PREHASH_MIN_BYTES = 256 * 1024
 """Bodies at least this large are hashed in the hashing thread (smaller ones: not worth the hop)."""
-HASH_THREAD_NICE = 10
-"""How many ``nice`` steps below the process the hashing thread runs (Linux, where a thread's nice
-value is its own). Hashing an upload's body is ~1.4 s of CPU per GiB in one go; on a core the event
-loop shares with it, the loop's appends then win the CPU and the hashing runs in the time they leave
-(decision 0070). Uploads are not held back by it beyond that: when appends leave no time, the
-LogCache fills and admission slows the appends down until uploads catch up."""
 PREHASHED_SIGNER = "s3v4-s3stream-prehashed"
 """botocore signature version name of :class:`PrehashedS3SigV4Auth`."""
 
@@ -135,17 +127,6 @@ class PrehashedS3SigV4Auth(botocore.auth.S3SigV4Auth):  # type: ignore[misc]
 
 
 botocore.auth.AUTH_TYPE_MAPS.setdefault(PREHASHED_SIGNER, PrehashedS3SigV4Auth)
-
-
-def lower_thread_priority(steps: int) -> None:
-    """Run the calling thread ``steps`` nice values below where it runs now (up to 19), on Linux;
-    elsewhere (where the nice value belongs to the whole process) and where it is refused, nothing
-    changes: the priority is a matter of latency, never of correctness."""
-    if not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    with suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
 
 
 def choose_prehashed_signer(signature_version: Any = None, **_: Any) -> str | None:
@@ -432,10 +413,7 @@ class S3Client:
             return None
         if self._hash_executor is None:
             self._hash_executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix="s3stream-s3-hash",
-                initializer=lower_thread_priority,
-                initargs=(HASH_THREAD_NICE,),
+                max_workers=1, thread_name_prefix="s3stream-s3-hash"
             )
         job = functools.partial(
             digest_pieces, tuple(pieces), crc32=self.config.checksum_mode == "when_supported"

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import hashlib
 import io
 import itertools
-import os
 import random
-import sys
-import threading
 import zlib
 from typing import Any
 
@@ -26,13 +22,6 @@ from s3stream.storage.s3body import (
     digest_params,
     digest_pieces,
     send_pieces_as_views,
-)
-from s3stream.storage.s3client import (
-    HASH_THREAD_NICE,
-    PREHASH_MIN_BYTES,
-    S3Client,
-    S3Config,
-    lower_thread_priority,
 )
 
 
@@ -194,36 +183,3 @@ def test_prehashed_signer_is_chosen_only_for_sigv4() -> None:
     assert choose_prehashed_signer(signature_version="s3v4") == PREHASHED_SIGNER
     assert choose_prehashed_signer(signature_version="s3v4a") is None
     assert choose_prehashed_signer(signature_version="s3-query") is None
-
-
-async def test_the_hashing_thread_runs_below_the_event_loop_on_linux() -> None:
-    """A body's hashing must not take the CPU from the appends on a core it shares with the loop."""
-    client = S3Client(S3Config(bucket="b"))
-    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    try:
-        body = bytes(PREHASH_MIN_BYTES)
-        digests = await client.body_digests([(body, 0, len(body))], len(body))
-        assert digests is not None
-        assert digests.sha256_hex == hashlib.sha256(body).hexdigest()
-        executor = client._hash_executor
-        assert executor is not None
-        tid, nice = executor.submit(
-            lambda: (threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        ).result()
-    finally:
-        await client.close()
-    assert tid != threading.get_native_id()
-    if sys.platform.startswith("linux"):
-        assert nice == min(19, loop_nice + HASH_THREAD_NICE)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice  # the loop's own is kept
-
-
-def test_lowering_a_threads_priority_stops_at_19() -> None:
-    def lowered_twice() -> int:
-        lower_thread_priority(15)
-        lower_thread_priority(15)
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        nice = pool.submit(lowered_twice).result()
-    assert nice == (19 if sys.platform.startswith("linux") else os.getpriority(os.PRIO_PROCESS, 0))

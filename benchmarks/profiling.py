@@ -145,15 +145,15 @@ def summarize(
     stacks: Counter[tuple[str, ...]], *, path: str, under: str | None = None, top: int = TOP_DEFAULT
 ) -> Profile:
     """Self, total and per-layer tables of ``stacks``; with ``under``, only the stacks through a frame
-    containing it."""
+    containing it (a function's frame, or a process's: ``process PID:"command line"``)."""
     self_counts: Counter[str] = Counter()
     total_counts: Counter[str] = Counter()
     layer_counts: Counter[str] = Counter()
     samples = 0
     for stack, n in stacks.items():
+        if under is not None and not any(under in frame for frame in stack):
+            continue  # process frames count too: ``--under pyspark.daemon`` keeps Spark's workers
         frames = [frame_key(frame) for frame in stack if not _is_process_frame(frame)]
-        if under is not None and not any(under in frame for frame in frames):
-            continue
         samples += n
         leaf = frames[-1] if frames else (stack[-1] if stack else "?")
         self_counts[leaf] += n

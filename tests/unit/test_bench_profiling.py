@@ -46,6 +46,16 @@ def test_summary_counts_self_total_and_layers() -> None:
     assert "| 40.0 % | 40 | `append (s3stream/engine/append.py:9)` |" in profile.to_markdown("x")
 
 
+def test_under_matches_the_process_frames_of_children_too() -> None:
+    child = (
+        'process 7:"python -m benchmarks";process 9:"bash spark-submit";'
+        'process 11:"python -m pyspark.daemon pyspark.worker";encode (spark_sink/encode.py:3) 12\n'
+    )
+    profile = summarize(parse_folded([*FOLDED, child]), path="x.folded", under="pyspark.daemon")
+    assert profile.samples == 12
+    assert dict(profile.self_frames) == {"encode (spark_sink/encode.py:3)": 12}
+
+
 def test_under_keeps_only_the_stacks_through_a_frame() -> None:
     profile = summarize(parse_folded(FOLDED), path="x.folded", under="_encode")
     assert profile.samples == 40

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import functools
 import importlib
 import inspect
 import os
@@ -36,7 +35,7 @@ from benchmarks.baselines import delete_prefix
 from benchmarks.core import Context, Result, S3Target
 from benchmarks.measure import RequestCounter, ResourceMeter
 from benchmarks.pinning import PinError, PinPlan, ceph_data_dir, ceph_pids, parse_pids, pinned
-from benchmarks.profiling import RATE_HZ_DEFAULT, ProfileError, Sampler, find_py_spy
+from benchmarks.profiling import RATE_HZ_DEFAULT, ProfileError, Sampler, find_py_spy, sampler_factory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CEPH_SCRIPT = REPO_ROOT / "scripts" / "ceph-rgw"
@@ -692,6 +691,7 @@ def main(
         print(text, file=sys.stderr, flush=True)
 
     try:
+        py_spy = profile_tool(args)  # before any server is started
         kind, target = resolve_target(args, log)
         target_notes: list[str] = []
         if target is not None:
@@ -700,7 +700,6 @@ def main(
             run_loop(ensure_bucket(target))
         plan, pin_notes = pin_plan(args, kind, target, log)
         target_notes += pin_notes
-        py_spy = profile_tool(args)
     except (UsageError, PinError, ProfileError) as exc:
         log(f"error: {exc}")
         return 2
@@ -772,8 +771,7 @@ def main(
                     sampler=(
                         None
                         if py_spy is None
-                        else functools.partial(
-                            _sampler,
+                        else sampler_factory(
                             out_dir / "profiles",
                             py_spy=py_spy,
                             native=args.profile_native,
@@ -830,26 +828,6 @@ def profile_tool(args: argparse.Namespace) -> str | None:
     if args.profile_rate < 1:
         raise UsageError(f"--profile-rate must be at least 1, got {args.profile_rate}")
     return find_py_spy()
-
-
-def _sampler(
-    profile_dir: Path,
-    name: str,
-    *,
-    py_spy: str,
-    native: bool,
-    children: bool,
-    rate_hz: int,
-    cpus: list[int] | None,
-) -> Sampler:
-    return Sampler(
-        profile_dir / f"{name}.folded",
-        py_spy=py_spy,
-        native=native,
-        children=children,
-        rate_hz=rate_hz,
-        cpus=cpus,
-    )
 
 
 def _clean_up(target: S3Target, prefix: str, log: Callable[[str], None]) -> str:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +272,30 @@ class Sampler:
         if not self.output.exists():
             raise ProfileError(f"py-spy wrote no samples to {self.output}: {self._log_tail()}")
         return summarize_file(self.output, top=top)
+
+
+def sampler_factory(
+    profile_dir: Path,
+    *,
+    py_spy: str,
+    native: bool = False,
+    children: bool = False,
+    rate_hz: int = RATE_HZ_DEFAULT,
+    cpus: Sequence[int] | None = None,
+) -> Callable[[str], Sampler]:
+    """What the harness calls per workload: a :class:`Sampler` writing ``<profile_dir>/<name>.folded``."""
+
+    def make(name: str) -> Sampler:
+        return Sampler(
+            profile_dir / f"{name}.folded",
+            py_spy=py_spy,
+            native=native,
+            children=children,
+            rate_hz=rate_hz,
+            cpus=cpus,
+        )
+
+    return make
 
 
 def main(argv: Sequence[str] | None = None) -> int:

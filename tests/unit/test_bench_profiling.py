@@ -17,7 +17,16 @@ import pytest
 
 from benchmarks import harness
 from benchmarks.core import Context, Result
-from benchmarks.profiling import Sampler, find_py_spy, frame_key, layer_of, main, parse_folded, summarize
+from benchmarks.profiling import (
+    ProfileError,
+    Sampler,
+    find_py_spy,
+    frame_key,
+    layer_of,
+    main,
+    parse_folded,
+    summarize,
+)
 
 FOLDED = [
     'process 7:"python -m benchmarks";run (benchmarks/harness.py:10);_encode (benchmarks/workloads/format.py:5);'
@@ -194,3 +203,20 @@ def test_with_children_the_processes_a_workload_starts_are_sampled_too(tmp_path:
             child.wait()
     frames = dict(sampler.profile().self_frames)
     assert any(frame.startswith("burn_the_cpu_here (") and n >= 50 for frame, n in frames.items()), frames
+
+
+def test_profile_without_py_spy_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing() -> str:
+        raise ProfileError("--profile needs py-spy")
+
+    monkeypatch.setattr(harness, "find_py_spy", missing)
+    out = tmp_path / "out"
+    argv = ["cpu", "--target", "ceph", "--out", str(out), "--no-live", "--profile"]
+    assert harness.main(argv, workloads={"cpu": must_not_run}) == 2  # not even the Ceph RGW is started
+    assert not out.exists()
+
+
+async def must_not_run(ctx: Context) -> list[Result]:
+    raise AssertionError("a workload ran although --profile could not be honoured")

@@ -13,8 +13,9 @@ replays them in. When the LogCache or the WAL has no room, appends wait up to
 
 Under a node lease (``lease_check``, the node's :meth:`~s3stream.engine.heartbeat.Heartbeat.holds_lease`)
 an append is acknowledged only while the lease holds: it is refused before it reaches the WAL once the
-lease deadline has passed, and one whose WAL write returns after the deadline fails with
-FencedError(NODE_FENCED) like a failed write (the engine fences itself). The local deadline is never
+lease deadline has passed, and one whose WAL write returns, or whose turn after an earlier append of
+its stream comes, after the deadline fails with FencedError(NODE_FENCED) like a failed write (the
+engine fences itself). The local deadline is never
 later than the store's lease expiry, which a takeover waits for before reading this node's WAL: so every
 acknowledged record was durable before anyone else read the WAL.
 """
@@ -258,6 +259,8 @@ class AppendPath:
             await pending.outcome()
             if kv_entry is not None:
                 await kv_entry.future
+            if lease is not None and not lease():  # its turn came after the deadline (a paused process)
+                raise self.lease_lost()
             stats = self.stats
             stats.appended_records += record_count
             stats.appended_bytes += size
@@ -361,6 +364,10 @@ class AppendPath:
             else:
                 item = CachedBatch(stream_id, epoch, base, count, payload)
                 await self._wait_turn(handle, seq, item, offset)
+                # Its turn can come after the deadline (the process paused while it waited for an
+                # earlier append of its stream): then it is not acknowledged either.
+                if lease is not None and not lease():
+                    raise self.lease_lost()
             stats = self.stats
             stats.appended_records += 1
             stats.appended_bytes += size

@@ -95,7 +95,7 @@ async def _events(client: Client, streams: dict[int, Stream]) -> None:
         async for event in client.streams.assignments():
             if event.kind == "gained" and event.stream is not None:
                 streams[event.stream_id] = event.stream  # a lost stream stays: its appends show the error
-            print("EVENT", event.kind, event.stream_id, f"{time.time():.3f}", flush=True)
+            print(f"EVENT {event.kind} {event.stream_id} {time.time():.3f}", flush=True)
 
 
 def _status(client: Client) -> str:

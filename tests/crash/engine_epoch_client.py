@@ -30,7 +30,7 @@ async def append_until_killed(stream: Stream, node_id: int) -> None:
         for i in itertools.count():
             tag = f"node{node_id}:{t}.{i}"
             offset = await stream.append(RecordBatch(tag.encode() * 50))
-            print("OK", offset, tag, flush=True)
+            print(f"OK {offset} {tag}", flush=True)
 
     await asyncio.gather(*(task(t) for t in range(32)))
 
@@ -46,12 +46,12 @@ async def main(argv: list[str]) -> None:
     try:
         stream = await client.streams.open_stream(stream_id, epoch=epoch)  # type: ignore[arg-type]
         if action != "read":
-            print("OK", await stream.append(RecordBatch(f"node{node_id}".encode())), flush=True)
+            print(f"OK {await stream.append(RecordBatch(f'node{node_id}'.encode()))}", flush=True)
         if action == "read":
             offset = stream.start_offset
             while offset < stream.confirm_offset:
                 for batch in await stream.fetch(offset, stream.confirm_offset, max_bytes=1 << 20):
-                    print("R", batch.base_offset, batch.payload.decode(), flush=True)
+                    print(f"R {batch.base_offset} {batch.payload.decode()}", flush=True)
                     offset = batch.end_offset
             await stream.close()
             return
@@ -60,10 +60,10 @@ async def main(argv: list[str]) -> None:
         if action == "append-hold":
             print("HELD", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-            print("OK", await stream.append(RecordBatch(b"late")), flush=True)
+            print(f"OK {await stream.append(RecordBatch(b'late'))}", flush=True)
         await stream.close()
     except S3StreamError as exc:
-        print("ERR", type(exc).__name__, flush=True)
+        print(f"ERR {type(exc).__name__}", flush=True)
     finally:
         await client.close()
 

@@ -45,8 +45,8 @@ async def main(argv: list[str]) -> None:
         print("PUT", flush=True)
     elif action == "get":
         value = await client.kv.get(key)
-        print("GET", "-" if value is None else value.decode(), flush=True)
-        print("REPLAYED", client.engine.stats.recovered_records, flush=True)
+        print("GET " + ("-" if value is None else value.decode()), flush=True)
+        print(f"REPLAYED {client.engine.stats.recovered_records}", flush=True)
     await client.close()
 
 

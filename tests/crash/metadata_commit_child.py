@@ -45,10 +45,10 @@ async def setup(url: str) -> None:
 
 
 async def _reopen(store: MetadataStore, node_epoch: int, stream_id: StreamId, epoch: int) -> None:
-    print("REOPEN", stream_id, epoch + 1, flush=True)
+    print(f"REOPEN {stream_id} {epoch + 1}", flush=True)
     await store.close_stream(node_id=NODE, node_epoch=node_epoch, stream_id=stream_id, epoch=epoch)
     await store.open_stream(node_id=NODE, node_epoch=node_epoch, stream_id=stream_id, epoch=epoch + 1)
-    print("OPENED", stream_id, epoch + 1, flush=True)
+    print(f"OPENED {stream_id} {epoch + 1}", flush=True)
 
 
 async def run(url: str, node_epoch: int, rounds: int) -> None:
@@ -59,11 +59,11 @@ async def run(url: str, node_epoch: int, rounds: int) -> None:
     epochs = {sid: s.epoch for sid, s in streams.items()}
     for sid, stream in streams.items():
         if stream.state == StreamState.CLOSED:  # a predecessor died between close and open
-            print("REOPEN", sid, stream.epoch + 1, flush=True)
+            print(f"REOPEN {sid} {stream.epoch + 1}", flush=True)
             await store.open_stream(
                 node_id=NODE, node_epoch=node_epoch, stream_id=sid, epoch=stream.epoch + 1
             )
-            print("OPENED", sid, stream.epoch + 1, flush=True)
+            print(f"OPENED {sid} {stream.epoch + 1}", flush=True)
             epochs[sid] = stream.epoch + 1
     ends = {sid: s.end_offset for sid, s in streams.items()}
     order = sorted(streams)
@@ -81,9 +81,9 @@ async def run(url: str, node_epoch: int, rounds: int) -> None:
             object_size_bytes=STEP * len(order),
             stream_ranges=tuple(StreamOffsetRange(s, ends[s], ends[s] + STEP, STEP) for s in order),
         )
-        print("COMMIT", object_id, flush=True)
+        print(f"COMMIT {object_id}", flush=True)
         await store.commit_stream_set_object(request)
-        print("ACK", object_id, flush=True)
+        print(f"ACK {object_id}", flush=True)
         for sid in order:
             ends[sid] += STEP
         for sid in rng.sample(order, REOPENS_PER_ROUND):

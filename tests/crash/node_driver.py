@@ -56,7 +56,7 @@ async def _watch(client: Client) -> None:
     while True:
         running = bool(getattr(maintenance, "running", False)) and _jobs_running(client)
         if running != shown:
-            print("MAINT", int(running), f"{time.time():.3f}", flush=True)
+            print(f"MAINT {int(running)} {time.time():.3f}", flush=True)
             shown = running
         await asyncio.sleep(0.01)
 

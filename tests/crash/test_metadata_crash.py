@@ -95,7 +95,7 @@ async def child(path: str) -> None:
             store.kv_put("round", str(round_no).encode()),
             store.prepare_objects(count=1, ttl_ms=1),
         )
-        print("ACK", json.dumps({s: e + STEP for s, e in ends.items()}), flush=True)
+        print("ACK " + json.dumps({s: e + STEP for s, e in ends.items()}), flush=True)
         if round_no % 5 == 4:
             ssos = await store.get_stream_set_objects(NODE)
             if len(ssos) >= 2:

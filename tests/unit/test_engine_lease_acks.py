@@ -139,3 +139,43 @@ async def test_appends_in_flight_when_the_lease_ends_all_fail_and_later_ones_too
     outcomes = await asyncio.gather(*pending, return_exceptions=True)
     assert all(isinstance(o, FencedError) for o in outcomes), outcomes
     assert [s.confirm_offset for s in streams] == [0, 0]
+
+
+@pytest.mark.parametrize("path", ["plain", "group"])
+async def test_an_append_whose_turn_comes_after_the_deadline_is_never_acknowledged(path: str) -> None:
+    """A later append of a stream whose write returned first waits for the earlier one: the process can
+    pause between the earlier one's acknowledgement (which hands the later one its turn) and the later
+    one's wake-up; woken past the deadline it is not acknowledged."""
+    clock, wal = Clock(), ReorderingWal()
+    client, heartbeat = await leased_client(wal, clock)
+    pause_after_next_check = [False]
+
+    def lease() -> bool:
+        held = heartbeat.holds_lease()
+        if pause_after_next_check[0] and held:  # this check passes; the process pauses right after it
+            pause_after_next_check[0] = False
+            clock.s += LEASE_MS / 1000
+        return held
+
+    client.engine._appends.lease_check = lease
+    stream = await client.streams.create_and_open_stream()
+    wal.hold = True
+    first = asyncio.create_task(stream.append(RecordBatch(b"first")))
+    await wal.wait_held(1)
+    later: asyncio.Task[object]
+    if path == "plain":
+        later = asyncio.create_task(stream.append(RecordBatch(b"later")))
+    else:
+        later = asyncio.create_task(client.append_atomic([(stream, RecordBatch(b"later"))], kv={"k": b"v"}))
+    await wal.wait_held(2)
+    wal.held[1].set_result(None)  # the later write returns first, within the lease: it waits its turn
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not later.done()
+    pause_after_next_check[0] = True
+    wal.held[0].set_result(None)
+    assert await first == 0  # acknowledged within the lease
+    with pytest.raises(FencedError) as raised:
+        await later
+    assert_node_fenced(raised.value)
+    assert client.engine.fenced

@@ -83,7 +83,8 @@ async def test_deadline_is_respected_when_the_server_keeps_failing(rig: Rig) -> 
         await rig.storage.put("never", b"x")
     elapsed_s = time.monotonic() - started
     assert info.value.retriable
-    assert 0.5 < elapsed_s < 2.0, elapsed_s
+    # Ignoring the deadline would retry for the policy's 10 s; the slack is for a loaded machine.
+    assert 0.5 < elapsed_s < 3.5, elapsed_s
     assert rig.proxy.count("PUT") >= 3
     with pytest.raises(NotFoundError):
         await rig.direct.head("never")
@@ -98,7 +99,8 @@ async def test_slow_attempts_time_out_and_the_deadline_holds(rig: Rig) -> None:
     started = time.monotonic()
     with pytest.raises(UnavailableError):
         await rig.storage.get("slow")
-    assert time.monotonic() - started < 2.5
+    # An attempt that outlived its 0.4 s timeout would get the reply after 3 s, and succeed.
+    assert time.monotonic() - started < 2.9
     rig.proxy.rules = [ProxyRule("delay", method="GET", times=1, delay_s=3.0)]
     assert await rig.storage.get("slow") == b"data"  # the second attempt is fast
 

@@ -86,11 +86,17 @@ async def test_the_wal_times_every_group_write_when_asked() -> None:
 async def test_the_pacer_wakes_every_tick_not_every_millisecond() -> None:
     """The timerfd pacer sends the slots due within each tick (uvloop's timers can only wake it every
     1-2 ms, which sent ~2 ms of slots in one burst). 0.2 ms ticks: 2,500 in 0.5 s; a pacer woken by
-    a 1 ms timer has at most 500 wakes."""
-    stats: dict[str, float] = {}
-    rec = await _paced_latency(_NoopAppend(), 10_000, 0.5, b"x", stats=stats, tick_s=0.0002)
-    assert rec.count == 5000
-    assert stats["pacer_wakes"] > 750
+    a 1 ms timer has at most 500 wakes. A machine busy with other work can starve the loop of a
+    run's ticks, so the best of three runs counts (a pacer woken by a 1 ms timer passes none)."""
+    wakes = []
+    for _ in range(3):
+        stats: dict[str, float] = {}
+        rec = await _paced_latency(_NoopAppend(), 10_000, 0.5, b"x", stats=stats, tick_s=0.0002)
+        assert rec.count == 5000
+        wakes.append(stats["pacer_wakes"])
+        if wakes[-1] > 750:
+            break
+    assert max(wakes) > 750, wakes
 
 
 async def test_the_sleeping_pacer_is_still_there_without_a_timerfd() -> None:

@@ -83,9 +83,9 @@ class MultiBucketStorage(ObjectStorage):
     def bucket(self, bucket_id: int) -> ObjectStorage:
         return self._buckets[bucket_id]
 
-    def backends(self) -> tuple[ObjectStorage, ...]:
-        """Every bucket's storage, in list order (metrics meter each one's requests)."""
-        return tuple(self._buckets[b] for b in self.bucket_ids)
+    def backends(self) -> dict[int, ObjectStorage]:
+        """Bucket id -> that bucket's storage, in list order (metrics meter each one's requests)."""
+        return {b: self._buckets[b] for b in self.bucket_ids}
 
     def attach(self, metadata: MetadataStore) -> None:
         """The metadata store that records object placement (and hands out object ids)."""

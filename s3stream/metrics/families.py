@@ -58,6 +58,15 @@ def _labelled_counter(
     return family
 
 
+def _labelled_gauge(
+    name: str, doc: str, node: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["node", *labels])
+    for values, value in rows:
+        family.add_metric([node, *values], value)
+    return family
+
+
 def _histogram(
     name: str, doc: str, node: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], Histogram]]
 ) -> HistogramMetricFamily:
@@ -246,42 +255,61 @@ def _uploads(m: NodeMetrics, node: str) -> Iterator[Metric]:
 
 
 def _storage(m: NodeMetrics, node: str) -> Iterator[Metric]:
-    ops = sorted(m.s3.items())
+    ops = [
+        (bucket, op, meter)
+        for bucket, meters in sorted(m.s3.items())
+        for op, meter in sorted(meters.ops.items())
+    ]
     yield _labelled_counter(
         "s3stream_s3_requests_total",
-        "Object storage requests (every attempt), by operation and status (ok, the HTTP status, or an "
-        "error class).",
+        "Object storage requests (every attempt), by bucket, operation and status (ok, the HTTP "
+        "status, or an error class).",
         node,
-        ["operation", "status"],
-        [([op, status], n) for op, meter in ops for status, n in sorted(dict(meter.statuses).items())],
+        ["bucket", "operation", "status"],
+        [
+            ([bucket, op, status], n)
+            for bucket, op, meter in ops
+            for status, n in sorted(dict(meter.statuses).items())
+        ],
     )
     yield _histogram(
         "s3stream_s3_request_latency_seconds",
-        "One request attempt, by operation.",
+        "One request attempt, by bucket and operation.",
         node,
-        ["operation"],
-        [([op], meter.latency) for op, meter in ops if meter.latency.count],
+        ["bucket", "operation"],
+        [([bucket, op], meter.latency) for bucket, op, meter in ops if meter.latency.count],
     )
     yield _labelled_counter(
         "s3stream_s3_retries_total",
-        "Requests retried after a transient failure, by operation.",
+        "Requests retried after a transient failure, by bucket and operation.",
         node,
-        ["operation"],
-        [([op], meter.retries) for op, meter in ops if meter.retries or meter.statuses],
+        ["bucket", "operation"],
+        [([bucket, op], meter.retries) for bucket, op, meter in ops if meter.retries or meter.statuses],
     )
-    moved: dict[tuple[str, str], int] = {}
-    for stats in m.storage_stats:
+    moved: dict[tuple[str, str, str], int] = {}
+    for bucket, stats in m.storage_stats:
         for op, size in dict(stats.bytes).items():
             direction = STORAGE_BYTES_DIRECTION.get(op)
             if direction is not None:
-                moved[(op, direction)] = moved.get((op, direction), 0) + size
+                moved[(bucket, op, direction)] = moved.get((bucket, op, direction), 0) + size
     yield _labelled_counter(
         "s3stream_s3_bytes_total",
-        "Payload bytes sent to (out) or received from (in) object storage, by operation.",
+        "Payload bytes sent to (out) or received from (in) object storage, by bucket and operation.",
         node,
-        ["operation", "direction"],
-        [([op, direction], n) for (op, direction), n in sorted(moved.items())],
+        ["bucket", "operation", "direction"],
+        [([bucket, op, direction], n) for (bucket, op, direction), n in sorted(moved.items())],
     )
+    if m.bucket_health is not None:
+        yield _labelled_gauge(
+            "s3stream_bucket_healthy",
+            "1 while this node writes to the bucket, 0 while it avoids it (failed requests or probes).",
+            node,
+            ["bucket"],
+            [
+                ([str(b)], 1.0 if stats.healthy else 0.0)
+                for b, stats in sorted(m.bucket_health.stats().items())
+            ],
+        )
 
 
 def _compaction(m: NodeMetrics, node: str) -> Iterator[Metric]:

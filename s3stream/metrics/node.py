@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from s3stream.buckets.health import BucketHealth
 from s3stream.metrics.instruments import Histogram, LabelledCounts
 from s3stream.metrics.uri import MetricsLevel
 from s3stream.storage.stats import StorageStats
@@ -80,6 +81,26 @@ class S3OpMeter:
     retries: int = 0
 
 
+class BucketRequests:
+    """The request meter of one bucket's S3 client (its ``request_meter``): every attempt of every
+    call, by operation."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self) -> None:
+        self.ops: dict[str, S3OpMeter] = {name: S3OpMeter() for name in {*S3_OPERATIONS.values(), "other"}}
+
+    def attempted(self, op: str, error: BaseException | None, seconds: float) -> None:
+        meter = self.ops[S3_OPERATIONS.get(op, "other")]
+        status = "ok" if error is None else error_status(error)
+        statuses = meter.statuses
+        statuses[status] = statuses.get(status, 0) + 1
+        meter.latency.observe(seconds)
+
+    def retried(self, op: str) -> None:
+        self.ops[S3_OPERATIONS.get(op, "other")].retries += 1
+
+
 @dataclass(slots=True)
 class StreamMeter:
     """A stream's appends (DEBUG level only)."""
@@ -114,8 +135,12 @@ class NodeMetrics:
         self.commits = LabelledCounts()
         self.commit_latency = Histogram()
         # object storage
-        self.s3: dict[str, S3OpMeter] = {name: S3OpMeter() for name in {*S3_OPERATIONS.values(), "other"}}
-        self.storage_stats: list[StorageStats] = []
+        self.s3: dict[str, BucketRequests] = {}
+        """Bucket label -> the request meter of that bucket's client."""
+        self.storage_stats: list[tuple[str, StorageStats]] = []
+        """(bucket label, byte counters) of each attached backend that keeps them."""
+        self.bucket_health: BucketHealth | None = None
+        """A multi-bucket storage's health, read at scrape time."""
         # compaction and GC
         self.compaction_runs = LabelledCounts()
         self.compaction_bytes_in = LabelledCounts()
@@ -163,20 +188,24 @@ class NodeMetrics:
         if block_cache is not None:
             self.block_cache = block_cache
 
-    def attach_storage(self, storage: object) -> None:
+    def attach_storage(self, storage: object, *, bucket: str = "0") -> None:
         """Meter an S3 backend's requests (every attempt) and read its byte counters
-        (:class:`~s3stream.storage.stats.StorageStats`) at scrape time; a backend without a request
-        meter hook (local, in-memory) reports its byte counters only. A storage over several backends
-        that lists them with ``backends()`` has each attached."""
+        (:class:`~s3stream.storage.stats.StorageStats`) at scrape time, under the ``bucket`` label; a
+        backend without a request meter hook (local, in-memory) reports its byte counters only. A
+        storage over several buckets that maps their ids to backends with ``backends()`` has each
+        attached under its id, and its ``health`` read at scrape time."""
         backends = getattr(storage, "backends", None)
         if callable(backends):
-            for backend in backends():
-                self.attach_storage(backend)
+            for bucket_id, backend in backends().items():
+                self.attach_storage(backend, bucket=str(bucket_id))
+            health = getattr(storage, "health", None)
+            if isinstance(health, BucketHealth):
+                self.bucket_health = health
         if hasattr(storage, "request_meter"):
-            storage.request_meter = self
+            storage.request_meter = self.s3.setdefault(bucket, BucketRequests())
         stats = getattr(storage, "stats", None)
-        if isinstance(stats, StorageStats) and all(stats is not s for s in self.storage_stats):
-            self.storage_stats.append(stats)
+        if isinstance(stats, StorageStats) and all(stats is not s for _, s in self.storage_stats):
+            self.storage_stats.append((bucket, stats))
 
     def attach_compaction(self, compactor: Compactor | None, collectors: Sequence[GarbageCollector]) -> None:
         if compactor is not None:
@@ -209,17 +238,6 @@ class NodeMetrics:
             self.commits.inc(("ok" if ok else "error",))
             if ok:
                 self.commit_latency.observe(seconds)
-
-    def attempted(self, op: str, error: BaseException | None, seconds: float) -> None:
-        """The S3 client's ``request_meter``: one attempt of a call."""
-        meter = self.s3[S3_OPERATIONS.get(op, "other")]
-        status = "ok" if error is None else error_status(error)
-        statuses = meter.statuses
-        statuses[status] = statuses.get(status, 0) + 1
-        meter.latency.observe(seconds)
-
-    def retried(self, op: str) -> None:
-        self.s3[S3_OPERATIONS.get(op, "other")].retries += 1
 
     def compaction_pass(self, kind: str, moved: tuple[int, int, int, int] | None) -> None:
         """The compactor's ``meter``: one pass of a run."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import socket
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness import ensure_bucket
 from compaction.compactor import Compactor
 from compaction.maintenance import MaintenanceElection
 from s3stream import RecordBatch
@@ -27,7 +29,7 @@ from s3stream.assembly import open_client
 from s3stream.config import Config
 from s3stream.engine.client import Client
 from s3stream.metadata.base import ObjectState
-from tests.support.s3 import S3TestServer
+from tests.support.s3 import S3TestServer, delete_prefix
 
 pytestmark = pytest.mark.integration
 KiB = 1024
@@ -114,7 +116,7 @@ async def test_counters_agree_with_a_workload_of_appends_uploads_fetches_and_com
     assert value(during, "s3stream_upload_backlog_bytes") == 0  # everything is committed
     assert value(during, "s3stream_upload_oldest_record_age_seconds") == 0
     assert total(during, "s3stream_s3_requests_total", operation="put", status="ok") >= 3
-    assert value(during, "s3stream_s3_bytes_total", operation="put", direction="out") >= sum(
+    assert value(during, "s3stream_s3_bytes_total", bucket="0", operation="put", direction="out") >= sum(
         o.size_bytes for o in committed
     )
     assert value(during, "s3stream_node_epoch") >= 1
@@ -150,7 +152,7 @@ async def test_counters_agree_with_a_workload_of_appends_uploads_fetches_and_com
     assert total(after_fetch, "s3stream_fetch_bytes_total") == 2 * fetched
     assert total(after_fetch, "s3stream_fetch_latency_seconds_count") == fetches + 1
     assert total(after_fetch, "s3stream_s3_requests_total", operation="get", status="ok") >= 1
-    assert value(after_fetch, "s3stream_s3_bytes_total", operation="get", direction="in") > 0
+    assert value(after_fetch, "s3stream_s3_bytes_total", bucket="0", operation="get", direction="in") > 0
 
     # Compaction: the three StreamSet objects become one; GC (retention 0) deletes the three.
     election = client.components["maintenance"]
@@ -183,7 +185,10 @@ async def test_counters_agree_with_a_workload_of_appends_uploads_fetches_and_com
     for operation in ("put", "get", "delete", "list"):
         requests = total(after, "s3stream_s3_requests_total", operation=operation)
         assert requests > 0, operation
-        assert value(after, "s3stream_s3_request_latency_seconds_count", operation=operation) == requests
+        assert (
+            value(after, "s3stream_s3_request_latency_seconds_count", bucket="0", operation=operation)
+            == requests
+        )
     # counters never go down between scrapes
     for key, earlier in during.items():
         if key[0].endswith(("_total", "_count")):
@@ -275,3 +280,34 @@ async def test_two_clients_in_one_process_serve_their_own_series(
         assert value(await ascrape(first.metrics_endpoint), "s3stream_append_bytes_total") == 100
     finally:
         await first.close()
+
+
+async def test_s3_series_are_per_bucket_over_two_buckets(
+    tmp_path: Path, s3_server: S3TestServer, s3_prefix: str
+) -> None:
+    """Replication writes every object to both buckets: each bucket's PUTs and bytes are its own
+    series, and both buckets are reported healthy."""
+    other = dataclasses.replace(s3_server, bucket=f"{s3_server.bucket}-b")
+    await ensure_bucket(other.bench_target())
+    buckets = f"{s3_server.uri(s3_prefix)},{other.uri(s3_prefix).replace('0@', '1@', 1)}"
+    config = CONFIG.replace(data_buckets_strategy="replication")
+    client = await open_client(tmp_path, bucket_uri=buckets, config=config)
+    try:
+        assert client.metrics_endpoint is not None
+        stream = await client.streams.create_and_open_stream(epoch=0)
+        await stream.append(RecordBatch(b"r" * 10_000))
+        await client.engine.force_upload(None)
+        committed = await client.engine.metadata.list_objects([ObjectState.COMMITTED])
+        assert len(committed) == 1
+        samples = await ascrape(client.metrics_endpoint)
+        for bucket in ("0", "1"):
+            assert (
+                total(samples, "s3stream_s3_requests_total", bucket=bucket, operation="put", status="ok") >= 1
+            )
+            assert value(
+                samples, "s3stream_s3_bytes_total", bucket=bucket, operation="put", direction="out"
+            ) >= (committed[0].size_bytes)
+            assert value(samples, "s3stream_bucket_healthy", bucket=bucket) == 1
+    finally:
+        await client.close()
+        delete_prefix(other, s3_prefix)

@@ -21,12 +21,13 @@ class _MeteredBackend:
 
 
 class _SeveralBuckets:
-    """A storage over several backends that lists them, with a ``stats`` of another kind."""
+    """A storage over several backends that maps their bucket ids to them, with a ``stats`` of
+    another kind."""
 
     def __init__(self, *backends: object) -> None:
-        self._backends = backends
+        self._backends = dict(enumerate(backends))
 
-    def backends(self) -> tuple[object, ...]:
+    def backends(self) -> dict[int, object]:
         return self._backends
 
     def stats(self) -> dict[int, object]:
@@ -50,32 +51,47 @@ class _ClientError(Exception):
         self.response = {"ResponseMetadata": {"HTTPStatusCode": status}}
 
 
-def test_s3_attempts_are_counted_by_operation_and_status_for_every_backend() -> None:
+def test_s3_attempts_are_counted_by_bucket_operation_and_status_for_every_backend() -> None:
     metrics = NodeMetrics(node_id=3)
-    metered = _MeteredBackend()
+    metered, other = _MeteredBackend(), _MeteredBackend()
     memory = MemoryObjectStorage()
-    metrics.attach_storage(_SeveralBuckets(metered, memory))
-    assert metered.request_meter is metrics
-    assert metrics.storage_stats == [memory.stats]  # the memory twin's counters; the fake's ignored
+    metrics.attach_storage(_SeveralBuckets(metered, memory, other))
+    assert metered.request_meter is metrics.s3["0"]
+    assert other.request_meter is metrics.s3["2"]
+    assert metrics.storage_stats == [("1", memory.stats)]  # the memory twin's counters; the fake's ignored
     asyncio.run(memory.put("k", b"x" * 10))
-    metrics.attempted("PUT", None, 0.01)
-    metrics.attempted("PUT", _ClientError(503), 0.02)
-    metrics.retried("PUT")
-    metrics.attempted("UploadPartCopy", TimeoutError(), 0.5)
-    metrics.attempted("SomethingNew", None, 0.001)
+    bucket0, bucket2 = metrics.s3["0"], metrics.s3["2"]
+    bucket0.attempted("PUT", None, 0.01)
+    bucket0.attempted("PUT", _ClientError(503), 0.02)
+    bucket0.retried("PUT")
+    bucket0.attempted("UploadPartCopy", TimeoutError(), 0.5)
+    bucket0.attempted("SomethingNew", None, 0.001)
+    bucket2.attempted("PUT", None, 0.01)
     samples = _samples(metrics)
     node = ("node", "3")
 
     def get(name: str, **labels: str) -> float:
         return samples.get((name, frozenset({node, *labels.items()})), 0.0)
 
-    assert get("s3stream_s3_requests_total", operation="put", status="ok") == 1
-    assert get("s3stream_s3_requests_total", operation="put", status="503") == 1
-    assert get("s3stream_s3_requests_total", operation="upload_part_copy", status="timeout") == 1
-    assert get("s3stream_s3_requests_total", operation="other", status="ok") == 1
-    assert get("s3stream_s3_retries_total", operation="put") == 1
-    assert get("s3stream_s3_request_latency_seconds_count", operation="put") == 2
-    assert get("s3stream_s3_bytes_total", operation="put", direction="out") == 10
+    b0 = {"bucket": "0"}
+    assert get("s3stream_s3_requests_total", **b0, operation="put", status="ok") == 1
+    assert get("s3stream_s3_requests_total", **b0, operation="put", status="503") == 1
+    assert get("s3stream_s3_requests_total", **b0, operation="upload_part_copy", status="timeout") == 1
+    assert get("s3stream_s3_requests_total", **b0, operation="other", status="ok") == 1
+    assert get("s3stream_s3_requests_total", bucket="2", operation="put", status="ok") == 1
+    assert get("s3stream_s3_retries_total", **b0, operation="put") == 1
+    assert get("s3stream_s3_retries_total", bucket="2", operation="put") == 0
+    assert get("s3stream_s3_request_latency_seconds_count", **b0, operation="put") == 2
+    assert get("s3stream_s3_request_latency_seconds_count", bucket="2", operation="put") == 1
+    assert get("s3stream_s3_bytes_total", bucket="1", operation="put", direction="out") == 10
+    assert not any(name == "s3stream_bucket_healthy" for name, _ in samples)  # no health to read
+
+
+def test_one_storage_is_bucket_0() -> None:
+    metrics = NodeMetrics(node_id=1)
+    backend = _MeteredBackend()
+    metrics.attach_storage(backend)
+    assert backend.request_meter is metrics.s3["0"]
 
 
 def test_compaction_gc_and_spark_hooks_reach_their_series() -> None:
@@ -124,6 +140,16 @@ def test_a_multi_bucket_storage_has_every_bucket_metered() -> None:
     storage = build_multi_bucket_storage("0@mem://metrics-a,1@mem://metrics-b", Config())
     metrics = NodeMetrics(node_id=1)
     metrics.attach_storage(storage)
-    inner = [b.stats for b in storage.backends()]
-    assert len(inner) == 2
-    assert all(any(s is stats for s in metrics.storage_stats) for stats in inner)
+    backends = storage.backends()
+    assert all(isinstance(b, MemoryObjectStorage) for b in backends.values())
+    inner = [
+        (str(bucket_id), b.stats) for bucket_id, b in backends.items() if isinstance(b, MemoryObjectStorage)
+    ]
+    assert [bucket for bucket, _ in inner] == ["0", "1"]
+    assert metrics.storage_stats == inner
+    assert metrics.bucket_health is storage.health
+    for _ in range(storage.health.errors_max):
+        storage.health.record_error(1, TimeoutError(), write=True)
+    samples = _samples(metrics)
+    assert samples[("s3stream_bucket_healthy", frozenset({("node", "1"), ("bucket", "0")}))] == 1
+    assert samples[("s3stream_bucket_healthy", frozenset({("node", "1"), ("bucket", "1")}))] == 0

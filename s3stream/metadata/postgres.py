@@ -55,6 +55,7 @@ from s3stream.metadata import controller as ctl
 from s3stream.metadata import postgres_schema as schema
 from s3stream.metadata import sql_apply, sql_view
 from s3stream.metadata.postgres_clock import ServerClock
+from s3stream.metadata.postgres_unfinished import Session, UnfinishedSessions, session_of
 from s3stream.metadata.sqlite import settle
 from s3stream.metadata.store import TransactionalStore
 from s3stream.metadata.url import MetadataURL, parse_metadata_url
@@ -183,6 +184,7 @@ class _Pool:
         self._slots = asyncio.Semaphore(QUEUED_OPERATIONS_MAX)
         self.conflict_retries = 0
         """Runs of operations PostgreSQL aborted for a conflict and that ran again (a statistic)."""
+        self._unfinished = UnfinishedSessions()
         self._stopped = False
         self._stop_lock = threading.Lock()
         """Makes "not stopped, so queue the job" atomic against ``stop``'s sentinels."""
@@ -224,20 +226,33 @@ class _Pool:
 
     def _serve(self) -> None:
         conn: psycopg.Connection[Any] | None = None
+        session: Session | None = None
         try:
             while (job := self._jobs.get()) is not None:
                 error: BaseException | None
+                running = False
                 try:
                     if conn is None or conn.closed or conn.broken:
-                        conn = self._connect(conn)
+                        conn, session = self._connect(conn), None
+                        session = session_of(conn)
+                    if self._unfinished:
+                        self._unfinished.wait_ended(conn)
                     if self._clock is not None and job.mode != "raw" and self._clock.stale():
                         self._clock.sample(conn)
+                    running = True
                     result, error = self._run(conn, job), None
                 except psycopg.Error as exc:
                     failure = translate(exc, where=self._where, password=self._password)
                     failure.__cause__ = exc
                     result, error = None, failure
                     if conn is not None:
+                        if (
+                            running
+                            and job.mode == "write"
+                            and session is not None
+                            and (conn.broken or conn.closed)
+                        ):
+                            self._unfinished.add(session)  # its COMMIT may still land: see the module
                         _rollback(conn)
                 except Exception as exc:  # noqa: BLE001 - thread boundary: handed to the caller
                     result, error = None, exc

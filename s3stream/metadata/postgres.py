@@ -17,6 +17,11 @@ written nothing), so it too rests on a state that existed. A read is one ``REPEA
 transaction: one consistent snapshot. Operations a caller issues concurrently (without awaiting one
 before the next) may commit in any order; an awaited one precedes every later one.
 
+Connections: a connection found dead before an operation's transaction began is replaced once and
+the operation runs on the new one (nothing of it reached the server); one that breaks during the
+transaction fails the operation, and a write's server session is then waited out before any later
+operation (:mod:`s3stream.metadata.postgres_unfinished`).
+
 Errors: connection refused, server gone, a timeout -> UnavailableError naming the URL without its
 password; failed authentication or a database that does not exist -> InvalidArgumentError; a table or
 column missing or altered -> CorruptionError; a schema newer than this code -> ConflictError; a
@@ -225,70 +230,84 @@ class _Pool:
             thread.join()
 
     def _serve(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        session: Session | None = None
+        link = _Link()
         try:
             while (job := self._jobs.get()) is not None:
                 error: BaseException | None
-                running = False
                 try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn, session = self._connect(conn), None
-                        session = session_of(conn)
-                    if self._unfinished:
-                        self._unfinished.wait_ended(conn)
-                    if self._clock is not None and job.mode != "raw" and self._clock.stale():
-                        self._clock.sample(conn)
-                    running = True
-                    result, error = self._run(conn, job), None
+                    result, error = self._serve_one(link, job), None
                 except psycopg.Error as exc:
                     failure = translate(exc, where=self._where, password=self._password)
                     failure.__cause__ = exc
                     result, error = None, failure
-                    if conn is not None:
-                        if (
-                            running
-                            and job.mode == "write"
-                            and session is not None
-                            and (conn.broken or conn.closed)
-                        ):
-                            self._unfinished.add(session)  # its COMMIT may still land: see the module
-                        _rollback(conn)
                 except Exception as exc:  # noqa: BLE001 - thread boundary: handed to the caller
                     result, error = None, exc
-                    if conn is not None:
-                        _rollback(conn)
                 with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody listens
                     job.loop.call_soon_threadsafe(settle, job.future, result, error)
         finally:
-            if conn is not None:
-                with contextlib.suppress(psycopg.Error):
-                    conn.close()
+            link.close()
 
-    def _connect(self, old: psycopg.Connection[Any] | None) -> psycopg.Connection[Any]:
-        if old is not None:
-            with contextlib.suppress(psycopg.Error):
-                old.close()
-        conn = psycopg.connect(self._conninfo, autocommit=True)
+    def _serve_one(self, link: _Link, job: _Job[T]) -> T:
+        """Run ``job`` on this thread's connection. A connection kept from earlier operations that
+        turns out dead before the job's transaction began (the server restarted, or ended the idle
+        session) is replaced once: nothing of the job reached the server."""
+        reused = link.conn is not None and not (link.conn.closed or link.conn.broken)
         try:
-            conn.execute(SESSION_SETUP)
-        except BaseException:
-            conn.close()
+            return self._run(self._ready(link, job), link, job)
+        except _DeadBeforeBegin as dead:
+            if not reused:
+                raise dead.error from None
+        try:
+            return self._run(self._ready(link, job), link, job)
+        except _DeadBeforeBegin as dead:
+            raise dead.error from None
+
+    def _ready(self, link: _Link, job: _Job[Any]) -> psycopg.Connection[Any]:
+        """This thread's connection (opened if needed), once no cut write's session is left and the
+        clock is sampled (``_initialize`` samples it for the raw job that opens the store)."""
+        conn = link.conn
+        if conn is None or conn.closed or conn.broken:
+            conn = link.connect(self._conninfo)
+        try:
+            if self._unfinished:
+                self._unfinished.wait_ended(conn)
+            if self._clock is not None and job.mode != "raw" and self._clock.stale():
+                self._clock.sample(conn)
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise _DeadBeforeBegin(exc) from exc
             raise
         return conn
 
-    def _run(self, conn: psycopg.Connection[Any], job: _Job[T]) -> T:
+    def _run(self, conn: psycopg.Connection[Any], link: _Link, job: _Job[T]) -> T:
         """Run ``job`` in its transaction, again from the start while PostgreSQL aborts it for a
         conflict (bounded); a refusal is raised once the transaction that decided it commits."""
-        if job.mode == "raw":
-            return job.fn(conn)
+        try:
+            if job.mode == "raw":
+                return job.fn(conn)
+            return self._transaction(conn, job)
+        except psycopg.Error:
+            if job.mode == "write" and (conn.broken or conn.closed) and link.session is not None:
+                self._unfinished.add(link.session)  # its COMMIT may still land: see the module
+            _rollback(conn)
+            raise
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    def _transaction(self, conn: psycopg.Connection[Any], job: _Job[T]) -> T:
         begin = _BEGIN[job.mode]
         first_ms = time.monotonic() * 1000
         attempt = 0
         while True:
             attempt += 1
             try:
-                conn.execute(begin)
+                try:
+                    conn.execute(begin)
+                except psycopg.Error as exc:
+                    if attempt == 1 and conn.broken:
+                        raise _DeadBeforeBegin(exc) from exc
+                    raise
                 try:
                     result = job.fn(conn)
                 except _DOMAIN_ERRORS:
@@ -297,9 +316,9 @@ class _Pool:
                 conn.execute("COMMIT")
                 return result
             except psycopg.Error as exc:
-                _rollback(conn)
                 if exc.sqlstate not in _CONFLICT_SQLSTATES:
                     raise
+                _rollback(conn)
                 elapsed_ms = time.monotonic() * 1000 - first_ms
                 if attempt >= RETRY_ATTEMPTS_MAX or elapsed_ms >= RETRY_DEADLINE_MS:
                     raise UnavailableError(
@@ -310,9 +329,40 @@ class _Pool:
                     self.conflict_retries += 1
                 backoff_ms = min(BACKOFF_MS_MAX, BACKOFF_MS_MIN << min(attempt, 10))
                 time.sleep(random.uniform(0, backoff_ms) / 1000)
-            except BaseException:
-                _rollback(conn)
-                raise
+
+
+class _DeadBeforeBegin(Exception):
+    """The connection was found broken before the operation's transaction began."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Link:
+    """One worker thread's connection and its server session."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self.session: Session | None = None
+
+    def connect(self, conninfo: str) -> psycopg.Connection[Any]:
+        self.close()
+        conn = psycopg.connect(conninfo, autocommit=True)
+        try:
+            conn.execute(SESSION_SETUP)
+            self.session = session_of(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn, self.conn, self.session = self.conn, None, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
 
 
 class PostgresMetadataStore(TransactionalStore):

@@ -107,6 +107,11 @@ class BucketHealth:
     def is_healthy(self, bucket_id: int) -> bool:
         return self._buckets[bucket_id].healthy
 
+    def healthy(self) -> dict[int, bool]:
+        """Each bucket's health; safe to call from another thread (reads one flag per bucket, where
+        :meth:`stats` iterates event lists the loop appends to)."""
+        return {bucket_id: state.healthy for bucket_id, state in self._buckets.items()}
+
     def is_suspect(self, bucket_id: int) -> bool:
         """Whether the bucket failed within the last ``suspect_s`` (a call deadline, or the wait for
         the next probe round when that is longer). Below the unhealthy threshold such a bucket still

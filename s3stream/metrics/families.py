@@ -257,7 +257,7 @@ def _uploads(m: NodeMetrics, node: str) -> Iterator[Metric]:
 def _storage(m: NodeMetrics, node: str) -> Iterator[Metric]:
     ops = [
         (bucket, op, meter)
-        for bucket, meters in sorted(m.s3.items())
+        for bucket, meters in sorted(dict(m.s3).items())
         for op, meter in sorted(meters.ops.items())
     ]
     yield _labelled_counter(
@@ -287,7 +287,7 @@ def _storage(m: NodeMetrics, node: str) -> Iterator[Metric]:
         [([bucket, op], meter.retries) for bucket, op, meter in ops if meter.retries or meter.statuses],
     )
     moved: dict[tuple[str, str, str], int] = {}
-    for bucket, stats in m.storage_stats:
+    for bucket, stats in list(m.storage_stats):
         for op, size in dict(stats.bytes).items():
             direction = STORAGE_BYTES_DIRECTION.get(op)
             if direction is not None:
@@ -305,10 +305,7 @@ def _storage(m: NodeMetrics, node: str) -> Iterator[Metric]:
             "1 while this node writes to the bucket, 0 while it avoids it (failed requests or probes).",
             node,
             ["bucket"],
-            [
-                ([str(b)], 1.0 if stats.healthy else 0.0)
-                for b, stats in sorted(m.bucket_health.stats().items())
-            ],
+            [([str(b)], 1.0 if healthy else 0.0) for b, healthy in sorted(m.bucket_health.healthy().items())],
         )
 
 

@@ -531,7 +531,9 @@ async def _start_metadata_copy(
     engine, so an open never waits for the bucket; from then on every metadata write does."""
     from s3stream.metacopy.replicator import MetadataCopy
 
-    copy = MetadataCopy(store, storage, namespace=config.namespace)
+    copy = MetadataCopy(
+        store, storage, namespace=config.namespace, wait_timeout_ms=config.metadata_copy_wait_ms
+    )
     await copy.start()
     return copy
 

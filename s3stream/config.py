@@ -80,6 +80,7 @@ class Config:
     node_id: int = 0
     node_lease_ms: int = 10_000
     metadata_url: str = ""
+    metadata_copy_wait_ms: int = 30_000
     # -- telemetry (s3stream.metrics) ----------------------------------------------------------
     metrics_exporter_uri: str = ""
     metrics_level: str = "INFO"
@@ -244,6 +245,9 @@ KEYS: tuple[Key, ...] = (
         "how long a node stays alive in the metadata without a heartbeat; heartbeats every third of it"),
     Key("s3.metadata.url", "metadata_url", str, None, None,
         "sqlite:///path or postgresql://user:pass@host:port/db; empty: sqlite:///<data_dir>/metadata.db"),
+    Key("s3.metadata.copy.wait.ms", "metadata_copy_wait_ms", int, 1, 3_600_000,
+        "embedded metadata on S3: how long a metadata change waits for the bucket's copy of it, then "
+        "UnavailableError (the change stays committed locally and is copied when the bucket answers)"),
     Key("s3.telemetry.metrics.exporter.uri", "metrics_exporter_uri", str, None, None,
         "prometheus://?host=127.0.0.1&port=9464 serves Prometheus metrics there (port 0: any free port); "
         "empty: metrics off (AutoMQ's key)"),

@@ -40,7 +40,7 @@ from tests.support.configs import small_config
 from tests.support.s3 import S3TestServer
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = small_config(close_timeout_ms=2_000)
+CONFIG = small_config(close_timeout_ms=2_000, metadata_copy_wait_ms=2_000)
 
 
 def _secret(kind: str) -> str:

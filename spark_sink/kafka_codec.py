@@ -81,8 +81,33 @@ def _zigzag_varint(n: int) -> bytes:
 
 
 _SMALL_MAX = 1 << 16
-_VARINT_SMALL: list[bytes] = [_zigzag_varint(n) for n in range(_SMALL_MAX)]
-"""Encoded varints of 0 .. 65535: lengths and deltas of a typical record are table lookups."""
+
+
+def _small_varints() -> list[bytes]:
+    """The varints of 0 .. 65535 (zigzag values 0, 2, .. 2^17 - 2: one, two or three bytes), built
+    without a call per value."""
+    one = [bytes((z,)) for z in range(0, 0x80, 2)]
+    two = [bytes(((z & 0x7F) | 0x80, z >> 7)) for z in range(0x80, 0x4000, 2)]
+    three = [
+        bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80, z >> 14))
+        for z in range(0x4000, 2 * _SMALL_MAX, 2)
+    ]
+    return one + two + three
+
+
+_VARINT_SMALL: list[bytes] | None = None
+"""Encoded varints of 0 .. 65535: lengths and deltas of a typical record are table lookups. Built on
+first use (50 ms), which a process on the compiled codec never pays."""
+
+
+def _small() -> list[bytes]:
+    global _VARINT_SMALL
+    table = _VARINT_SMALL
+    if table is None:
+        table = _VARINT_SMALL = _small_varints()  # threads racing here build equal tables
+    return table
+
+
 _NULL = _zigzag_varint(-1)
 _HEADER_PLACEHOLDER = bytes(BATCH_HEADER_SIZE)
 _ZERO = b"\x00"
@@ -91,7 +116,7 @@ _ZERO = b"\x00"
 def varint(n: int) -> bytes:
     """The zigzag varint of ``n`` (a signed 64-bit value)."""
     if 0 <= n < _SMALL_MAX:
-        return _VARINT_SMALL[n]
+        return _small()[n]
     if not -(1 << 63) <= n < 1 << 63:
         raise InvalidArgumentError(f"varint value {n} does not fit in 64 bits")
     return _zigzag_varint(n)
@@ -203,7 +228,7 @@ def _encode_records(
     """A zeroed batch header, then the records with offset deltas 0, 1, ... (pure Python; the
     compiled ``kafka_records`` of :mod:`s3stream.native` returns the same bytes)."""
     count = len(values)
-    small = _VARINT_SMALL
+    small = _small()
     small_max = _SMALL_MAX
     null = _NULL
     zero = _ZERO

@@ -110,6 +110,12 @@ def test_varint_round_trip(n: int) -> None:
     assert kc.decode_varint(enc, 0) == (n, len(enc))
 
 
+def test_the_table_of_small_varints_is_the_encoding_of_each_value() -> None:
+    table = kc._small()
+    assert len(table) == 1 << 16
+    assert all(table[n] == kc._zigzag_varint(n) for n in range(1 << 16))
+
+
 def test_varint_out_of_range_is_invalid() -> None:
     with pytest.raises(InvalidArgumentError):
         kc.varint(1 << 63)

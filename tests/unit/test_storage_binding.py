@@ -169,7 +169,7 @@ async def test_storage_that_did_not_answer_at_the_first_open_is_recorded_uncheck
     uri = (
         "s3://bucket?endpoint=http://127.0.0.1:9&pathStyle=true&accessKey=a&secretKey=b&apiCallTimeoutMs=500"
     )
-    config = CONFIG.replace(upload_retry_backoff_ms=20)
+    config = CONFIG.replace(upload_retry_backoff_ms=20, metadata_copy_wait_ms=1_000)
     async with await s3stream.open(tmp_path, bucket_uri=uri, config=config):
         pass
     assert read_recorded_storage(tmp_path) == RecordedStorage(

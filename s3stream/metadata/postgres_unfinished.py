@@ -76,6 +76,7 @@ class UnfinishedSessions:
             return
         deadline = time.monotonic() + SESSION_END_WAIT_S
         alive = pending
+        terminated: set[Session] = set()
         while True:
             alive = {s for s in alive if _listed(conn, s)}
             if not alive:
@@ -86,11 +87,12 @@ class UnfinishedSessions:
                     f"a metadata write whose connection broke may still commit on the server (backend pid "
                     f"{pids} did not end within {SESSION_END_WAIT_S:g} s)"
                 )
-            for session in alive:
+            for session in alive - terminated:
                 conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s AND backend_start = %s",
                     (session.pid, session.started),
                 )
+                terminated.add(session)
             time.sleep(POLL_S)
         with self._lock:
             self._sessions -= pending

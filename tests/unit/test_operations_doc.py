@@ -1,7 +1,7 @@
 """docs/operations.md names only metrics a real client exports, and describes every family it exports.
 
 The names are read from a real client's endpoint (metrics on at level DEBUG, so the per-stream
-families are there too); a name in the page may carry a histogram's or counter's sample suffix.
+families are there too; on two buckets, so the per-bucket ones are); a name in the page may carry a histogram's or counter's sample suffix.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
 async def _exported(tmp_path: Path) -> dict[str, str]:
     """Family name (as the parser gives it: counters without ``_total``) -> type."""
     config = small_config(metrics_exporter_uri="prometheus://?host=127.0.0.1&port=0", metrics_level="DEBUG")
-    client = await open_client(tmp_path, config=config)
+    # two buckets: the per-bucket families (bucket health) are exported only with a bucket list
+    name = tmp_path.name
+    client = await open_client(tmp_path, bucket_uri=f"0@mem://{name}-a,1@mem://{name}-b", config=config)
     try:
         assert client.metrics_endpoint is not None
         body = urllib.request.urlopen(client.metrics_endpoint, timeout=10).read().decode()

@@ -8,6 +8,7 @@ label ``node``. ``docs/operations.md`` says what each means and what healthy loo
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeAlias
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -49,22 +50,27 @@ def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
     return family
 
 
+Rows: TypeAlias = Iterable[tuple[Sequence[str], float]]
+"""(label values after ``node``, value) of each series of a family."""
+
+
 def _labelled_counter(
-    name: str, doc: str, node: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]
+    name: str, doc: str, node: str, labels: Sequence[str], rows: Rows
 ) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=["node", *labels])
-    for values, value in rows:
-        family.add_metric([node, *values], value)
+    _fill(family, node, rows)
     return family
 
 
-def _labelled_gauge(
-    name: str, doc: str, node: str, labels: Sequence[str], rows: Iterable[tuple[Sequence[str], float]]
-) -> GaugeMetricFamily:
+def _labelled_gauge(name: str, doc: str, node: str, labels: Sequence[str], rows: Rows) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=["node", *labels])
-    for values, value in rows:
-        family.add_metric([node, *values], value)
+    _fill(family, node, rows)
     return family
+
+
+def _fill(family: CounterMetricFamily | GaugeMetricFamily, node: str, rows: Rows) -> None:
+    for label_values, value in rows:
+        family.add_metric([node, *label_values], value)
 
 
 def _histogram(
